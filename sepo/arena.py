@@ -1,0 +1,143 @@
+"""Plays many episodes in lockstep: one batched agent call per decision point.
+
+Every episode against every opponent advances together. Opponent moves are computed at once
+(they are cheap); whenever an episode needs the agent, it waits, and when every live episode is
+waiting, the agent answers them all in a single `act_batch` call. For a language model that is one
+`generate` per decision point instead of one per episode and decision.
+
+Seeding: episode k of a run uses the same chance events (cards, values, pools) against every
+opponent (common random numbers), and its own independent streams for the agent's and the
+opponent's randomness, derived from (seed, k, opponent name). Kuhn poker's mirrored pairs share a
+deal: episodes 2j and 2j+1 use deal j with the agent's seats swapped.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round
+from sepo.policies.base import Decision, DecisionRequest, Policy
+from sepo.strategies import Strategy
+
+
+@dataclass
+class EpisodeRecord:
+    """What metrics and training need from one finished episode."""
+
+    opponent: str
+    index: int
+    seed: int
+    mirror: bool
+    rounds: list[Round] = field(default_factory=list)
+    decisions: int = 0
+    parsed: int = 0
+    #: (round index, request, decision) per agent decision, kept only when asked (training).
+    trace: list[tuple[int, DecisionRequest, Decision]] = field(default_factory=list)
+
+    @property
+    def agent_total(self) -> float:
+        return float(sum(r.payoffs[AGENT] for r in self.rounds))
+
+    @property
+    def opp_total(self) -> float:
+        return float(sum(r.payoffs[OPPONENT] for r in self.rounds))
+
+
+def episode_seed(seed: int, deal: int) -> int:
+    """The game's chance seed for deal `deal` of a run seeded `seed`."""
+    return int(np.random.SeedSequence([seed, deal]).generate_state(1)[0])
+
+
+def _stream(seed: int, index: int, opponent: str, role: int) -> np.random.Generator:
+    return np.random.default_rng([seed, index, zlib.crc32(opponent.encode()), role])
+
+
+@dataclass
+class _Live:
+    record: EpisodeRecord
+    state: GameState
+    strategy: Strategy
+    agent_rng: np.random.Generator
+    opp_rng: np.random.Generator
+
+
+def play(
+    game: Game,
+    agent: Policy,
+    opponents: dict[str, Strategy],
+    episodes: int,
+    seed: int,
+    mirrored: bool = False,
+    keep_trace: bool = False,
+    on_episode_done: Callable[[EpisodeRecord], None] | None = None,
+) -> list[EpisodeRecord]:
+    """Play `episodes` episodes against each opponent, all in lockstep; return their records.
+
+    `mirrored` deals in pairs with seats swapped (Kuhn poker's variance reduction).
+    """
+    live: list[_Live] = []
+    for name, strategy in opponents.items():
+        for k in range(episodes):
+            deal, mirror = (k // 2, k % 2 == 1) if mirrored else (k, False)
+            s = episode_seed(seed, deal)
+            live.append(_Live(
+                record=EpisodeRecord(opponent=name, index=k, seed=s, mirror=mirror),
+                state=game.reset(s, mirror=mirror),
+                strategy=strategy,
+                agent_rng=_stream(seed, k, name, AGENT),
+                opp_rng=_stream(seed, k, name, OPPONENT),
+            ))
+    records = [ep.record for ep in live]
+
+    while live:
+        waiting: list[tuple[_Live, dict[int, str], DecisionRequest]] = []
+        for ep in live:
+            pending = _advance_until_agent(game, ep)
+            if pending is None:
+                continue
+            waiting.append((ep, pending, DecisionRequest(
+                game, ep.state, AGENT, game.legal_actions(ep.state, AGENT), ep.agent_rng)))
+        if waiting:
+            decisions = agent.act_batch([w[2] for w in waiting])
+            for (ep, actions, request), decision in zip(waiting, decisions):
+                if decision.action not in request.legal:
+                    raise ValueError(f"policy {agent.name} returned illegal action {decision.action!r}")
+                ep.record.decisions += 1
+                ep.record.parsed += int(decision.parsed)
+                if keep_trace:
+                    ep.record.trace.append((ep.state.round_index, request, decision))
+                actions[AGENT] = decision.action
+                game.step(ep.state, actions)
+        still = []
+        for ep in live:
+            if game.is_over(ep.state):
+                ep.record.rounds = ep.state.rounds
+                if on_episode_done:
+                    on_episode_done(ep.record)
+            else:
+                still.append(ep)
+        live = still
+    return records
+
+
+def _advance_until_agent(game: Game, ep: _Live) -> dict[int, str] | None:
+    """Play the opponent's solo turns; return the opponent's part of the agent's next turn.
+
+    Returns None once the episode is over. The returned dict already holds the opponent's action
+    when both move simultaneously (it is chosen from an observation that excludes the agent's
+    current move, so it cannot peek).
+    """
+    while not game.is_over(ep.state):
+        movers = game.to_act(ep.state)
+        actions: dict[int, str] = {}
+        if OPPONENT in movers:
+            obs = game.observation(ep.state, OPPONENT)
+            actions[OPPONENT] = ep.strategy.act(obs, game.legal_actions(ep.state, OPPONENT), ep.opp_rng)
+        if AGENT in movers:
+            return actions
+        game.step(ep.state, actions)
+    return None

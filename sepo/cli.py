@@ -1,0 +1,62 @@
+"""The Hydra application behind `python main.py` and the `sepo` console script.
+
+Before Hydra composes anything, config-group choices on the command line are checked against the
+files in conf/, so `game=chess` ends with one line naming the allowed games instead of Hydra's
+multi-line report.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _run_name(override_dirname: str) -> str:
+    """Run-dir name from the overrides: `default` when there are none, `/` made path-safe."""
+    return override_dirname.replace("/", "_") or "default"
+
+
+if not OmegaConf.has_resolver("run_name"):
+    OmegaConf.register_new_resolver("run_name", _run_name)
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def check_group_overrides(argv: list[str]) -> str | None:
+    """The error line for the first unknown config-group option in `argv`, else None."""
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()} - {"local"}
+    for arg in argv:
+        if "=" not in arg or arg.startswith("hydra"):
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key not in groups:
+            continue
+        allowed = group_options(key)
+        values = value.removeprefix("choice(").removesuffix(")").split(",")
+        for v in (v.strip() for v in values):
+            if v and v != "null" and v not in allowed:
+                return f"error: {key}={v} is not a known {key}; allowed: {', '.join(allowed)}"
+    return None
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    from sepo.task import run_task
+
+    run_task(cfg)
+
+
+def main() -> None:
+    error = check_group_overrides(sys.argv[1:])
+    if error:
+        print(error, file=sys.stderr)
+        sys.exit(2)
+    _hydra_main()

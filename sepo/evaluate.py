@@ -1,0 +1,114 @@
+"""Stage `eval`: play the agent against every pool of the game and write results.json.
+
+Each distinct opponent of all pools is played once (`eval.episodes_per_opponent` episodes, all in
+lockstep); pools that share a strategy share its episodes. The results file follows DESIGN.md:
+`{game, model, stage, checkpoint, step, seed, lambdas, metrics, se, per_opponent, episodes}`,
+plus `per_episode` (every episode's totals) so numbers can be re-derived later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from sepo.arena import EpisodeRecord, play
+from sepo.games import Game, make_game
+from sepo.metrics import POOLS, compute_metrics
+from sepo.policies import Policy, ScriptedPolicy
+from sepo.strategies import get_strategy
+from sepo.tracking import NullTracker, flatten
+
+log = logging.getLogger(__name__)
+
+
+def pools_of(game_cfg: DictConfig) -> dict[str, list[str]]:
+    return {pool: list(game_cfg.pools.get(pool) or []) for pool in POOLS}
+
+
+def evaluate_policy(
+    game: Game,
+    policy: Policy,
+    pools: dict[str, list[str]],
+    lambdas: dict[str, float],
+    episodes: int,
+    seed: int,
+    mirrored: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Metrics of `policy` on `game` against `pools` (no file I/O)."""
+    names = list(dict.fromkeys(n for pool in POOLS for n in pools[pool]))
+    opponents = {n: get_strategy(game.name, n, key="game.pools") for n in names}
+    first_pool = {}
+    for pool in POOLS:
+        for n in pools[pool]:
+            first_pool.setdefault(n, pool)
+
+    bars = {pool: tqdm(total=episodes * sum(1 for n in names if first_pool[n] == pool), desc=f"eval {pool}",
+                       unit="ep", disable=not progress, leave=False)
+            for pool in POOLS if any(first_pool[n] == pool for n in names)}
+
+    def done(record: EpisodeRecord) -> None:
+        bars[first_pool[record.opponent]].update(1)
+
+    records = play(game, policy, opponents, episodes, seed, mirrored=mirrored, on_episode_done=done)
+    for bar in bars.values():
+        bar.close()
+    by_opponent: dict[str, list[EpisodeRecord]] = {n: [] for n in names}
+    for r in records:
+        by_opponent[r.opponent].append(r)
+
+    result = compute_metrics(game, pools, by_opponent, lambdas)
+    if hasattr(game, "exact_exploitability") and hasattr(policy, "action_probabilities"):
+        result["metrics"]["exploit_exact"] = game.exact_exploitability(policy)
+        result["se"]["exploit_exact"] = 0.0
+    result["episodes"] = len(records)
+    result["per_episode"] = [
+        {"opponent": r.opponent, "index": r.index, "seed": r.seed, "mirror": r.mirror,
+         "agent_total": r.agent_total, "opp_total": r.opp_total, "rounds": len(r.rounds),
+         "decisions": r.decisions, "parsed": r.parsed}
+        for r in records
+    ]
+    return result
+
+
+def build_policy(cfg: DictConfig, game: Game) -> Policy:
+    if cfg.model.name == "scripted":
+        name = cfg.model.strategy or cfg.game.reference_strategy
+        return ScriptedPolicy(get_strategy(game.name, name, key="model.strategy"))
+    raise ValueError(f"model={cfg.model.name} has no policy builder")
+
+
+def write_results(path: Path, cfg: DictConfig, result: dict[str, Any], stage: str,
+                  checkpoint: str | None = None, step: int | None = None) -> dict[str, Any]:
+    payload = {
+        "game": cfg.game.name,
+        "model": cfg.model.name if cfg.model.name != "scripted" else f"scripted:{cfg.model.strategy or cfg.game.reference_strategy}",
+        "stage": stage,
+        "checkpoint": checkpoint,
+        "step": step,
+        "seed": int(cfg.seed),
+        "lambdas": OmegaConf.to_container(cfg.lambdas.eval, resolve=True),
+        **result,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return payload
+
+
+def run_eval(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
+    game = make_game(cfg.game)
+    policy = build_policy(cfg, game)
+    result = evaluate_policy(
+        game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval), cfg.eval.episodes_per_opponent,
+        cfg.seed, mirrored=bool(cfg.game.get("mirrored", False)), progress=cfg.eval.progress)
+    payload = write_results(Path(cfg.paths.output_dir) / "results.json", cfg, result, stage="eval")
+    tracker.log(flatten("eval", payload["metrics"]), step=0)
+    tracker.summary(flatten("eval", payload["metrics"]))
+    m, se = payload["metrics"], payload["se"]
+    log.info("%s", "  ".join(f"{k}={m[k]:.4f}±{se[k]:.4f}" for k in m))
+    return payload

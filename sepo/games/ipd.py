@@ -1,0 +1,93 @@
+"""Iterated Prisoner's Dilemma (SPEC section 1): simultaneous COOPERATE/DEFECT for `rounds` rounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round, format_history_line
+
+COOPERATE, DEFECT = "COOPERATE", "DEFECT"
+
+
+class IPD(Game):
+    name = "ipd"
+    action_hint = "COOPERATE/DEFECT"
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        p = cfg.payoffs
+        # payoff[(mine, theirs)] = my payoff
+        self.payoff = {
+            (COOPERATE, COOPERATE): float(p.reward),
+            (DEFECT, DEFECT): float(p.punishment),
+            (DEFECT, COOPERATE): float(p.temptation),
+            (COOPERATE, DEFECT): float(p.sucker),
+        }
+        self.social_optimum = 2 * float(p.reward)
+
+    def reset(self, seed: int, mirror: bool = False) -> GameState:
+        return GameState(seed=seed, rng=np.random.default_rng(seed))
+
+    def to_act(self, state: GameState) -> list[int]:
+        return [] if state.over else [AGENT, OPPONENT]
+
+    def legal_actions(self, state: GameState, player: int) -> list[str]:
+        return [COOPERATE, DEFECT]
+
+    def observation(self, state: GameState, player: int) -> dict[str, Any]:
+        other = 1 - player
+        return {
+            "round": state.round_index,
+            "rounds": self.num_rounds,
+            "history": [
+                {"own": r.actions[player], "opp": r.actions[other],
+                 "own_payoff": r.payoffs[player], "opp_payoff": r.payoffs[other]}
+                for r in state.rounds
+            ],
+        }
+
+    def step(self, state: GameState, actions: dict[int, str]) -> None:
+        a, o = actions[AGENT], actions[OPPONENT]
+        state.rounds.append(Round(actions=(a, o), payoffs=(self.payoff[(a, o)], self.payoff[(o, a)])))
+        state.round_index += 1
+        state.over = state.round_index >= self.num_rounds
+
+    # ------------------------------------------------------------------ prompts
+    def system_prompt(self) -> str:
+        p = self.payoff
+        return (
+            f"You are playing an iterated prisoner's dilemma for {self.num_rounds} rounds against "
+            "the same opponent. Each round both players choose at the same time.\n"
+            f"Payoffs (you, opponent): both COOPERATE {p[(COOPERATE, COOPERATE)]:g}/"
+            f"{p[(COOPERATE, COOPERATE)]:g}; both DEFECT {p[(DEFECT, DEFECT)]:g}/{p[(DEFECT, DEFECT)]:g}; "
+            f"you DEFECT and they COOPERATE {p[(DEFECT, COOPERATE)]:g}/{p[(COOPERATE, DEFECT)]:g}; "
+            f"you COOPERATE and they DEFECT {p[(COOPERATE, DEFECT)]:g}/{p[(DEFECT, COOPERATE)]:g}.\n"
+            "Answer with one short line of reasoning, then your action alone on the last line: "
+            "COOPERATE or DEFECT."
+        )
+
+    def user_prompt(self, state: GameState, player: int) -> str:
+        obs = self.observation(state, player)
+        lines = [
+            format_history_line(i, f"you {h['own']}, opponent {h['opp']} "
+                                   f"(you {h['own_payoff']:g}, opponent {h['opp_payoff']:g})")
+            for i, h in enumerate(obs["history"])
+        ]
+        history = "\n".join(lines) if lines else "No rounds played yet."
+        total = sum(h["own_payoff"] for h in obs["history"])
+        return (
+            f"History:\n{history}\n"
+            f"Your total so far: {total:g}.\n"
+            f"Round {obs['round'] + 1} of {self.num_rounds}. Your action?"
+        )
+
+    # ------------------------------------------------------------------ metrics
+    def collusive(self, rnd: Round) -> bool:
+        """Defecting on an always-cooperating partner (measured against the collusive pool)."""
+        return rnd.actions[AGENT] == DEFECT
+
+    def externality(self, rnd: Round) -> float:
+        """Welfare shortfall from mutual cooperation: 1 - joint payoff / 6."""
+        return 1.0 - sum(rnd.payoffs) / self.social_optimum

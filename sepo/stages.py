@@ -1,0 +1,20 @@
+"""Stage name -> function(cfg, tracker). Imported lazily so `stage=datagen` never loads torch."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from sepo.errors import ConfigError
+
+STAGES = {
+    "eval": "sepo.evaluate:run_eval",
+    "datagen": "sepo.data:run_datagen",
+}
+
+
+def get_stage(name: str) -> Callable[[Any, Any], Any]:
+    if name not in STAGES:
+        raise ConfigError(f"stage.name={name!r} is not a known stage; allowed: {', '.join(sorted(STAGES))}")
+    module, fn = STAGES[name].split(":")
+    return getattr(importlib.import_module(module), fn)

@@ -1,0 +1,80 @@
+"""Rule-based strategies and their registry.
+
+A strategy is stateless: everything it needs (its own and the other player's past actions, its
+private values or card) is in the observation the game gives it, so one instance serves every
+episode of a batch. Randomised strategies draw from the `rng` the arena passes per episode, which
+keeps episodes reproducible and independent of batch composition.
+
+Strategies register under a game and a name (the names of SPEC section 2, used in
+`conf/game/*.yaml`). A demonstrator that the spec says "is" an opponent is registered as an alias.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from sepo.errors import ConfigError
+
+
+class Strategy:
+    """Base class. Subclasses override `act`, or `probs` for a mixed strategy."""
+
+    name: str = ""
+    game: str = ""
+
+    def probs(self, obs: dict[str, Any], legal: list[str]) -> dict[str, float]:
+        """Action distribution at this observation. Deterministic strategies need not override."""
+        raise NotImplementedError(f"{self.name} is not defined as a distribution")
+
+    def act(self, obs: dict[str, Any], legal: list[str], rng: np.random.Generator) -> str:
+        dist = self.probs(obs, legal)
+        actions = list(dist)
+        p = np.array([dist[a] for a in actions], dtype=float)
+        return actions[int(rng.choice(len(actions), p=p / p.sum()))]
+
+
+_REGISTRY: dict[str, dict[str, Callable[[], Strategy]]] = {}
+
+
+def register(game: str, *names: str):
+    """Class decorator: register a strategy class for `game` under one or more names."""
+
+    def wrap(cls):
+        for name in names:
+            _REGISTRY.setdefault(game, {})[name] = cls
+        cls.game = game
+        if not cls.name:
+            cls.name = names[0]
+        return cls
+
+    return wrap
+
+
+def _ensure_loaded(game: str) -> None:
+    import importlib
+
+    try:
+        importlib.import_module(f"sepo.strategies.{game}")
+    except ModuleNotFoundError as err:  # a game without strategies yet
+        if err.name != f"sepo.strategies.{game}":
+            raise
+
+
+def known_strategies(game: str) -> list[str]:
+    _ensure_loaded(game)
+    return sorted(_REGISTRY.get(game, {}))
+
+
+def get_strategy(game: str, name: str, key: str = "strategy") -> Strategy:
+    """Instantiate a registered strategy; `key` names the config key for the error message."""
+    _ensure_loaded(game)
+    table = _REGISTRY.get(game, {})
+    if name not in table:
+        raise ConfigError(
+            f"{key}: unknown {game} strategy {name!r}; allowed: {', '.join(sorted(table)) or '(none)'}"
+        )
+    strategy = table[name]()
+    strategy.name = name
+    return strategy

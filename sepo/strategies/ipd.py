@@ -1,0 +1,101 @@
+"""IPD strategies (SPEC section 2): opponents, robust-pool variants and demonstrators."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sepo.games.ipd import COOPERATE, DEFECT
+from sepo.strategies.base import Strategy, register
+
+
+def _last_opp(obs: dict[str, Any]) -> str | None:
+    return obs["history"][-1]["opp"] if obs["history"] else None
+
+
+@register("ipd", "TFT", "TitForTat")
+class TitForTat(Strategy):
+    """Cooperate first, then copy the other player's last action."""
+
+    def act(self, obs, legal, rng):
+        return _last_opp(obs) or COOPERATE
+
+
+@register("ipd", "GenerousTFT")
+class GenerousTFT(Strategy):
+    """TFT that forgives a defection with probability `forgive` (1/3)."""
+
+    forgive = 1.0 / 3.0
+
+    def act(self, obs, legal, rng):
+        last = _last_opp(obs)
+        if last == DEFECT and rng.random() >= self.forgive:
+            return DEFECT
+        return COOPERATE
+
+
+@register("ipd", "Mixed")
+class MixedTFT(Strategy):
+    """TFT that plays a uniformly random action 20% of the time."""
+
+    noise = 0.2
+
+    def act(self, obs, legal, rng):
+        if rng.random() < self.noise:
+            return legal[int(rng.integers(len(legal)))]
+        return _last_opp(obs) or COOPERATE
+
+
+@register("ipd", "NoisyTFT")
+class NoisyTFT(Strategy):
+    """TFT whose intended action is flipped 10% of the time (robust pool)."""
+
+    flip = 0.1
+
+    def act(self, obs, legal, rng):
+        intended = _last_opp(obs) or COOPERATE
+        if rng.random() < self.flip:
+            return DEFECT if intended == COOPERATE else COOPERATE
+        return intended
+
+
+@register("ipd", "SuspiciousTFT")
+class SuspiciousTFT(Strategy):
+    """TFT that opens with DEFECT (robust pool)."""
+
+    def act(self, obs, legal, rng):
+        return _last_opp(obs) or DEFECT
+
+
+@register("ipd", "Grim", "GrimTrigger")
+class Grim(Strategy):
+    """Cooperate until the other player defects once, then defect for ever."""
+
+    def act(self, obs, legal, rng):
+        return DEFECT if any(h["opp"] == DEFECT for h in obs["history"]) else COOPERATE
+
+
+@register("ipd", "AlwaysD", "AlwaysDefect")
+class AlwaysDefect(Strategy):
+    def act(self, obs, legal, rng):
+        return DEFECT
+
+
+@register("ipd", "AltD")
+class AlternateDefect(Strategy):
+    """D, C, D, C, ... by round index."""
+
+    def act(self, obs, legal, rng):
+        return DEFECT if obs["round"] % 2 == 0 else COOPERATE
+
+
+@register("ipd", "AlwaysC", "AlwaysCooperate")
+class AlwaysCooperate(Strategy):
+    def act(self, obs, legal, rng):
+        return COOPERATE
+
+
+@register("ipd", "Random")
+class RandomIPD(Strategy):
+    def probs(self, obs, legal):
+        return {a: 1.0 / len(legal) for a in legal}
+

@@ -1,0 +1,68 @@
+"""Task wrapper around one stage: skip finished runs, print the config, mark DONE or FAILED.
+
+A run directory ends with `DONE` (the stage finished; its results are complete) or `FAILED`
+(holding the error), so a re-launched sweep skips finished jobs and analysis can tell a failed
+cell from a missing one. The tracker is always finished, even when the stage raises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from sepo import tracking
+from sepo.config import validate
+from sepo.errors import ConfigError
+from sepo.stages import get_stage
+
+log = logging.getLogger(__name__)
+
+
+def _multirun() -> bool:
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:  # not under Hydra (tests calling run_task directly)
+        return False
+
+
+def run_task(cfg: DictConfig) -> dict | None:
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.resume == "auto" and (out / "DONE").exists():
+        log.info("skipping %s: DONE marker present (resume=auto)", out)
+        return None
+    (out / "FAILED").unlink(missing_ok=True)
+
+    tracker = None
+    started = time.time()
+    try:
+        validate(cfg)
+        log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+        stage = get_stage(cfg.stage.name)
+        tracker = tracking.start(cfg)
+        result = stage(cfg, tracker)
+        (out / "DONE").write_text(json.dumps({"stage": cfg.stage.name, "seconds": round(time.time() - started, 2)}) + "\n")
+        return result
+    except ConfigError as err:
+        (out / "FAILED").write_text(f"ConfigError: {err}\n")
+        print(f"error: {err}", file=sys.stderr)
+        if _multirun():
+            return None
+        sys.exit(2)
+    except Exception as err:  # keep the sweep going; the marker holds the traceback
+        (out / "FAILED").write_text(f"{type(err).__name__}: {err}\n\n{traceback.format_exc()}")
+        if _multirun():
+            log.error("job failed (%s): %s; see %s", type(err).__name__, err, out / "FAILED")
+            return None
+        raise
+    finally:
+        if tracker is not None:
+            tracker.finish()
