@@ -1,0 +1,54 @@
+"""The arena: lockstep batching, reproducibility and independence from batch composition."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from sepo.arena import play
+from sepo.games import make_game
+from sepo.policies import ScriptedPolicy
+from sepo.strategies import get_strategy
+
+GAME = make_game(OmegaConf.load("conf/game/ipd.yaml"))
+
+
+class CountingPolicy(ScriptedPolicy):
+    def __init__(self, name):
+        super().__init__(get_strategy("ipd", name))
+        self.batches = []
+
+    def act_batch(self, requests):
+        self.batches.append(len(requests))
+        return super().act_batch(requests)
+
+
+def opponents(*names):
+    return {n: get_strategy("ipd", n) for n in names}
+
+
+def test_one_agent_call_per_decision_point_for_all_episodes():
+    agent = CountingPolicy("Mixed")
+    records = play(GAME, agent, opponents("TFT", "Random", "AltD"), episodes=7, seed=3)
+    assert agent.batches == [21] * 8  # 3 opponents x 7 episodes, 8 rounds
+    assert all(r.decisions == 8 and r.parsed == 8 for r in records)
+
+
+def trace(records):
+    return [(r.opponent, r.index, [x.actions for x in r.rounds]) for r in records]
+
+
+def test_same_seed_same_episodes_and_batch_composition_does_not_matter():
+    first = play(GAME, ScriptedPolicy(get_strategy("ipd", "Mixed")), opponents("Random", "Mixed"), 5, seed=11)
+    again = play(GAME, ScriptedPolicy(get_strategy("ipd", "Mixed")), opponents("Random", "Mixed"), 5, seed=11)
+    alone = play(GAME, ScriptedPolicy(get_strategy("ipd", "Mixed")), opponents("Mixed"), 5, seed=11)
+    assert trace(first) == trace(again)
+    assert [t for t in trace(first) if t[0] == "Mixed"] == trace(alone)
+    other = play(GAME, ScriptedPolicy(get_strategy("ipd", "Mixed")), opponents("Random", "Mixed"), 5, seed=12)
+    assert trace(first) != trace(other)
+
+
+def test_trace_keeps_requests_and_decisions_when_asked():
+    (record,) = play(GAME, ScriptedPolicy(get_strategy("ipd", "TFT")), opponents("AltD"), 1, seed=0, keep_trace=True)
+    assert [t[0] for t in record.trace] == list(range(8))
+    round_index, request, decision = record.trace[1]
+    assert request.observation["history"][0]["opp"] == "DEFECT" and decision.action == "DEFECT"

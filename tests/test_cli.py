@@ -1,0 +1,71 @@
+"""The task wrapper and the scripted eval through the real CLI: results.json, DONE, FAILED, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import sepo.stages
+from sepo.task import run_task
+
+from .conftest import read_results, run_dirs
+
+RESULT_KEYS = {"game", "model", "stage", "checkpoint", "step", "seed", "lambdas", "metrics", "se", "per_opponent",
+               "episodes"}
+METRIC_KEYS = {"pay", "exploit", "exploit_max", "collusion", "ext", "robust", "safety", "nra", "parse_rate"}
+
+
+def test_scripted_eval_writes_results_and_done(cli, tmp_path):
+    proc = cli("stage=eval", "model=scripted", "model.strategy=TFT", "game=ipd", "game.pools.exploit=[AlwaysD]",
+               "logger=none")
+    assert proc.returncode == 0, proc.stderr
+    (run,) = run_dirs(tmp_path)
+    assert (run / "DONE").exists() and not (run / "FAILED").exists()
+    results = read_results(tmp_path)
+    assert RESULT_KEYS <= set(results) and METRIC_KEYS <= set(results["metrics"]) == set(results["se"])
+    assert results["metrics"]["exploit"] == pytest.approx(0.625)
+    assert results["model"] == "scripted:TFT" and results["episodes"] == 20 * 9  # 9 distinct opponents over all pools
+    assert {o["pool"] for o in results["per_opponent"]} == {"train", "exploit", "collusive", "robust"}
+    assert "game.pools.exploit=[AlwaysD]" in str(run)  # run dirs are named by their overrides
+
+
+def test_default_scripted_agent_is_the_games_reference_strategy(cli, tmp_path):
+    proc = cli("stage=eval", "model=scripted", "logger=none")
+    assert proc.returncode == 0, proc.stderr
+    assert read_results(tmp_path)["model"] == "scripted:TFT"
+    assert read_results(tmp_path)["metrics"]["exploit"] == pytest.approx(0.3125)
+
+
+def test_finished_run_is_skipped_and_failed_run_leaves_marker(compose_cfg, tmp_path, monkeypatch):
+    cfg = compose_cfg("stage=eval")
+    run_task(cfg)
+    assert (tmp_path / "DONE").exists()
+    (tmp_path / "results.json").write_text("{}")  # a skipped run must not rewrite its results
+    assert run_task(cfg) is None and (tmp_path / "results.json").read_text() == "{}"
+
+    def broken(cfg, tracker):
+        (tmp_path / "partial.json").write_text("kept")
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(sepo.stages.STAGES, "eval", "tests.test_cli:broken_stage")
+    (tmp_path / "DONE").unlink()
+    with pytest.raises(RuntimeError, match="boom"):
+        run_task(cfg)
+    assert "RuntimeError: boom" in (tmp_path / "FAILED").read_text() and not (tmp_path / "DONE").exists()
+    assert (tmp_path / "partial.json").read_text() == "kept"
+
+
+def broken_stage(cfg, tracker):
+    (__import__("pathlib").Path(cfg.paths.output_dir) / "partial.json").write_text("kept")
+    raise RuntimeError("boom")
+
+
+def test_sweep_keeps_going_past_a_failed_job(cli, tmp_path):
+    proc = cli("-m", "stage=eval", "model.strategy=TFT,Nope", "logger=none", "eval.episodes_per_opponent=2")
+    assert proc.returncode == 0, proc.stderr
+    done = sorted(p.parent.name for p in (tmp_path / "outputs").rglob("DONE"))
+    failed = [p for p in (tmp_path / "outputs").rglob("FAILED")]
+    assert len(done) == 1 and len(failed) == 1
+    assert "model.strategy: unknown ipd strategy 'Nope'" in failed[0].read_text()
+    assert json.loads(next((tmp_path / "outputs").rglob("results.json")).read_text())["model"] == "scripted:TFT"

@@ -1,0 +1,72 @@
+"""Every config file composes and validates; bad input ends in one line naming key and allowed values."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from sepo.config import PoolOverlapWarning, validate
+from sepo.errors import ConfigError
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("game", options("game"))
+def test_every_game_composes_with_its_lambdas_and_validates(compose_cfg, game):
+    cfg = compose_cfg(f"game={game}")
+    assert cfg.game.name == game
+    assert set(cfg.lambdas.train) == set(cfg.lambdas.eval) == {"e", "c", "x"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PoolOverlapWarning)
+        validate(cfg)
+
+
+@pytest.mark.parametrize("group", ["model", "stage", "lambdas", "logger", "eval", "datagen"])
+def test_every_option_of_every_group_composes(compose_cfg, group):
+    for option in options(group):
+        cfg = compose_cfg(f"{group}={option}")
+        assert cfg is not None
+
+
+def test_lambdas_follow_the_game_unless_overridden(compose_cfg):
+    assert compose_cfg("game=ipd").lambdas.train.e == 2.4
+    assert compose_cfg("game=ipd", "lambdas=zero").lambdas.train.e == 0.0
+
+
+def test_pool_overlap_is_a_warning_naming_the_strategy(compose_cfg):
+    cfg = compose_cfg("game.pools.collusive=[TFT]")
+    with pytest.warns(PoolOverlapWarning, match="TFT is in pools train, collusive"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("lambdas.eval.e=-1", "lambdas.eval.e=-1 must be >= 0"),
+    ("model.strategy=Nope", "model.strategy: unknown ipd strategy 'Nope'; allowed: AltD"),
+    ("game.pools.exploit=[AlwaysD,Bogus]", "game.pools.exploit: unknown ipd strategy 'Bogus'"),
+    ("+game.demonstrators.Bogus=1.0", "game.demonstrators: unknown ipd strategy 'Bogus'"),
+    ("eval.episodes_per_opponent=0", "eval.episodes_per_opponent=0 must be >= 1"),
+])
+def test_validation_errors_name_the_key(compose_cfg, override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        validate(compose_cfg(override))
+
+
+@pytest.mark.parametrize("args,key,allowed", [
+    (["game=chess"], "game=chess", "ipd"),
+    (["stage=foo"], "stage=foo", "eval"),
+    (["-m", "game=ipd,chess"], "game=chess", "ipd"),
+    (["lambdas.eval.e=-0.5"], "lambdas.eval.e=-0.5", ">= 0"),
+    (["stage=eval", "model=scripted", "model.strategy=Nope"], "model.strategy", "TFT"),
+])
+def test_cli_errors_are_one_line_without_traceback(cli, args, key, allowed):
+    proc = cli(*args, "logger=none")
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and key in lines[0] and allowed in lines[0] and "allowed" in lines[0] or ">=" in lines[0]
