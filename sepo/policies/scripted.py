@@ -13,3 +13,10 @@ class ScriptedPolicy:
 
     def act_batch(self, requests: list[DecisionRequest]) -> list[Decision]:
         return [Decision(self.strategy.act(r.observation, r.legal, r.rng)) for r in requests]
+
+    def action_probabilities(self, requests: list[DecisionRequest]) -> list[dict[str, float]]:
+        """The strategy's exact distribution over each request's legal actions (exact exploitability).
+
+        Only strategies that define `probs` (all Kuhn strategies) can answer this.
+        """
+        return [self.strategy.probs(r.observation, r.legal) for r in requests]

@@ -1,0 +1,165 @@
+"""Exact analysis of Kuhn poker (SPEC section 6): exploitability and expected values.
+
+A policy is read at Kuhn's 12 information sets: the player's card (J, Q, K) times its public
+history: '' (first player to open), 'p' (second player after PASS), 'b' (second player facing a
+BET), 'pb' (first player facing a BET after its PASS). The keys are OpenSpiel's information-state
+strings ("0", "1p", "2pb", ... with card 0 = J), and each entry is the probability pair
+(pass-or-fold, bet-or-call), OpenSpiel's action order, so a table converts to an OpenSpiel
+`TabularPolicy` one to one and the tests can check these numbers against OpenSpiel.
+
+Exploitability is NashConv/2: the mean over the two seats of a best response's value against the
+policy playing the other seat. The game is zero-sum and the policy plays both seats, so its own
+values cancel. A best responder's information set is (own card, public history), so its value is a
+max over actions of the counterfactual value: the sum over the opponent's possible cards of chance
+probability x the opponent's reach probability x payoff.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+CARDS = (0, 1, 2)
+HISTORIES = ("", "p", "b", "pb")
+TERMINALS = ("pp", "pbp", "pbb", "bp", "bb")
+INFOSETS = tuple(f"{c}{h}" for c in CARDS for h in HISTORIES)
+
+Table = dict[str, np.ndarray]
+
+
+def seat_to_move(history: str) -> int:
+    return len(history) % 2
+
+
+def first_seat_payoff(history: str, first_card: int, second_card: int, ante: float = 1.0, bet: float = 1.0) -> float:
+    """The first player's chips at terminal `history` (OpenSpiel letters: p = pass/fold, b = bet/call).
+
+    Each player has put in the ante, plus the bet if it bet or called; a fold loses what the folder
+    put in, a showdown wins what the loser put in (with ante 1 and bet 1: +-1 or +-2).
+    """
+    put = [ante, ante]
+    for i, a in enumerate(history):
+        if a == "b":
+            put[i % 2] += bet
+    if history.endswith("bp"):  # the player facing the bet folded
+        folder = (len(history) - 1) % 2
+        return put[1] if folder == 1 else -put[0]
+    return put[1] if first_card > second_card else -put[0]
+
+
+def _check(table: Table) -> Table:
+    missing = [k for k in INFOSETS if k not in table]
+    if missing:
+        raise ValueError(f"policy table misses information sets {missing}")
+    return table
+
+
+def table_from_probs(probs: dict[str, dict[str, float]]) -> Table:
+    """Infoset key -> {action string: prob} into the (pass/fold, bet/call) table, renormalised.
+
+    A language model's probabilities over the legal action strings need not sum to one exactly
+    (they come from log-probs), so each pair is normalised; an all-zero pair is an error.
+    """
+    from sepo.games.kuhn import ACTION_INDEX
+
+    table = {}
+    for key, dist in probs.items():
+        p = np.zeros(2)
+        for action, prob in dist.items():
+            if prob < 0:
+                raise ValueError(f"negative probability {prob} for {action} at {key!r}")
+            p[ACTION_INDEX[action]] += float(prob)
+        if p.sum() <= 0:
+            raise ValueError(f"probabilities at {key!r} sum to zero: {dist}")
+        table[key] = p / p.sum()
+    return _check(table)
+
+
+def infoset_requests(game: Any) -> list[tuple[str, Any]]:
+    """One DecisionRequest per information set, each for a state built by the game.
+
+    The states are in the episode's first hand (no previous hands), so a history-dependent policy
+    is measured as it plays when it has seen nothing of the opponent yet.
+    """
+    from sepo.games.kuhn import BET, PASS
+    from sepo.games.base import AGENT
+    from sepo.policies.base import DecisionRequest
+
+    letters = {"p": PASS, "b": BET}
+    out = []
+    for key in INFOSETS:
+        card, history = int(key[0]), key[1:]
+        state = game.state_at(card, seat_to_move(history), [letters[c] for c in history])
+        out.append((key, DecisionRequest(game, state, AGENT, game.legal_actions(state, AGENT),
+                                         np.random.default_rng(0))))
+    return out
+
+
+def policy_table(game: Any, policy: Any) -> Table:
+    """The policy's action probabilities at the 12 information sets, asked in one batched call."""
+    keyed = infoset_requests(game)
+    dists = policy.action_probabilities([r for _, r in keyed])
+    return table_from_probs({key: dist for (key, _), dist in zip(keyed, dists)})
+
+
+def _br_value(table: Table, br_seat: int, history: str, card: int, weights: dict[int, float],
+              ante: float, bet: float) -> float:
+    """Counterfactual value for the best responder holding `card` at `history`.
+
+    `weights[o]` is chance x opponent reach probability of the opponent holding `o`.
+    """
+    if history in TERMINALS:
+        sign = 1.0 if br_seat == 0 else -1.0
+        return sum(w * sign * first_seat_payoff(history, *((card, o) if br_seat == 0 else (o, card)), ante, bet)
+                   for o, w in weights.items())
+    if seat_to_move(history) == br_seat:
+        return max(_br_value(table, br_seat, history + a, card, weights, ante, bet) for a in "pb")
+    return sum(
+        _br_value(table, br_seat, history + a, card,
+                  {o: w * table[f"{o}{history}"][i] for o, w in weights.items()}, ante, bet)
+        for i, a in enumerate("pb"))
+
+
+def best_response_value(table: Table, br_seat: int, ante: float = 1.0, bet: float = 1.0) -> float:
+    """Expected value of a best response in seat `br_seat` (0 = first) against `table` in the other."""
+    _check(table)
+    total = 0.0
+    for card in CARDS:
+        others = [o for o in CARDS if o != card]
+        weights = {o: 1.0 / (len(CARDS) * len(others)) for o in others}
+        total += _br_value(table, br_seat, "", card, weights, ante, bet)
+    return total
+
+
+def nash_conv(table: Table, ante: float = 1.0, bet: float = 1.0) -> float:
+    """Sum over seats of best-response gains when `table` plays both seats (its own values cancel)."""
+    return best_response_value(table, 0, ante, bet) + best_response_value(table, 1, ante, bet)
+
+
+def exploitability(table: Table, ante: float = 1.0, bet: float = 1.0) -> float:
+    """NashConv/2, as OpenSpiel's `exploitability.exploitability` for a two-player zero-sum game."""
+    return nash_conv(table, ante, bet) / 2.0
+
+
+def game_value(first: Table, second: Table, ante: float = 1.0, bet: float = 1.0) -> float:
+    """The first player's expected chips per hand when `first` plays the first seat, `second` the second."""
+    _check(first)
+    _check(second)
+
+    def value(history: str, c1: int, c2: int) -> float:
+        if history in TERMINALS:
+            return first_seat_payoff(history, c1, c2, ante, bet)
+        table, card = (first, c1) if seat_to_move(history) == 0 else (second, c2)
+        p = table[f"{card}{history}"]
+        return sum(p[i] * value(history + a, c1, c2) for i, a in enumerate("pb") if p[i] > 0)
+
+    deals = [(c1, c2) for c1 in CARDS for c2 in CARDS if c1 != c2]
+    return sum(value("", c1, c2) for c1, c2 in deals) / len(deals)
+
+
+def seat_values(agent: Table, opponent: Table, ante: float = 1.0, bet: float = 1.0) -> dict[str, float]:
+    """The agent's expected chips per hand in each seat, and their mean (an episode's seat mix)."""
+    first = game_value(agent, opponent, ante, bet)
+    second = -game_value(opponent, agent, ante, bet)
+    return {"first": first, "second": second, "mean": (first + second) / 2.0}

@@ -1,0 +1,365 @@
+"""Kuhn poker: rules against OpenSpiel, seats and mirrored deals, information hiding, strategies,
+exact exploitability (against OpenSpiel's), and a scripted evaluation end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from sepo import kuhn_exact as K
+from sepo.arena import play
+from sepo.evaluate import evaluate_policy
+from sepo.games import AGENT, OPPONENT, make_game
+from sepo.games.kuhn import BET, CALL, CARDS, FOLD, PASS, KuhnPoker
+from sepo.policies import ScriptedPolicy
+from sepo.strategies import get_strategy, known_strategies
+
+ROOT = Path(__file__).resolve().parent.parent
+GAME_CFG = OmegaConf.load(ROOT / "conf/game/kuhn.yaml")
+TERMINAL_SEQUENCES = [(PASS, PASS), (PASS, BET, CALL), (PASS, BET, FOLD), (BET, CALL), (BET, FOLD)]
+SEQ_LETTERS = {PASS: "p", FOLD: "p", BET: "b", CALL: "b"}
+
+
+@pytest.fixture(scope="module")
+def game() -> KuhnPoker:
+    return make_game(GAME_CFG)
+
+
+def table_of(game: KuhnPoker, name: str) -> K.Table:
+    return K.policy_table(game, ScriptedPolicy(get_strategy("kuhn", name)))
+
+
+def random_table(seed: int) -> K.Table:
+    rng = np.random.default_rng(seed)
+    table = {}
+    for key in K.INFOSETS:
+        p = rng.random()
+        table[key] = np.array([1 - p, p])
+    return table
+
+
+class TablePolicy:
+    """A policy given directly by a table, answering through the DecisionRequest interface."""
+
+    name = "table"
+
+    def __init__(self, table: K.Table):
+        self.table = table
+
+    def action_probabilities(self, requests):
+        out = []
+        for r in requests:
+            obs = r.observation
+            key = f"{CARDS.index(obs['card'])}{''.join(SEQ_LETTERS[a] for a in obs['betting'])}"
+            out.append({a: float(self.table[key][1 if a in (BET, CALL) else 0]) for a in r.legal})
+        return out
+
+
+def play_hand(game: KuhnPoker, state, sequence) -> None:
+    for action in sequence:
+        (player,) = game.to_act(state)
+        game.step(state, {player: action})
+
+
+# --------------------------------------------------------------------------- rules
+def test_config_numbers(game):
+    assert (game.num_rounds, game.ante, game.bet, game.max_payoff) == (6, 1.0, 1.0, 2.0)
+    assert GAME_CFG.mirrored is True and GAME_CFG.training.lr == 3.0e-6 and GAME_CFG.training.beta == 0.2
+
+
+@pytest.mark.parametrize("agent_seat", [0, 1])
+def test_terminal_payoffs_match_openspiel(game, agent_seat):
+    pyspiel = pytest.importorskip("pyspiel")
+    os_game = pyspiel.load_game("kuhn_poker")
+    for first in range(3):
+        for second in range(3):
+            if first == second:
+                continue
+            for seq in TERMINAL_SEQUENCES:
+                os_state = os_game.new_initial_state()
+                os_state.apply_action(first)
+                os_state.apply_action(second)
+                for a in seq:
+                    os_state.apply_action(1 if a in (BET, CALL) else 0)
+                assert os_state.is_terminal()
+                expected = os_state.returns()
+
+                state = game.reset(0, mirror=agent_seat == 1)
+                state.deals[0] = (first, second)
+                play_hand(game, state, seq)
+                rnd = state.rounds[0]
+                assert rnd.payoffs[AGENT] == expected[agent_seat]
+                assert rnd.payoffs[OPPONENT] == expected[1 - agent_seat]
+                assert sum(rnd.payoffs) == 0
+                assert rnd.info["betting"] == seq
+                assert rnd.info["showdown"] == (seq[-1] != FOLD)
+                assert rnd.info["agent_seat"] == ("first", "second")[agent_seat]
+                assert rnd.info["agent_card"] == CARDS[(first, second)[agent_seat]]
+                assert rnd.info["opponent_card"] == CARDS[(first, second)[1 - agent_seat]]
+                mine = tuple(a for i, a in enumerate(seq) if i % 2 == agent_seat)
+                theirs = tuple(a for i, a in enumerate(seq) if i % 2 != agent_seat)
+                assert rnd.actions == (mine, theirs)
+
+
+def test_legal_actions_per_node(game):
+    state = game.reset(3)
+    assert game.to_act(state) == [AGENT]
+    assert game.legal_actions(state, AGENT) == [PASS, BET]
+    assert game.legal_actions(state, OPPONENT) == []  # not its turn
+    game.step(state, {AGENT: PASS})
+    assert game.to_act(state) == [OPPONENT]
+    assert game.legal_actions(state, OPPONENT) == [PASS, BET]
+    game.step(state, {OPPONENT: BET})
+    assert game.to_act(state) == [AGENT]
+    assert game.legal_actions(state, AGENT) == [CALL, FOLD]
+    with pytest.raises(ValueError):
+        game.step(state, {AGENT: BET})
+    game.step(state, {AGENT: CALL})
+    assert state.round_index == 1 and state.betting == []
+    # hand 2: the opponent opens; a bet faces the agent with CALL/FOLD
+    assert game.to_act(state) == [OPPONENT]
+    game.step(state, {OPPONENT: BET})
+    assert game.legal_actions(state, AGENT) == [CALL, FOLD]
+
+
+def test_seats_alternate_and_episode_ends(game):
+    for mirror in (False, True):
+        state = game.reset(11, mirror=mirror)
+        seats = []
+        while not game.is_over(state):
+            seats.append(game.observation(state, AGENT)["seat"])
+            assert game.to_act(state) == [AGENT if seats[-1] == "first" else OPPONENT]
+            play_hand(game, state, (PASS, PASS))
+        expected = ["first", "second"] * 3
+        if mirror:
+            expected = expected[1:] + expected[:1]
+        assert seats == expected
+        assert len(state.rounds) == 6 and game.to_act(state) == []
+        assert [r.info["agent_seat"] for r in state.rounds] == expected
+
+
+def test_deals_are_seeded_and_uniform(game):
+    assert game.reset(7).deals == game.reset(7).deals
+    counts = {}
+    for seed in range(300):
+        for deal in game.reset(seed).deals:
+            counts[deal] = counts.get(deal, 0) + 1
+    assert set(counts) == {(a, b) for a in range(3) for b in range(3) if a != b}
+    assert min(counts.values()) > 240  # 1800 deals over 6 outcomes, expectation 300
+
+
+def test_mirrored_episode_swaps_seats_same_cards(game):
+    plain, mirror = game.reset(5), game.reset(5, mirror=True)
+    assert plain.deals == mirror.deals
+    for h in range(6):
+        assert game.card_of(mirror, AGENT, h) == game.card_of(plain, OPPONENT, h)
+        assert game.card_of(mirror, OPPONENT, h) == game.card_of(plain, AGENT, h)
+        assert game.agent_seat(mirror, h) == 1 - game.agent_seat(plain, h)
+
+    # through the arena: episodes 2j and 2j+1 share the deal with seats swapped
+    records = play(game, ScriptedPolicy(get_strategy("kuhn", "NashApx")),
+                   {"TightP": get_strategy("kuhn", "TightP")}, episodes=4, seed=42, mirrored=True)
+    for a, b in [(records[0], records[1]), (records[2], records[3])]:
+        assert a.seed == b.seed and (a.mirror, b.mirror) == (False, True)
+        for ra, rb in zip(a.rounds, b.rounds):
+            assert (ra.info["agent_card"], ra.info["opponent_card"]) == (rb.info["opponent_card"], rb.info["agent_card"])
+            assert ra.info["agent_seat"] != rb.info["agent_seat"]
+
+
+# --------------------------------------------------------------------------- information hiding
+def _views(game, state, player):
+    return game.observation(state, player), game.user_prompt(state, player)
+
+
+def test_opponent_card_hidden_during_hand(game):
+    for card in range(3):
+        for seat in (0, 1):
+            for betting in ([], [PASS], [BET], [PASS, BET]):
+                if len(betting) % 2 != seat:
+                    continue
+                views = []
+                for other in (c for c in range(3) if c != card):
+                    state = game.state_at(card, seat, betting)
+                    state.deals[0] = (card, other) if seat == 0 else (other, card)
+                    views.append(_views(game, state, AGENT))
+                assert views[0] == views[1]  # nothing depends on the opponent's card
+                obs, prompt = views[0]
+                assert obs["card"] == CARDS[card]
+                assert set(re.findall(r"\b[JQK]\b", prompt)) == {CARDS[card]}
+
+
+def test_opponent_card_shown_only_after_showdown(game):
+    def after(first_hand, other_card):
+        state = game.reset(1)
+        state.deals[0] = (1, other_card)  # agent first with Q
+        play_hand(game, state, first_hand)
+        return state
+
+    # a fold hides the card: the next hand's views are the same whatever the opponent held
+    for fold in [(BET, FOLD), (PASS, BET, FOLD)]:
+        a, b = after(fold, 0), after(fold, 2)
+        assert _views(game, a, AGENT) == _views(game, b, AGENT)
+        obs, prompt = _views(game, a, AGENT)
+        assert obs["history"][0]["opp_card"] is None and obs["history"][0]["showdown"] is False
+        assert "opponent had" not in prompt
+
+    # a showdown reveals it
+    state = after((PASS, PASS), 2)
+    (player,) = game.to_act(state)
+    obs, prompt = _views(game, state, player)
+    assert player == OPPONENT  # hand 2: the opponent is first
+    past = obs["history"][0]
+    assert (past["card"], past["opp_card"], past["payoff"], past["showdown"]) == ("K", "Q", 1.0, True)
+    assert "opponent had Q" in prompt
+
+
+def test_prompts(game):
+    system = game.system_prompt()
+    for word in ("J < Q < K", "PASS", "BET", "CALL", "FOLD", "last line", "6 hands"):
+        assert word in system
+    user = game.user_prompt(game.state_at(2, 1, [PASS]), AGENT)
+    assert "Your card: K." in user and "second player" in user
+    assert "Betting so far: opponent PASS." in user and "Legal actions: PASS, BET." in user
+    assert game.parse_action("K is the best card.\nBET", [PASS, BET]) == BET
+    assert game.parse_action("Calling is not allowed here.\nCALL", [PASS, BET]) is None
+
+
+# --------------------------------------------------------------------------- strategies
+OPEN, AFTER_PASS, FACING, AFTER_PASS_BET = "", "p", "b", "pb"
+# P(aggressive action: BET or CALL) per (card, history); SPEC section 2
+EXPECTED = {
+    "NashApx": {
+        ("J", OPEN): 1 / 3, ("Q", OPEN): 0, ("K", OPEN): 1,
+        ("J", AFTER_PASS_BET): 0, ("Q", AFTER_PASS_BET): 2 / 3, ("K", AFTER_PASS_BET): 1,
+        ("J", AFTER_PASS): 1 / 3, ("Q", AFTER_PASS): 0, ("K", AFTER_PASS): 1,
+        ("J", FACING): 0, ("Q", FACING): 1 / 3, ("K", FACING): 1,
+    },
+    "TightP": {(c, h): float(c == "K") for c in "JQK" for h in (OPEN, AFTER_PASS, FACING, AFTER_PASS_BET)},
+    "LooseA": {**{(c, h): float(c != "Q") for c in "JQK" for h in (OPEN, AFTER_PASS)},
+               **{(c, h): float(c != "J") for c in "JQK" for h in (FACING, AFTER_PASS_BET)}},
+    "AlwaysBet": {(c, h): 1.0 for c in "JQK" for h in (OPEN, AFTER_PASS, FACING, AFTER_PASS_BET)},
+    "RandomLegal": {(c, h): 0.5 for c in "JQK" for h in (OPEN, AFTER_PASS, FACING, AFTER_PASS_BET)},
+    "TightValue": {**{(c, h): float(c == "K") for c in "JQK" for h in (OPEN, AFTER_PASS)},
+                   **{(c, h): {"J": 0, "Q": 1 / 3, "K": 1}[c] for c in "JQK" for h in (FACING, AFTER_PASS_BET)}},
+    "PotControl": {**{(c, h): float(c == "K") for c in "JQK" for h in (OPEN, AFTER_PASS)},
+                   **{(c, h): float(c != "J") for c in "JQK" for h in (FACING, AFTER_PASS_BET)}},
+}
+EXPECTED["NashApprox"] = EXPECTED["NashApx"]
+EXPECTED["AlwaysPassQ"] = {k: (0.0 if k[0] == "Q" else p) for k, p in EXPECTED["NashApx"].items()}
+
+
+def test_every_strategy_is_specified():
+    assert set(known_strategies("kuhn")) == set(EXPECTED)
+    names = {n for pool in GAME_CFG.pools.values() for n in pool} | set(GAME_CFG.demonstrators)
+    assert names <= set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_strategy_defining_behaviour(game, name):
+    table = table_of(game, name)
+    for (card, history), p in EXPECTED[name].items():
+        assert table[f"{CARDS.index(card)}{history}"] == pytest.approx([1 - p, p], abs=1e-12), (card, history)
+    # act() draws from the same distribution: deterministic entries are always followed
+    strategy, rng = get_strategy("kuhn", name), np.random.default_rng(0)
+    for key, request in K.infoset_requests(game):
+        dist = strategy.probs(request.observation, request.legal)
+        assert list(dist) == request.legal and sum(dist.values()) == pytest.approx(1.0)
+        for _ in range(5):
+            assert dist[strategy.act(request.observation, request.legal, rng)] > 0
+
+
+# --------------------------------------------------------------------------- exact exploitability
+def test_nash_is_an_equilibrium(game):
+    table = table_of(game, "NashApx")
+    assert K.exploitability(table) == pytest.approx(0.0, abs=1e-9)
+    assert game.exact_exploitability(ScriptedPolicy(get_strategy("kuhn", "NashApx"))) == pytest.approx(0.0, abs=1e-9)
+    assert K.game_value(table, table) == pytest.approx(-1 / 18, abs=1e-12)
+    # against every strategy NashApx loses nothing on average over both seats
+    for name in EXPECTED:
+        assert K.seat_values(table, table_of(game, name))["mean"] >= -1e-12
+
+
+def test_uniform_random_exploitability(game):
+    assert game.exact_exploitability(ScriptedPolicy(get_strategy("kuhn", "RandomLegal"))) == pytest.approx(11 / 24, abs=1e-12)
+
+
+def _openspiel_policy(os_game, table):
+    from open_spiel.python import policy as os_policy
+
+    tab = os_policy.TabularPolicy(os_game)
+    assert set(tab.state_lookup) == set(K.INFOSETS)
+    for key, probs in table.items():
+        tab.action_probability_array[tab.state_lookup[key]] = probs
+    return tab
+
+
+TABLES = ["RandomLegal", "TightP", "AlwaysBet", "LooseA", "NashApx", "TightValue", "PotControl",
+          "AlwaysPassQ", "seed:0", "seed:1", "seed:2"]
+
+
+def _table(game, name):
+    return random_table(int(name[5:])) if name.startswith("seed:") else table_of(game, name)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_exploitability_matches_openspiel(game, name):
+    pyspiel = pytest.importorskip("pyspiel")
+    from open_spiel.python.algorithms import exploitability
+
+    os_game = pyspiel.load_game("kuhn_poker")
+    table = _table(game, name)
+    ours = game.exact_exploitability(TablePolicy(table))
+    assert ours == pytest.approx(K.exploitability(table), abs=1e-12)
+    assert ours == pytest.approx(exploitability.exploitability(os_game, _openspiel_policy(os_game, table)), abs=1e-9)
+
+
+@pytest.mark.parametrize("pair", [("NashApx", "TightP"), ("LooseA", "AlwaysBet"), ("seed:3", "RandomLegal"),
+                                  ("seed:4", "seed:5")])
+def test_game_value_matches_openspiel(game, pair):
+    pyspiel = pytest.importorskip("pyspiel")
+    from open_spiel.python.algorithms import expected_game_score
+
+    os_game = pyspiel.load_game("kuhn_poker")
+    first, second = (_table(game, n) for n in pair)
+    values = expected_game_score.policy_value(
+        os_game.new_initial_state(), [_openspiel_policy(os_game, first), _openspiel_policy(os_game, second)])
+    assert K.game_value(first, second) == pytest.approx(values[0], abs=1e-9)
+
+
+# --------------------------------------------------------------------------- evaluation
+def test_evaluate_policy_matches_exact_values(game):
+    pools = {pool: list(GAME_CFG.pools[pool]) for pool in ("train", "exploit", "collusive", "robust")}
+    result = evaluate_policy(game, ScriptedPolicy(get_strategy("kuhn", "NashApx")), pools,
+                             dict(e=1.5, c=0.0, x=0.0), episodes=200, seed=42, mirrored=True, progress=False)
+    agent = table_of(game, "NashApx")
+    assert result["metrics"]["exploit_exact"] == pytest.approx(0.0, abs=1e-9)
+    assert result["metrics"]["collusion"] == 0.0 and result["metrics"]["ext"] == 0.0
+    for summary in result["per_opponent"]:
+        expected = K.seat_values(agent, table_of(game, summary["name"]))["mean"]
+        if summary["name"] == "NashApx":
+            assert expected == pytest.approx(0.0, abs=1e-12)  # symmetric over the two seats
+        assert abs(summary["pay"] - expected) <= 4 * summary["pay_se"] + 1e-9, summary
+        assert summary["pay"] == pytest.approx(-summary["opp_pay"])
+
+
+def test_scripted_eval_end_to_end(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "main.py", "stage=eval", "logger=none", "game=kuhn", "model=scripted",
+         f"paths.root_dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (results,) = list(tmp_path.rglob("results.json"))
+    payload = json.loads(results.read_text())
+    assert (results.parent / "DONE").exists()
+    assert payload["game"] == "kuhn" and payload["model"] == "scripted:NashApx"
+    assert payload["metrics"]["exploit_exact"] == pytest.approx(0.0, abs=1e-9)
+    assert payload["metrics"]["collusion"] == 0.0
+    assert payload["episodes"] == 20 * 5  # five distinct opponents
+    assert {e["rounds"] for e in payload["per_episode"]} == {6}
