@@ -22,6 +22,7 @@ from sepo import tracking
 from sepo.config import validate
 from sepo.errors import ConfigError
 from sepo.stages import get_stage
+from sepo.sweep import record_status
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ def run_task(cfg: DictConfig) -> dict | None:
     out.mkdir(parents=True, exist_ok=True)
     if cfg.resume == "auto" and (out / "DONE").exists():
         log.info("skipping %s: DONE marker present (resume=auto)", out)
+        record_status(out, "skipped")
         return None
     (out / "FAILED").unlink(missing_ok=True)
 
@@ -50,15 +52,18 @@ def run_task(cfg: DictConfig) -> dict | None:
         tracker = tracking.start(cfg)
         result = stage(cfg, tracker)
         (out / "DONE").write_text(json.dumps({"stage": cfg.stage.name, "seconds": round(time.time() - started, 2)}) + "\n")
+        record_status(out, "done")
         return result
     except ConfigError as err:
         (out / "FAILED").write_text(f"ConfigError: {err}\n")
+        record_status(out, "failed", str(err))
         print(f"error: {err}", file=sys.stderr)
         if _multirun():
             return None
         sys.exit(2)
     except Exception as err:  # keep the sweep going; the marker holds the traceback
         (out / "FAILED").write_text(f"{type(err).__name__}: {err}\n\n{traceback.format_exc()}")
+        record_status(out, "failed", f"{type(err).__name__}: {err}")
         if _multirun():
             log.error("job failed (%s): %s; see %s", type(err).__name__, err, out / "FAILED")
             return None
