@@ -1,0 +1,39 @@
+"""Sweeps through each launcher: run dirs named by overrides, failures isolated, re-launch skips DONE."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+LAUNCHERS = {"basic": [], "joblib": ["+launch=local"], "submitit_local": ["+launch=submitit_local"]}
+CHEAP = ["stage=eval", "logger=none", "eval.progress=false", "eval.episodes_per_opponent=2"]
+
+
+def summary(tmp_path):
+    return json.loads((tmp_path / "outputs" / "sweeps" / "default" / "sweep_summary.json").read_text())
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_two_cheap_jobs_through_each_launcher(cli, tmp_path, launcher):
+    proc = cli("-m", *LAUNCHERS[launcher], *CHEAP, "game=ipd,kuhn")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 done, 0 failed, 0 skipped" in proc.stdout
+    dirs = sorted(p.parent.parent.name for p in (tmp_path / "outputs" / "sweeps").rglob("DONE"))
+    assert dirs == [",".join(sorted(["eval.episodes_per_opponent=2", "eval.progress=false", f"game={g}", "stage=eval"]))
+                    .replace("progress=false", "progress=False") for g in ("ipd", "kuhn")]
+    games = sorted(json.loads(p.read_text())["game"] for p in (tmp_path / "outputs").rglob("results.json"))
+    assert games == ["ipd", "kuhn"]
+
+
+def test_failed_job_is_isolated_and_relaunch_skips_done_jobs(cli, tmp_path):
+    args = ["-m", *LAUNCHERS["joblib"], *CHEAP, "model.strategy=TFT,Grim,NotAStrategy"]
+    first = cli(*args)
+    assert first.returncode == 0 and "2 done, 1 failed, 0 skipped" in first.stdout
+    failed = summary(tmp_path)["failed"]
+    assert len(failed) == 1 and "NotAStrategy" in failed[0]
+    results_before = {p: p.stat().st_mtime_ns for p in (tmp_path / "outputs").rglob("results.json")}
+
+    second = cli(*args)
+    assert "0 done, 1 failed, 2 skipped" in second.stdout
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "outputs").rglob("results.json")} == results_before
