@@ -17,7 +17,7 @@ from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
 from sepo.stages import STAGES
-from sepo.strategies import known_strategies
+from sepo.strategies import known_strategies, make_strategy
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,10 @@ def validate(cfg: DictConfig) -> None:
         _check_number(f"game.demonstrators.{name}", weight, minimum=0.0)
     for name in cfg.game.datagen.get("opponents") or []:
         _require(name in known, f"game.datagen.opponents: unknown {game} strategy {name!r}; allowed: {', '.join(known)}")
+
+    configured = {n for pool in POOLS for n in cfg.game.pools.get(pool) or []} | set(cfg.game.demonstrators)
+    for name in sorted(configured):  # builds each with its strategy_params: bad params fail here
+        make_strategy(cfg.game, name, key="game.pools")
 
     _require(cfg.model.name in MODEL_KINDS, f"model={cfg.model.name} is not a known model; allowed: {', '.join(MODEL_KINDS)}")
     if cfg.model.name == "scripted":

@@ -20,7 +20,7 @@ from sepo.arena import EpisodeRecord, play
 from sepo.games import Game, make_game
 from sepo.metrics import POOLS, compute_metrics
 from sepo.policies import Policy, ScriptedPolicy
-from sepo.strategies import get_strategy
+from sepo.strategies import make_strategy
 from sepo.tracking import NullTracker, flatten
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """Metrics of `policy` on `game` against `pools` (no file I/O)."""
     names = list(dict.fromkeys(n for pool in POOLS for n in pools[pool]))
-    opponents = {n: get_strategy(game.name, n, key="game.pools") for n in names}
+    opponents = {n: make_strategy(game.cfg, n, key="game.pools") for n in names}
     first_pool = {}
     for pool in POOLS:
         for n in pools[pool]:
@@ -79,7 +79,7 @@ def evaluate_policy(
 def build_policy(cfg: DictConfig, game: Game) -> Policy:
     if cfg.model.name == "scripted":
         name = cfg.model.strategy or cfg.game.reference_strategy
-        return ScriptedPolicy(get_strategy(game.name, name, key="model.strategy"))
+        return ScriptedPolicy(make_strategy(cfg.game, name, key="model.strategy"))
     raise ValueError(f"model={cfg.model.name} has no policy builder")
 
 

@@ -70,3 +70,16 @@ def test_cli_errors_are_one_line_without_traceback(cli, args, key, allowed):
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and key in lines[0] and allowed in lines[0] and "allowed" in lines[0] or ">=" in lines[0]
+
+
+def test_strategy_params_come_from_the_game_config(compose_cfg):
+    from sepo.strategies import make_strategy
+
+    cfg = compose_cfg("game=neg_v1", "game.strategy_params.Hard.demand=9")
+    assert make_strategy(cfg.game, "Hard").act({"round": 0, "history": []}, [str(d) for d in range(1, 10)], None) == "9"
+    ipd = compose_cfg("game=ipd", "game.strategy_params.NoisyTFT.flip=1.0")
+    assert make_strategy(ipd.game, "NoisyTFT").act({"round": 0, "history": []}, ["COOPERATE", "DEFECT"],
+                                                   __import__("numpy").random.default_rng(0)) == "DEFECT"
+    bad = compose_cfg("game=ipd", "+game.strategy_params.TFT.speed=2")
+    with pytest.raises(ConfigError, match="game.strategy_params.TFT"):
+        make_strategy(bad.game, "TFT")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+from omegaconf import DictConfig, OmegaConf
 
 from sepo.errors import ConfigError
 
@@ -67,14 +68,31 @@ def known_strategies(game: str) -> list[str]:
     return sorted(_REGISTRY.get(game, {}))
 
 
-def get_strategy(game: str, name: str, key: str = "strategy") -> Strategy:
-    """Instantiate a registered strategy; `key` names the config key for the error message."""
+def get_strategy(game: str, name: str, key: str = "strategy", params: dict[str, Any] | None = None) -> Strategy:
+    """Instantiate a registered strategy; `key` names the config key for the error message.
+
+    `params` are constructor arguments (a game's `strategy_params.<name>` in its config).
+    """
     _ensure_loaded(game)
     table = _REGISTRY.get(game, {})
     if name not in table:
         raise ConfigError(
             f"{key}: unknown {game} strategy {name!r}; allowed: {', '.join(sorted(table)) or '(none)'}"
         )
-    strategy = table[name]()
+    try:
+        strategy = table[name](**(params or {}))
+    except TypeError as err:
+        raise ConfigError(f"game.strategy_params.{name}: {err}") from None
     strategy.name = name
     return strategy
+
+
+def make_strategy(game_cfg: Any, name: str, key: str = "strategy") -> Strategy:
+    """A strategy of the game in `game_cfg`, built with its `strategy_params.<name>` from the config.
+
+    Parameters are looked up by the name used, so an alias (FairSplit for Fair) has its own entry.
+    """
+    params = (game_cfg.get("strategy_params") or {}).get(name) or {}
+    if isinstance(params, DictConfig):
+        params = OmegaConf.to_container(params, resolve=True)
+    return get_strategy(game_cfg.name, name, key=key, params=params)

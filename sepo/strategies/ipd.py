@@ -24,7 +24,8 @@ class TitForTat(Strategy):
 class GenerousTFT(Strategy):
     """TFT that forgives a defection with probability `forgive` (1/3)."""
 
-    forgive = 1.0 / 3.0
+    def __init__(self, forgive: float = 1.0 / 3.0):
+        self.forgive = forgive
 
     def act(self, obs, legal, rng):
         last = _last_opp(obs)
@@ -37,7 +38,8 @@ class GenerousTFT(Strategy):
 class MixedTFT(Strategy):
     """TFT that plays a uniformly random action 20% of the time."""
 
-    noise = 0.2
+    def __init__(self, noise: float = 0.2):
+        self.noise = noise
 
     def act(self, obs, legal, rng):
         if rng.random() < self.noise:
@@ -49,7 +51,8 @@ class MixedTFT(Strategy):
 class NoisyTFT(Strategy):
     """TFT whose intended action is flipped 10% of the time (robust pool)."""
 
-    flip = 0.1
+    def __init__(self, flip: float = 0.1):
+        self.flip = flip
 
     def act(self, obs, legal, rng):
         intended = _last_opp(obs) or COOPERATE
