@@ -47,13 +47,29 @@ class EpisodeRecord:
         return float(sum(r.payoffs[OPPONENT] for r in self.rounds))
 
 
-def episode_seed(seed: int, deal: int) -> int:
-    """The game's chance seed for deal `deal` of a run seeded `seed`."""
-    return int(np.random.SeedSequence([seed, deal]).generate_state(1)[0])
+def episode_seed(seed: int, deal: int, tag: str = "") -> int:
+    """The game's chance seed for deal `deal` of a run seeded `seed` (in stream family `tag`)."""
+    key = [seed, deal] + ([zlib.crc32(tag.encode())] if tag else [])
+    return int(np.random.SeedSequence(key).generate_state(1)[0])
 
 
-def _stream(seed: int, index: int, opponent: str, role: int) -> np.random.Generator:
-    return np.random.default_rng([seed, index, zlib.crc32(opponent.encode()), role])
+def _stream(seed: int, index: int, opponent: str, role: int, tag: str = "") -> np.random.Generator:
+    key = [seed, index, zlib.crc32(opponent.encode()), role]
+    return np.random.default_rng(key + [zlib.crc32(tag.encode())] if tag else key)
+
+
+@dataclass(frozen=True)
+class Match:
+    """One episode to play: opponent `name` (built as `strategy`), episode index `index`.
+
+    `tag` names an independent family of random streams: SEPO's auxiliary episodes use their own
+    tag so that adding or removing them never changes the training rollouts of the same seed.
+    """
+
+    name: str
+    strategy: Strategy
+    index: int
+    tag: str = ""
 
 
 @dataclass
@@ -79,18 +95,31 @@ def play(
 
     `mirrored` deals in pairs with seats swapped (Kuhn poker's variance reduction).
     """
+    matches = [Match(name, strategy, k) for name, strategy in opponents.items() for k in range(episodes)]
+    return play_matches(game, agent, matches, seed, mirrored, keep_trace, on_episode_done)
+
+
+def play_matches(
+    game: Game,
+    agent: Policy,
+    matches: list[Match],
+    seed: int,
+    mirrored: bool = False,
+    keep_trace: bool = False,
+    on_episode_done: Callable[[EpisodeRecord], None] | None = None,
+) -> list[EpisodeRecord]:
+    """Play every match in lockstep (one `agent.act_batch` per decision point); records in order."""
     live: list[_Live] = []
-    for name, strategy in opponents.items():
-        for k in range(episodes):
-            deal, mirror = (k // 2, k % 2 == 1) if mirrored else (k, False)
-            s = episode_seed(seed, deal)
-            live.append(_Live(
-                record=EpisodeRecord(opponent=name, index=k, seed=s, mirror=mirror),
-                state=game.reset(s, mirror=mirror),
-                strategy=strategy,
-                agent_rng=_stream(seed, k, name, AGENT),
-                opp_rng=_stream(seed, k, name, OPPONENT),
-            ))
+    for m in matches:
+        deal, mirror = (m.index // 2, m.index % 2 == 1) if mirrored else (m.index, False)
+        s = episode_seed(seed, deal, m.tag)
+        live.append(_Live(
+            record=EpisodeRecord(opponent=m.name, index=m.index, seed=s, mirror=mirror),
+            state=game.reset(s, mirror=mirror),
+            strategy=m.strategy,
+            agent_rng=_stream(seed, m.index, m.name, AGENT, m.tag),
+            opp_rng=_stream(seed, m.index, m.name, OPPONENT, m.tag),
+        ))
     records = [ep.record for ep in live]
 
     while live:

@@ -52,3 +52,15 @@ def test_trace_keeps_requests_and_decisions_when_asked():
     assert [t[0] for t in record.trace] == list(range(8))
     round_index, request, decision = record.trace[1]
     assert request.observation["history"][0]["opp"] == "DEFECT" and decision.action == "DEFECT"
+
+
+def test_tagged_matches_do_not_disturb_untagged_ones():
+    from sepo.arena import Match, play_matches
+
+    mixed = get_strategy("ipd", "Mixed")
+    agent = ScriptedPolicy(get_strategy("ipd", "Mixed"))
+    base = play_matches(GAME, agent, [Match("Mixed", mixed, k) for k in range(3)], seed=5)
+    extra = [Match("Mixed", mixed, k, tag="aux") for k in range(3)]
+    both = play_matches(GAME, agent, [Match("Mixed", mixed, k) for k in range(3)] + extra, seed=5)
+    assert trace(both[:3]) == trace(base)
+    assert trace(both[3:]) != trace(base)  # the tagged family has its own streams
