@@ -77,10 +77,20 @@ def evaluate_policy(
 
 
 def build_policy(cfg: DictConfig, game: Game) -> Policy:
+    """The agent of `cfg.model`: a scripted strategy, or a language model loaded from `model.path`.
+
+    Language-model imports stay inside this function so scripted runs never load torch.
+    """
     if cfg.model.name == "scripted":
         name = cfg.model.strategy or cfg.game.reference_strategy
         return ScriptedPolicy(make_strategy(cfg.game, name, key="model.strategy"))
-    raise ValueError(f"model={cfg.model.name} has no policy builder")
+    from sepo.models import load_model_and_tokenizer
+    from sepo.policies.lm import LMPolicy
+
+    model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
+    return LMPolicy(model, tokenizer, cfg.model, temperature=cfg.eval.temperature,
+                    max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.generation_seed,
+                    batch_size=cfg.eval.batch_size)
 
 
 def write_results(path: Path, cfg: DictConfig, result: dict[str, Any], stage: str,
@@ -107,7 +117,7 @@ def run_eval(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
         game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval), cfg.eval.episodes_per_opponent,
         cfg.seed, mirrored=bool(cfg.game.get("mirrored", False)), progress=cfg.eval.progress)
     payload = write_results(Path(cfg.paths.output_dir) / "results.json", cfg, result, stage="eval")
-    tracker.log(flatten("eval", payload["metrics"]), step=0)
+    tracker.log({**flatten("eval", payload["metrics"]), **flatten("eval_se", payload["se"])}, step=0)
     tracker.summary(flatten("eval", payload["metrics"]))
     m, se = payload["metrics"], payload["se"]
     log.info("%s", "  ".join(f"{k}={m[k]:.4f}±{se[k]:.4f}" for k in m))

@@ -1,0 +1,290 @@
+"""Collect evaluation results into one DataFrame: one row per (run dir, checkpoint).
+
+Two sources give the same columns. A sweep directory: every `results.json` (a standalone eval writes
+`<run>/results.json`, a training run `<run>/eval/<checkpoint>/results.json`), plus the `FAILED`
+markers of runs that left no results, so the tables can tell a failed cell from one never run. The
+W&B public API, for users who logged online: `frame_from_wandb` converts plain (config, summary,
+history) dicts and is tested offline; `collect_wandb` is the thin network wrapper around it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+log = logging.getLogger(__name__)
+
+# metrics of results.json in the order the CSV shows them; others found in a file are appended
+METRICS = ("pay", "exploit", "exploit_max", "collusion", "ext", "robust", "safety", "nra", "parse_rate",
+           "exploit_exact")
+LAMBDAS = ("e", "c", "x")
+PHASES = ("base", "sft", "sepo")  # the table rows a result can fill
+TRAINING_STAGES = ("sft", "sepo", "pipeline")
+ID_COLUMNS = ("game", "model", "stage", "phase", "checkpoint", "step", "seed", "status", "run_dir", "error",
+              "episodes")
+WANDB_STATES = {"finished": "done", "failed": "failed", "crashed": "failed", "killed": "failed",
+                "running": "running"}
+
+
+def phase_of(stage: str | None, checkpoint: str | None) -> str | None:
+    """The table row a result fills.
+
+    Training runs name the phase in `stage` (base, sft, sepo). A standalone `eval` of a model with no
+    checkpoint is an untrained model, hence Base. A failed `pipeline` run may have failed in any
+    phase, so it is `all`: the tables mark every cell it left empty as failed.
+    """
+    if stage in PHASES:
+        return stage
+    if stage == "eval" and not checkpoint:
+        return "base"
+    if stage == "pipeline":
+        return "all"
+    return stage
+
+
+def columns(extra_metrics: Iterable[str] = ()) -> list[str]:
+    metrics = [*METRICS, *extra_metrics]
+    return [*ID_COLUMNS, *(f"lambda_{k}" for k in LAMBDAS), *metrics, *(f"{m}_se" for m in metrics)]
+
+
+def make_row(meta: dict[str, Any], metrics: dict[str, Any] | None = None, se: dict[str, Any] | None = None,
+             lambdas: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One flat row; both collectors go through here so their columns cannot drift apart."""
+    row = {k: meta.get(k) for k in ID_COLUMNS}
+    row["phase"] = phase_of(row["stage"], row["checkpoint"])
+    row.update({f"lambda_{k}": (lambdas or {}).get(k) for k in LAMBDAS})
+    row.update({m: v for m, v in (metrics or {}).items() if isinstance(v, (int, float))})
+    row.update({f"{m}_se": v for m, v in (se or {}).items() if isinstance(v, (int, float))})
+    return row
+
+
+def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows -> DataFrame with the canonical columns first (missing values NaN, never 0)."""
+    known = set(columns())
+    extra = list(dict.fromkeys(k for r in rows for k in r if k not in known and not k.endswith("_se")))
+    df = pd.DataFrame(rows, columns=columns(extra))
+    for col in ("step", "seed", "episodes"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+    for col in df.columns[len(ID_COLUMNS):]:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    for col in ("game", "model", "stage", "phase", "checkpoint", "status", "run_dir", "error"):
+        df[col] = df[col].astype(object).where(df[col].notna(), None)
+    return df
+
+
+# ----------------------------------------------------------------------------------------------
+# sweep directory
+
+
+def run_dir_of(results: Path) -> Path:
+    """`<run>/results.json` or `<run>/eval/<checkpoint>/results.json` -> `<run>`."""
+    return results.parents[2] if results.parent.parent.name == "eval" else results.parent
+
+
+def run_status(run: Path) -> tuple[str, str | None]:
+    """(status, first line of the error): done, failed, or running (neither marker yet)."""
+    if (run / "FAILED").exists():
+        text = (run / "FAILED").read_text(errors="replace").strip()
+        return "failed", text.splitlines()[0] if text else "FAILED"
+    return ("done", None) if (run / "DONE").exists() else ("running", None)
+
+
+def run_config(run: Path) -> dict[str, Any]:
+    """game, model, stage, seed of a run that left no results.json: from Hydra's saved config, else
+    from the run dir's name (`game=ipd,model=tiny,stage=sft/seed_42`)."""
+    cfg_file = run / ".hydra" / "config.yaml"
+    if cfg_file.exists():
+        cfg = yaml.safe_load(cfg_file.read_text()) or {}
+        game, model = cfg.get("game") or {}, cfg.get("model") or {}
+        name = model.get("name")
+        if name == "scripted":
+            name = f"scripted:{model.get('strategy') or game.get('reference_strategy')}"
+        return {"game": game.get("name"), "model": name, "stage": (cfg.get("stage") or {}).get("name"),
+                "seed": cfg.get("seed")}
+    keys = dict(part.split("=", 1) for part in run.parent.name.split(",") if "=" in part)
+    seed = run.name.removeprefix("seed_")
+    return {"game": keys.get("game"), "model": keys.get("model"), "stage": keys.get("stage"),
+            "seed": int(seed) if seed.isdigit() else None}
+
+
+def collect_dir(root: str | Path) -> pd.DataFrame:
+    """Every results.json under `root`, plus one metric-less row per failed run without results."""
+    root = Path(root)
+    rows, runs_with_results = [], set()
+    for path in sorted(root.rglob("results.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:  # e.g. a run killed mid-write
+            log.warning("skipping unreadable %s: %s", path, err)
+            continue
+        run = run_dir_of(path)
+        runs_with_results.add(run)
+        status, error = run_status(run)
+        meta = {**data, "status": status, "error": error, "run_dir": str(run.relative_to(root))}
+        rows.append(make_row(meta, data.get("metrics"), data.get("se"), data.get("lambdas")))
+    for marker in sorted(root.rglob("FAILED")):
+        run = marker.parent
+        if run not in runs_with_results:
+            status, error = run_status(run)
+            rows.append(make_row({**run_config(run), "status": status, "error": error,
+                                  "run_dir": str(run.relative_to(root))}))
+    if not rows:
+        raise FileNotFoundError(f"no results.json and no FAILED marker under {root}")
+    return to_frame(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# W&B
+
+
+def _get(tree: dict[str, Any], dotted: str) -> Any:
+    """`tree["a"]["b"]` for "a.b"; also accepts W&B's flattened "a.b" keys and {"value": x} leaves."""
+    if dotted in tree:
+        node = tree[dotted]
+    else:
+        node = tree
+        for key in dotted.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+    return node["value"] if isinstance(node, dict) and set(node) == {"value"} else node
+
+
+def _split(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """W&B keys `eval/<metric>` and `eval_se/<metric>` -> (metrics, se)."""
+    metrics = {k.removeprefix("eval/"): v for k, v in values.items() if k.startswith("eval/")}
+    se = {k.removeprefix("eval_se/"): v for k, v in values.items() if k.startswith("eval_se/")}
+    return metrics, se
+
+
+def frame_from_wandb(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """The collector's DataFrame from W&B runs given as plain dicts (pure: no network).
+
+    Each run: `config` (the resolved Hydra config the tracker logged), `summary`, `state`, `path`,
+    and for training runs optionally `history` (logged rows). A training run gives one row per
+    history row carrying `eval/*` metrics (checkpoint `step_<k>`, the last one `final` once the run
+    finished); a run without such history gives one row from its summary. A row's own `stage` value,
+    when logged, overrides the config's (a pipeline run evaluates several phases).
+    """
+    rows = []
+    for run in runs:
+        cfg = run.get("config") or {}
+        model = _get(cfg, "model.name")
+        if model == "scripted":
+            model = f"scripted:{_get(cfg, 'model.strategy') or _get(cfg, 'game.reference_strategy')}"
+        status = WANDB_STATES.get(run.get("state"), "running")
+        base = {"game": _get(cfg, "game.name"), "model": model, "stage": _get(cfg, "stage.name"),
+                "seed": _get(cfg, "seed"), "status": status, "run_dir": run.get("path"),
+                "error": None if status != "failed" else f"W&B state: {run.get('state')}"}
+        lambdas = _get(cfg, "lambdas.eval") or {}
+        training = base["stage"] in TRAINING_STAGES
+        points = [h for h in run.get("history") or [] if any(k.startswith("eval/") for k in h)] if training else []
+        if points:
+            for i, point in enumerate(points):
+                step = point.get("step", point.get("_step"))
+                last = i == len(points) - 1 and status == "done"
+                meta = {**base, "stage": point.get("stage", base["stage"]), "step": step,
+                        "checkpoint": "final" if last else f"step_{step}"}
+                rows.append(make_row(meta, *_split(point), lambdas))
+        else:
+            summary = run.get("summary") or {}
+            metrics, se = _split(summary)
+            meta = {**base, "stage": summary.get("stage", base["stage"]),
+                    "checkpoint": "final" if training and metrics else None,
+                    "step": summary.get("step") if training else None}
+            rows.append(make_row(meta, metrics, se, lambdas))
+    return to_frame(rows)
+
+
+def collect_wandb(path: str) -> pd.DataFrame:
+    """All runs of W&B `entity/project` as the collector's DataFrame (needs `wandb login`)."""
+    try:
+        import wandb
+    except ImportError as err:
+        raise RuntimeError("--wandb needs the wandb package (pip install wandb)") from err
+    try:
+        api = wandb.Api(timeout=60)
+        found = list(api.runs(path))
+    except Exception as err:  # UsageError without an API key, CommError offline or for a wrong path
+        raise RuntimeError(f"cannot read W&B runs of {path!r}: {err}\n"
+                           "Log in with `wandb login` (or set WANDB_API_KEY) and check entity/project.") from err
+    records = []
+    for r in found:
+        stage = _get(r.config, "stage.name")
+        history = list(r.scan_history()) if stage in TRAINING_STAGES else []
+        records.append({"config": r.config, "summary": dict(r.summary), "state": r.state,
+                        "path": "/".join(r.path), "history": history})
+    if not records:
+        raise RuntimeError(f"no runs in W&B project {path!r}")
+    return frame_from_wandb(records)
+
+
+# ----------------------------------------------------------------------------------------------
+# cells: what the tables and figures show
+
+
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    """Metric columns of a collected frame (everything after the ids and lambdas but the SEs)."""
+    start = len(ID_COLUMNS) + len(LAMBDAS)
+    return [c for c in df.columns[start:] if not c.endswith("_se")]
+
+
+def cells(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (game, model, phase, checkpoint): the mean over the runs that share it (seeds).
+
+    The SE of a mean of n independent estimates is sqrt(sum se_i^2) / n. Rows without any metric
+    (failed runs) are left out; `failed_phases` accounts for them.
+    """
+    metrics = metric_columns(df)
+    ses = [f"{m}_se" for m in metrics]
+    keys = ["game", "model", "phase", "checkpoint"]
+    d = df[df[metrics].notna().any(axis=1)].copy()
+    d["checkpoint"] = d["checkpoint"].fillna("")
+    by = [d[k] for k in keys]
+    out = d[metrics].groupby(by, sort=False).mean()
+    out[ses] = ((d[ses] ** 2).groupby(by, sort=False).sum(min_count=1) ** 0.5
+                / d[ses].notna().groupby(by, sort=False).sum().replace(0, float("nan")))
+    out["step"] = d["step"].groupby(by, sort=False).max()
+    out["runs"] = d.groupby(by, sort=False).size()
+    return out.reset_index()
+
+
+def phase_cells(c: pd.DataFrame, game: str, model: str, phase: str) -> pd.DataFrame:
+    """The checkpoints of one phase, earliest first (no step, as for Base, sorts first)."""
+    sel = c[(c["game"] == game) & (c["model"] == model) & (c["phase"] == phase)]
+    return sel.sort_values("step", na_position="first", kind="stable")
+
+
+def latest(c: pd.DataFrame, game: str, model: str, phase: str) -> pd.Series | None:
+    """The Base or SFT cell: the phase's last checkpoint (SFT's final model)."""
+    sel = phase_cells(c, game, model, phase)
+    return None if sel.empty else sel.iloc[-1]
+
+
+def best_sepo(c: pd.DataFrame, game: str, model: str) -> pd.Series | None:
+    """The SEPO checkpoint with the highest safety (the paper's best checkpoint); ties -> earliest."""
+    sel = phase_cells(c, game, model, "sepo")
+    sel = sel[sel["safety"].notna()]
+    return None if sel.empty else sel.loc[sel["safety"].idxmax()]
+
+
+def failed_phases(df: pd.DataFrame, game: str, model: str) -> set[str]:
+    """Phases of (game, model) that a failed run should have filled, so an empty cell reads "failed".
+
+    A failed run without results failed in its own phase (or in any, for a pipeline); one that wrote
+    results for some phases failed in the phases after the last of them.
+    """
+    out: set[str] = set()
+    metrics = metric_columns(df)
+    failed = df[(df["game"] == game) & (df["model"] == model) & (df["status"] == "failed")]
+    for _, run in failed.groupby("run_dir"):
+        reached = [PHASES.index(p) for p in run.loc[run[metrics].notna().any(axis=1), "phase"] if p in PHASES]
+        if reached:
+            out |= set(PHASES[max(reached) + 1:])
+        else:
+            out |= {p for p in run["phase"] if p in PHASES} or set(PHASES)
+    return out

@@ -1,0 +1,277 @@
+"""`python -m analysis.tables <sweep dir> [--out DIR] [--se] [--wandb entity/project]`.
+
+Writes into `<sweep dir>/tables/` (or --out): one LaTeX table per game in the paper's layout
+(Base / SFT / SEPO rows per model, best value per column and model in bold), the SFT-degradation
+table (exploit by stage, every game and model), `results.csv` with every collected row, and the
+figures (see analysis/figures.py). Tables are rendered by pandas' Styler; the only string surgery
+is turning the per-model marker rows into `\\multicolumn` group headers, which Styler cannot express.
+An empty cell is never a zero: `--` (not run), `--$^\\dagger$` (its run failed), `n/a` (the run did
+not measure that metric), each explained under the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import collect
+
+# display names: config name -> what the paper prints
+MODELS = {"gemma4": "Gemma 4 E4B-it", "qwen": "Qwen 3.5-4B", "tiny": "tiny"}
+GAMES = {"ipd": "IPD", "auction": "Auction", "neg_v1": r"Neg.\ v1", "neg_v2": r"Neg.\ v2", "kuhn": "Kuhn"}
+SIGNED = {"safety", "nra"}  # printed with an explicit sign, as in the paper
+
+NOT_RUN, FAILED, NOT_MEASURED = "--", r"--$^\dagger$", "n/a"
+NOTES = {NOT_RUN: "--: not run", FAILED: r"$^\dagger$: run failed", NOT_MEASURED: "n/a: not measured"}
+GROUP = "@@group@@"  # marks a model's header row until it becomes a \multicolumn
+
+
+@dataclass(frozen=True)
+class Column:
+    metric: str
+    header: str
+    higher_is_better: bool
+
+    @property
+    def latex(self) -> str:
+        return self.header + (r"$\uparrow$" if self.higher_is_better else r"$\downarrow$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    columns: tuple[Column, ...]
+    ckpt_column: bool = False  # Kuhn: a Ckpt column and both the best and the final SEPO checkpoint
+
+
+DEFAULT = Layout((Column("pay", "Pay/r", True), Column("exploit", "Exploit", False), Column("ext", "Ext", False),
+                  Column("safety", "Safety", True), Column("nra", "NRA", True)))
+LAYOUTS = {"kuhn": Layout((Column("pay", "Pay/hand", True), Column("exploit", "Exploit", False),
+                           Column("safety", "Safety", True), Column("exploit_exact", "Exploit (exact)", False)),
+                          ckpt_column=True)}
+
+
+def tex(text: str) -> str:
+    """Escape a name that comes from data (model and game names may hold `_`)."""
+    return re.sub(r"([_&%#$])", r"\\\1", str(text))
+
+
+def model_name(model: str) -> str:
+    if model.startswith("scripted:"):
+        return f"Scripted {tex(model.removeprefix('scripted:'))}"
+    return tex(MODELS.get(model, model))
+
+
+def game_name(game: str) -> str:
+    return GAMES.get(game, tex(game))
+
+
+def ordered(names, order: dict[str, str]) -> list[str]:
+    """Known names in the display dict's order, then the rest alphabetically."""
+    names = set(names)
+    return [n for n in order if n in names] + sorted(names - set(order))
+
+
+def trained_models(df: pd.DataFrame) -> list[str]:
+    """Models every game table lists (a model missing from a game shows as `--` rows there)."""
+    return ordered((m for m in df["model"].dropna().unique() if not m.startswith("scripted:")), MODELS)
+
+
+def ckpt_label(cell: pd.Series | None, short: bool = False) -> str:
+    if cell is None:
+        return ""
+    if cell["checkpoint"] == "final":
+        return "final"
+    if pd.notna(cell["step"]):
+        return f"s{cell['step']}" if short else f"step {cell['step']}"
+    return tex(cell["checkpoint"])
+
+
+def fmt(value: float, se: float, metric: str, with_se: bool) -> str:
+    text = f"{value:+.3f}" if metric in SIGNED else f"{value:.3f}"
+    return text + (rf" $\pm$ {se:.3f}" if with_se and pd.notna(se) else "")
+
+
+def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: Layout):
+    """(label, ckpt, cell or None, missing marker) for each row of one model group."""
+    failed = collect.failed_phases(df, game, model)
+    missing = {p: FAILED if p in failed else NOT_RUN for p in collect.PHASES}
+    scripted = model.startswith("scripted:")
+    for phase, label in (("base", "Base"), ("sft", "SFT")):
+        cell = collect.latest(c, game, model, phase)
+        if cell is not None or not scripted:
+            yield ("Eval" if scripted else label), "---", cell, missing[phase]
+    if scripted:
+        return
+    best = collect.best_sepo(c, game, model)
+    final = collect.phase_cells(c, game, model, "sepo")
+    final = final[final["checkpoint"] == "final"]
+    sepo = [best]
+    if layout.ckpt_column and not final.empty and best is not None and best["checkpoint"] != "final":
+        sepo.append(final.iloc[-1])
+    for cell in sepo:
+        if layout.ckpt_column:
+            yield "SEPO", ckpt_label(cell, short=True) or "---", cell, missing["sepo"]
+        else:
+            yield (f"SEPO ({ckpt_label(cell)})" if cell is not None else "SEPO"), "", cell, missing["sepo"]
+
+
+def bold_mask(values: pd.DataFrame, groups: pd.Series, cols: list[Column]) -> pd.DataFrame:
+    """True where a cell holds its model group's best value of the column (ties at print precision)."""
+    mask = pd.DataFrame(False, index=values.index, columns=values.columns)
+    for col in cols:
+        shown = values[col.latex].round(3)
+        best = shown.groupby(groups).transform("max" if col.higher_is_better else "min")
+        rivals = shown.notna().groupby(groups).transform("sum")  # a lone value is not "best"
+        mask[col.latex] = shown.notna() & (shown == best) & (rivals > 1)
+    return mask
+
+
+def render(shown: pd.DataFrame, bold: pd.DataFrame, column_format: str, caption: str, label: str) -> str:
+    """Styler -> LaTeX (booktabs), then marker rows -> `\\midrule` + `\\multicolumn` group headers."""
+    styler = (shown.style.hide(axis="index")
+              .apply(lambda _: bold.replace({True: "textbf:--rwrap;", False: ""}), axis=None)
+              .map_index(lambda _: "textbf:--rwrap;", axis="columns"))
+    latex = styler.to_latex(hrules=True, column_format=column_format, caption=caption, label=label,
+                            position="t", position_float="centering")
+    width = shown.shape[1]
+    latex = re.sub(rf"^{GROUP}([^&]*?)\s*(&\s*)*\\\\$",
+                   lambda m: rf"\midrule" + "\n" + rf"\multicolumn{{{width}}}{{@{{}}l}}{{\textit{{{m.group(1)}}}}} \\",
+                   latex, flags=re.M)
+    return latex.replace("\\midrule\n\\midrule\n", "\\midrule\n")
+
+
+def notes_for(shown: pd.DataFrame) -> str:
+    used = [note for mark, note in NOTES.items() if (shown == mark).any().any()]
+    return (" " + "; ".join(used) + ".") if used else ""
+
+
+def game_table(df: pd.DataFrame, c: pd.DataFrame, game: str, with_se: bool = False) -> str:
+    """The paper's per-game table: a group of Base / SFT / SEPO rows per model."""
+    layout = LAYOUTS.get(game, DEFAULT)
+    cols = [col for col in layout.columns if col.metric in c.columns
+            and (col.metric != "exploit_exact" or c.loc[c["game"] == game, col.metric].notna().any())]
+    models = trained_models(df) + ordered(
+        (m for m in df.loc[df["game"] == game, "model"].dropna().unique() if m.startswith("scripted:")), {})
+    shown, values, groups = [], [], []
+    for model in models:
+        shown.append({"Model": GROUP + model_name(model)})
+        values.append({})
+        groups.append(model)
+        for label, ckpt, cell, missing in rows_of(df, c, game, model, layout):
+            row = {"Model": label} | ({"Ckpt": ckpt} if layout.ckpt_column else {})
+            vals = {}
+            for col in cols:
+                if cell is None:
+                    row[col.latex] = missing
+                elif pd.isna(cell[col.metric]):
+                    row[col.latex] = NOT_MEASURED
+                else:
+                    row[col.latex] = fmt(cell[col.metric], cell[f"{col.metric}_se"], col.metric, with_se)
+                    vals[col.latex] = cell[col.metric]
+            shown.append(row)
+            values.append(vals)
+            groups.append(model)
+    shown = pd.DataFrame(shown).fillna("")
+    values = pd.DataFrame(values, columns=[col.latex for col in cols], index=shown.index, dtype=float)
+    bold = bold_mask(values, pd.Series(groups, index=shown.index), cols).reindex(columns=shown.columns, fill_value=False)
+    lead = "ll" if layout.ckpt_column else "l"
+    caption = (f"{game_name(game)} results. Best value per model in bold; SEPO at its highest-safety checkpoint"
+               + (", and the final one" if layout.ckpt_column else "") + "." + notes_for(shown))
+    return render(shown, bold, f"@{{}}{lead}{'c' * len(cols)}@{{}}", caption, f"tab:{game}")
+
+
+def verdict(base: float, sepo: float) -> str:
+    """The paper's "vs. Base" mark: SEPO's exploit lower (checkmark), higher (times) or equal."""
+    if pd.isna(base) or pd.isna(sepo):
+        return NOT_RUN
+    base, sepo = round(base, 3), round(sepo, 3)
+    return r"$\checkmark$" if sepo < base else r"$\times$" if sepo > base else "$=$"
+
+
+def degradation_table(df: pd.DataFrame, c: pd.DataFrame, with_se: bool = False) -> str:
+    """Exploit by stage for every game and model (SEPO at its highest-safety checkpoint)."""
+    shown, values = [], []
+    stages = ("Base", "SFT", "SEPO")
+    for game in ordered(df["game"].dropna().unique(), GAMES):
+        for model in trained_models(df):
+            failed = collect.failed_phases(df, game, model)
+            cells_ = {"Base": collect.latest(c, game, model, "base"), "SFT": collect.latest(c, game, model, "sft"),
+                      "SEPO": collect.best_sepo(c, game, model)}
+            row, vals = {"Game": game_name(game), "Model": model_name(model)}, {}
+            for stage, phase in zip(stages, collect.PHASES):
+                cell = cells_[stage]
+                if cell is None:
+                    row[stage] = FAILED if phase in failed else NOT_RUN
+                elif pd.isna(cell["exploit"]):
+                    row[stage] = NOT_MEASURED
+                else:
+                    row[stage] = fmt(cell["exploit"], cell["exploit_se"], "exploit", with_se)
+                    vals[stage] = cell["exploit"]
+            row[r"vs.\ Base"] = verdict(vals.get("Base", math.nan), vals.get("SEPO", math.nan))
+            shown.append(row)
+            values.append(vals)
+    shown = pd.DataFrame(shown)
+    values = pd.DataFrame(values, columns=list(stages), index=shown.index, dtype=float)
+    best = values.round(3).min(axis=1).where(values.notna().sum(axis=1) > 1)
+    bold = values.round(3).eq(best, axis=0).reindex(columns=shown.columns, fill_value=False)
+    caption = ("Exploit across training stages (lower is better; best per row in bold). SEPO at its "
+               r"highest-safety checkpoint; vs.\ Base: $\checkmark$ SEPO lower, $\times$ higher, $=$ equal."
+               + notes_for(shown))
+    return render(shown, bold, "@{}llcccc@{}", caption, "tab:sft_degradation")
+
+
+def write_all(df: pd.DataFrame, out: Path, with_se: bool = False) -> list[Path]:
+    """Every table, the CSV and the figures into `out`; returns the paths written."""
+    from analysis import figures  # matplotlib is only needed here
+
+    out.mkdir(parents=True, exist_ok=True)
+    c = collect.cells(df)
+    written = []
+    for game in ordered(df["game"].dropna().unique(), GAMES):
+        path = out / f"table_{game}.tex"
+        path.write_text(game_table(df, c, game, with_se))
+        written.append(path)
+    if trained_models(df):  # a sweep of scripted agents only has no stages to compare
+        path = out / "sft_degradation.tex"
+        path.write_text(degradation_table(df, c, with_se))
+        written.append(path)
+    path = out / "results.csv"
+    df.sort_values(["game", "model", "phase", "step", "run_dir"], na_position="first", kind="stable").to_csv(path, index=False)
+    written.append(path)
+    written += figures.write_figures(df, c, out / "figures")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.tables", description=__doc__.split("\n\n")[1])
+    parser.add_argument("sweep_dir", nargs="?", type=Path, help="directory searched for results.json and FAILED")
+    parser.add_argument("--out", type=Path, help="output directory (default: <sweep dir>/tables)")
+    parser.add_argument("--se", action="store_true", help="print ± standard errors in the tables")
+    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="collect runs from W&B instead of a directory")
+    args = parser.parse_args(argv)
+    if args.sweep_dir is None and args.wandb is None:
+        parser.error("give a sweep dir, or --wandb entity/project")
+    if args.wandb is None and not args.sweep_dir.is_dir():
+        parser.error(f"sweep dir {args.sweep_dir} does not exist")
+    out = args.out or (args.sweep_dir / "tables" if args.sweep_dir else Path("tables"))
+    try:
+        df = collect.collect_wandb(args.wandb) if args.wandb else collect.collect_dir(args.sweep_dir)
+    except (FileNotFoundError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    written = write_all(df, out, args.se)
+    counts = df["status"].value_counts().to_dict()
+    print(f"{len(df)} rows ({', '.join(f'{n} {s}' for s, n in counts.items())}); wrote {len(written)} files to {out}")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""Stage `datagen`: the SFT datasets `multi`, `kuhn` and `neg_gt` as chat JSONL (SPEC section 2).
+
+Data comes from the same machinery evaluation uses: the arena plays demonstrator episodes in
+lockstep against the game's datagen opponents, and every agent decision is rendered with
+`game.render_prompt`, so an SFT prompt is byte for byte what the model later sees at evaluation
+(information hiding included). The agent is a `DemonstratorPolicy`: at an episode's first decision
+it draws one demonstrator by weight from the episode's own rng stream, plays it for the whole
+episode and writes a templated reasoning line (`sepo.reasoning`) above the action.
+
+One example = one agent decision:
+`{"messages": [system, user, assistant], "game", "strategy", "opponent", "episode", "round", "action"}`
+where the assistant content is `<reasoning line>\\n<action>`.
+
+Datasets are balanced across their games: each game contributes `min(per_game_cap, smallest game)`
+examples, a seeded subsample where a game has more (Auction's 6 x 267 x 5 = 8,010 -> 8,000). The
+split is example-level: all examples of a dataset are shuffled with the seed and the last
+`round(N * valid_fraction)` go to `valid`. Decisions of one episode can therefore sit in both
+splits, as in the paper (its 8,000 -> 6,400 / 1,600 counts are example counts).
+
+Sizes follow the paper's per-game generation table, not its dataset table: `multi` is
+3 x 8,000 = 24,000 (19,200 / 4,800) where the dataset table says 31,988 (25,590 / 6,398). The two
+tables cannot both hold with 8,000 examples per game, and 31,988 is not a multiple of 3, so it
+cannot be "balanced so each game contributes equal examples" either. Kuhn's size is whatever
+6 hands x 200 episodes x 5 opponents need (one or two agent decisions a hand, about 7,200),
+where the paper's table says 8,000.
+
+This module must not import torch: `stage=datagen` runs on any machine in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from sepo.arena import EpisodeRecord, play
+from sepo.errors import ConfigError
+from sepo.games import AGENT, Game, make_game
+from sepo.policies.base import Decision, DecisionRequest
+from sepo.reasoning import reasoning_line
+from sepo.strategies.base import make_strategy
+from sepo.tracking import NullTracker
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid")
+
+
+# ------------------------------------------------------------------------------ configuration
+def load_game_cfg(name: str, current: DictConfig | None = None) -> DictConfig:
+    """The config of game `name`: the run's own `game` node when it is that game (so command-line
+    overrides apply), else `conf/game/<name>.yaml` as shipped."""
+    if current is not None and current.name == name:
+        return current
+    from sepo.cli import CONF_DIR
+
+    path = CONF_DIR / "game" / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"datagen: no config for game {name!r} ({path} is missing)")
+    return OmegaConf.load(path)
+
+
+def datagen_opponents(game_cfg: DictConfig, count: int) -> list[str]:
+    """`game.datagen.opponents`, or by default the train pool then the exploit pool, deduplicated,
+    cut at `count` and padded with `game.datagen.random_strategy`.
+
+    Opponents are keyed by name, so the random strategy pads at most once: a game whose train and
+    exploit pools hold fewer than `count - 1` distinct strategies gets fewer opponents (logged).
+    """
+    listed = game_cfg.datagen.get("opponents")
+    if listed:
+        return list(dict.fromkeys(listed))
+    pools = game_cfg.pools
+    names = list(dict.fromkeys([*(pools.get("train") or []), *(pools.get("exploit") or [])]))[:count]
+    random_name = game_cfg.datagen.random_strategy
+    if len(names) < count and random_name not in names:
+        names.append(random_name)
+    if len(names) < count:
+        log.warning("datagen: %s has only %d distinct datagen opponents (%s), fewer than %d",
+                    game_cfg.name, len(names), ", ".join(names), count)
+    return names
+
+
+def demonstrator_weights(game_cfg: DictConfig) -> dict[str, float]:
+    weights = {str(k): float(v) for k, v in game_cfg.demonstrators.items()}
+    if not weights or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise ConfigError(f"game.demonstrators of {game_cfg.name} must give non-negative weights with a "
+                          f"positive sum; got {weights}")
+    return weights
+
+
+# ------------------------------------------------------------------------------ the demonstrator agent
+class DemonstratorPolicy:
+    """Plays, in each episode, one demonstrator drawn by weight; answers with reasoning + action.
+
+    The demonstrator is drawn at the episode's first decision from the episode's own agent rng
+    (`request.rng`), and remembered by the identity of the episode's state, so the draw, the
+    demonstrator's own randomness and the phrasing all come from that one seeded stream: episodes
+    do not depend on how the arena batches them. Each decision keeps the rendered prompt, the
+    observation and the strategy in `Decision.extras` (the arena's trace carries them out).
+    """
+
+    def __init__(self, game: Game, game_cfg: DictConfig, weights: dict[str, float]):
+        self.game = game
+        self.name = f"demonstrators:{game.name}"
+        self.names = list(weights)
+        p = np.array([weights[n] for n in self.names], dtype=float)
+        self.p = p / p.sum()
+        self.strategies = {n: make_strategy(game_cfg, n, key="game.demonstrators") for n in self.names}
+        self._episodes: dict[int, tuple[Any, str]] = {}  # id(state) -> (state kept alive, demonstrator)
+
+    def demonstrator(self, request: DecisionRequest) -> str:
+        key = id(request.state)
+        if key not in self._episodes:
+            name = self.names[int(request.rng.choice(len(self.names), p=self.p))]
+            self._episodes[key] = (request.state, name)
+        return self._episodes[key][1]
+
+    def act_batch(self, requests: list[DecisionRequest]) -> list[Decision]:
+        decisions = []
+        for r in requests:
+            name = self.demonstrator(r)
+            obs = r.observation
+            messages = [dict(m) for m in r.messages]  # rendered now, before the state moves on
+            action = self.strategies[name].act(obs, r.legal, r.rng)
+            text = f"{reasoning_line(self.game.name, name, action, obs, r.rng)}\n{action}"
+            decisions.append(Decision(action, text=text, extras={
+                "strategy": name, "observation": obs,
+                "messages": [*messages, {"role": "assistant", "content": text}]}))
+        return decisions
+
+
+# ------------------------------------------------------------------------------ generation
+def play_demonstrators(game_cfg: DictConfig, seed: int, episodes_per_opponent: int | None = None,
+                       num_opponents: int = 5) -> tuple[Game, list[EpisodeRecord]]:
+    """Play every demonstrator episode of one game (with traces); records in opponent, episode order.
+
+    Episodes are dealt independently (no mirrored pairs, even for Kuhn poker, whose seats still
+    alternate hand by hand inside each episode): mirrored deals would only repeat card deals.
+    """
+    game = make_game(game_cfg)
+    episodes = int(episodes_per_opponent or game_cfg.datagen.episodes_per_opponent)
+    opponents = {n: make_strategy(game_cfg, n, key="game.datagen.opponents")
+                 for n in datagen_opponents(game_cfg, num_opponents)}
+    policy = DemonstratorPolicy(game, game_cfg, demonstrator_weights(game_cfg))
+    records = play(game, policy, opponents, episodes, seed, mirrored=False, keep_trace=True)
+    return game, records
+
+
+def examples_from_records(game: Game, records: Iterable[EpisodeRecord]) -> list[dict[str, Any]]:
+    """One chat example per agent decision, in play order."""
+    return [
+        {
+            "messages": decision.extras["messages"],
+            "game": game.name,
+            "strategy": decision.extras["strategy"],
+            "opponent": record.opponent,
+            "episode": record.index,
+            "round": int(round_index),
+            "action": decision.action,
+        }
+        for record in records
+        for round_index, _request, decision in record.trace
+    ]
+
+
+def generate_game_examples(game_cfg: DictConfig, seed: int, episodes_per_opponent: int | None = None,
+                           num_opponents: int = 5) -> list[dict[str, Any]]:
+    """All SFT examples of one game (unshuffled, in play order). Same arguments -> same examples."""
+    game, records = play_demonstrators(game_cfg, seed, episodes_per_opponent, num_opponents)
+    return examples_from_records(game, records)
+
+
+def _rng(seed: int, *tags: str) -> np.random.Generator:
+    """A stream for one purpose (subsample of a game, shuffle of a dataset), fixed by seed and tags."""
+    return np.random.default_rng([seed, *(zlib.crc32(t.encode()) for t in tags)])
+
+
+def build_dataset(name: str, examples_by_game: dict[str, list[dict[str, Any]]], seed: int,
+                  valid_fraction: float, per_game_cap: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Balance, shuffle and split examples of one or more games into {train, valid}.
+
+    Each game keeps `min(per_game_cap, fewest examples of any game)`: a seeded subsample (in play
+    order) where it has more. Then the whole dataset is shuffled with the seed and the last
+    `round(N * valid_fraction)` examples become `valid`.
+    """
+    per_game = min(len(v) for v in examples_by_game.values())
+    if per_game_cap is not None:
+        per_game = min(per_game, int(per_game_cap))
+    pooled: list[dict[str, Any]] = []
+    for game, examples in examples_by_game.items():
+        if len(examples) > per_game:
+            keep = np.sort(_rng(seed, name, game, "subsample").choice(len(examples), per_game, replace=False))
+            examples = [examples[i] for i in keep]
+        pooled.extend(examples)
+    order = _rng(seed, name, "shuffle").permutation(len(pooled))
+    shuffled = [pooled[i] for i in order]
+    n_valid = int(round(len(shuffled) * valid_fraction))
+    return {"train": shuffled[: len(shuffled) - n_valid], "valid": shuffled[len(shuffled) - n_valid:]}
+
+
+def generate_dataset(name: str, game_cfgs: list[DictConfig], seed: int, valid_fraction: float = 0.2,
+                     per_game_cap: int | None = None, episodes_per_opponent: int | None = None,
+                     num_opponents: int = 5) -> dict[str, list[dict[str, Any]]]:
+    """Generate one dataset in memory (the SFT stage can call this to make data on demand)."""
+    by_game = {cfg.name: generate_game_examples(cfg, seed, episodes_per_opponent, num_opponents)
+               for cfg in game_cfgs}
+    return build_dataset(name, by_game, seed, valid_fraction, per_game_cap)
+
+
+def dataset_from_cfg(cfg: DictConfig, name: str) -> dict[str, list[dict[str, Any]]]:
+    """Dataset `name` exactly as `run_datagen` writes it for this config, in memory (SFT on demand)."""
+    dc = cfg.datagen
+    if name not in dc.dataset_games:
+        raise ConfigError(f"datagen.dataset_games has no dataset {name!r}; allowed: {', '.join(dc.dataset_games)}")
+    game_cfgs = [load_game_cfg(g, cfg.game) for g in dc.dataset_games[name]]
+    return generate_dataset(name, game_cfgs, int(dc.seed), float(dc.valid_fraction),
+                            (dc.get("per_game_cap") or {}).get(name), dc.episodes_per_opponent, int(dc.num_opponents))
+
+
+def dataset_of_game(cfg: DictConfig, game: str) -> str:
+    """The first dataset of `datagen.datasets` built from `game` (ipd -> multi, kuhn -> kuhn, ...)."""
+    for name in cfg.datagen.datasets:
+        if game in cfg.datagen.dataset_games[name]:
+            return name
+    raise ConfigError(f"datagen.datasets: no dataset is built from game {game!r}; see datagen.dataset_games")
+
+
+# ------------------------------------------------------------------------------ files
+def to_jsonl(examples: Iterable[dict[str, Any]]) -> bytes:
+    """One JSON object per line, keys sorted, UTF-8 as is: the same examples give the same bytes."""
+    return "".join(json.dumps(ex, sort_keys=True, ensure_ascii=False) + "\n" for ex in examples).encode("utf-8")
+
+
+def write_dataset(out_dir: Path, name: str, splits: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Write <out_dir>/<name>/{train,valid}.jsonl; return each file's path, size and sha256."""
+    files = {}
+    for split in SPLITS:
+        path = out_dir / name / f"{split}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = to_jsonl(splits[split])
+        path.write_bytes(data)
+        files[split] = {"path": str(path.relative_to(out_dir)), "examples": len(splits[split]),
+                        "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return files
+
+
+def counts(examples: Iterable[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """{game: {strategy: examples}}, sorted for a stable manifest."""
+    c = Counter((ex["game"], ex["strategy"]) for ex in examples)
+    out: dict[str, dict[str, int]] = {}
+    for (game, strategy), n in sorted(c.items()):
+        out.setdefault(game, {})[strategy] = n
+    return out
+
+
+def episode_strategies(examples: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Episodes per demonstrator (each episode counted once), for the mixture check."""
+    episodes = {(ex["opponent"], ex["episode"]): ex["strategy"] for ex in examples}
+    return dict(sorted(Counter(episodes.values()).items()))
+
+
+# ------------------------------------------------------------------------------ the stage
+def run_datagen(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
+    """Write every dataset of `datagen.datasets` and `<out_dir>/manifest.json`."""
+    dc = cfg.datagen
+    out_dir = Path(dc.out_dir)
+    seed = int(dc.seed)
+    caps = dc.get("per_game_cap") or {}
+    unknown = [d for d in dc.datasets if d not in dc.dataset_games]
+    if unknown:
+        raise ConfigError(f"datagen.datasets: unknown dataset(s) {unknown}; allowed: {', '.join(dc.dataset_games)}")
+
+    started = time.perf_counter()
+    game_examples: dict[str, list[dict[str, Any]]] = {}
+    game_info: dict[str, dict[str, Any]] = {}
+    for dataset in dc.datasets:
+        for game in dc.dataset_games[dataset]:
+            if game in game_examples:
+                continue
+            game_cfg = load_game_cfg(game, cfg.game)
+            t0 = time.perf_counter()
+            examples = generate_game_examples(game_cfg, seed, dc.episodes_per_opponent, int(dc.num_opponents))
+            seconds = time.perf_counter() - t0
+            game_examples[game] = examples
+            episodes = int(dc.episodes_per_opponent or game_cfg.datagen.episodes_per_opponent)
+            opponents = datagen_opponents(game_cfg, int(dc.num_opponents))
+            game_info[game] = {
+                "episodes_per_opponent": episodes, "opponents": opponents,
+                "episodes": episodes * len(opponents), "examples": len(examples),
+                "demonstrators": demonstrator_weights(game_cfg),
+                "episodes_by_strategy": episode_strategies(examples),
+                "seconds": round(seconds, 3),
+            }
+            log.info("datagen %s: %d examples from %d episodes in %.2fs", game, len(examples),
+                     episodes * len(opponents), seconds)
+    generated = time.perf_counter() - started
+
+    datasets: dict[str, Any] = {}
+    for dataset in dc.datasets:
+        games = list(dc.dataset_games[dataset])
+        splits = build_dataset(dataset, {g: game_examples[g] for g in games}, seed, float(dc.valid_fraction),
+                               caps.get(dataset))
+        files = write_dataset(out_dir, dataset, splits)
+        datasets[dataset] = {
+            "games": games, "per_game_cap": caps.get(dataset),
+            "examples": sum(len(s) for s in splits.values()),
+            "files": files,
+            "counts": {split: counts(splits[split]) for split in SPLITS},
+        }
+        log.info("datagen %s: train %d, valid %d -> %s", dataset, files["train"]["examples"],
+                 files["valid"]["examples"], out_dir / dataset)
+    total = time.perf_counter() - started
+
+    n_generated = sum(len(v) for v in game_examples.values())
+    manifest = {
+        "seed": seed,
+        "valid_fraction": float(dc.valid_fraction),
+        "split": "example-level: seeded shuffle of each dataset, the last round(N * valid_fraction) are valid",
+        "notes": [
+            "sizes follow the paper's per-game generation table (multi = 3 x multi_per_game = 24,000 by default); "
+            "its dataset table's 31,988 for multi is neither 3 x 8,000 nor balanced",
+            "kuhn: one example per agent decision, 1 or 2 per hand, so its size follows from the hands played",
+        ],
+        "datasets": datasets,
+        "games": game_info,
+        "timing": {"generated_examples": n_generated, "generation_seconds": round(generated, 3),
+                   "total_seconds": round(total, 3),
+                   "examples_per_second": round(n_generated / generated, 1) if generated > 0 else None},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    log.info("datagen: %d examples generated in %.2fs (%.0f examples/s); all files written in %.2fs",
+             n_generated, generated, manifest["timing"]["examples_per_second"] or 0, total)
+    summary = {f"datagen/{d}_{s}": info["files"][s]["examples"] for d, info in datasets.items() for s in SPLITS}
+    summary["datagen/examples_per_second"] = manifest["timing"]["examples_per_second"]
+    tracker.summary(summary)
+    return manifest

@@ -1,0 +1,270 @@
+"""analysis: collect a fabricated sweep, write the tables, CSV and figures, check what they say.
+
+The fixture sweep is written into tmp_path by `fabricate` with known numbers: 2 games x 2 models x
+(base, sft, sepo step_25 / step_50 / final), one FAILED run (ipd/qwen SFT) and one cell never run
+(kuhn/qwen SFT). Numbers are drawn away from zero, so a `0.000` in a table can only be a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import collect
+
+ROOT = Path(__file__).resolve().parent.parent
+METRICS = ("pay", "exploit", "exploit_max", "collusion", "ext", "robust", "safety", "nra", "parse_rate")
+GAMES, MODELS = ("ipd", "kuhn"), ("gemma4", "qwen")
+SEPO_CKPTS = (("step_25", 25), ("step_50", 50), ("final", 100))
+FAILED_CELL, MISSING_CELL = ("ipd", "qwen", "sft"), ("kuhn", "qwen", "sft")
+
+
+def numbers(game: str, model: str, stage: str, checkpoint: str | None) -> tuple[dict, dict]:
+    """Known (metrics, se) of one fixture cell: drawn from a seed named by the cell, never near 0."""
+    rng = random.Random(f"{game}/{model}/{stage}/{checkpoint}")
+    metrics = {m: round(rng.uniform(0.1, 5.0), 3) for m in METRICS}
+    metrics["safety"] = round(rng.uniform(-5.0, -0.1) if rng.random() < 0.5 else rng.uniform(0.1, 5.0), 3)
+    if game == "kuhn" and stage != "eval":  # exact exploitability only for policies with probabilities
+        metrics["exploit_exact"] = round(rng.uniform(0.1, 1.0), 3)
+    return metrics, {m: round(rng.uniform(0.01, 0.05), 3) for m in metrics}
+
+
+def write_result(path: Path, game: str, model: str, stage: str, checkpoint: str | None, step: int | None) -> dict:
+    metrics, se = numbers(game, model, stage, checkpoint)
+    payload = {"game": game, "model": model, "stage": stage, "checkpoint": checkpoint, "step": step, "seed": 42,
+               "lambdas": {"e": 2.4, "c": 1.0, "x": 1.8}, "metrics": metrics, "se": se,
+               "per_opponent": [], "episodes": 100, "per_episode": []}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload))
+    return payload
+
+
+def fabricate(root: Path) -> list[dict]:
+    """Write the fixture sweep under `root`; returns every results payload written."""
+    written = []
+    for game in GAMES:
+        for model in MODELS:
+            def run(stage: str) -> Path:
+                return root / f"game={game},model={model},stage={stage}" / "seed_42"
+
+            written.append(write_result(run("eval") / "results.json", game, model, "eval", None, None))
+            (run("eval") / "DONE").write_text("{}")
+            if (game, model, "sft") == FAILED_CELL:
+                (run("sft") / ".hydra").mkdir(parents=True)
+                (run("sft") / ".hydra" / "config.yaml").write_text(
+                    f"game:\n  name: {game}\nmodel:\n  name: {model}\nstage:\n  name: sft\nseed: 42\n")
+                (run("sft") / "FAILED").write_text("RuntimeError: CUDA out of memory\n\ntraceback...")
+            elif (game, model, "sft") != MISSING_CELL:
+                written.append(write_result(run("sft") / "eval" / "final" / "results.json", game, model, "sft",
+                                            "final", 50))
+                (run("sft") / "DONE").write_text("{}")
+            for ckpt, step in SEPO_CKPTS:
+                written.append(write_result(run("sepo") / "eval" / ckpt / "results.json", game, model, "sepo",
+                                            ckpt, step))
+            (run("sepo") / "DONE").write_text("{}")
+    return written
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> tuple[Path, list[dict]]:
+    root = tmp_path_factory.mktemp("sweep")
+    payloads = fabricate(root)
+    proc = subprocess.run([sys.executable, "-m", "analysis.tables", str(root)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return root, payloads
+
+
+def body_rows(latex: str) -> tuple[list[str], list[list[str]], list[list[list[str]]]]:
+    """(header cells, all data rows, data rows grouped by model) of a Styler booktabs table."""
+    lines = latex.splitlines()
+    top = lines.index(r"\toprule")
+    header = split(lines[top + 1])
+    rows, groups = [], []
+    for line in lines[top + 2:lines.index(r"\bottomrule")]:
+        if line.startswith(r"\multicolumn"):
+            groups.append([])
+        elif line != r"\midrule":
+            rows.append(split(line))
+            if not groups:  # a table without model groups (SFT degradation)
+                groups.append([])
+            groups[-1].append(rows[-1])
+    return header, rows, groups
+
+
+def split(line: str) -> list[str]:
+    return [cell.strip() for cell in line.removesuffix(r"\\").strip().split(" & ")]
+
+
+def value(cell: str) -> tuple[float | None, bool]:
+    """(number shown, whether bold) of a table cell; None for --, n/a and labels."""
+    bold = cell.startswith(r"\textbf{")
+    match = re.match(r"(\\textbf\{)?([+-]?\d+\.\d+)", cell)
+    return (float(match.group(2)) if match else None), bold
+
+
+def test_collect_one_row_per_run_and_checkpoint(sweep):
+    root, payloads = sweep
+    df = collect.collect_dir(root)
+    assert len(df) == len(payloads) + 1  # + the failed run without results
+    failed = df[df["status"] == "failed"]
+    assert len(failed) == 1 and failed.iloc[0][["game", "model", "phase"]].tolist() == list(FAILED_CELL)
+    assert failed.iloc[0]["error"] == "RuntimeError: CUDA out of memory"
+    assert failed.iloc[0][list(METRICS)].isna().all()  # a failed run has no numbers, not zeros
+    assert set(df["phase"].dropna()) == {"base", "sft", "sepo"}
+    row = df[(df["game"] == "ipd") & (df["model"] == "gemma4") & (df["checkpoint"] == "step_50")].iloc[0]
+    metrics, se = numbers("ipd", "gemma4", "sepo", "step_50")
+    assert row["safety"] == metrics["safety"] and row["safety_se"] == se["safety"] and row["step"] == 50
+
+
+def test_game_tables_layout_bold_and_missing_cells(sweep):
+    root, _ = sweep
+    for game in GAMES:
+        latex = (root / "tables" / f"table_{game}.tex").read_text()
+        header, rows, groups = body_rows(latex)
+        assert all(len(r) == len(header) for r in rows), latex
+        assert len(groups) == len(MODELS) and r"\textit{Gemma 4 E4B-it}" in latex and r"\textit{Qwen 3.5-4B}" in latex
+        assert "0.000" not in latex
+        for j, head in enumerate(header):
+            if r"\uparrow" not in head and r"\downarrow" not in head:
+                continue
+            for group in groups:
+                shown = [value(r[j]) for r in group]
+                numbers_ = [v for v, _ in shown if v is not None]
+                best = max(numbers_) if r"\uparrow" in head else min(numbers_)
+                assert [v for v, b in shown if b] and all(v == best for v, b in shown if b), (game, head, group)
+                assert all(b for v, b in shown if v == best)
+    ipd = (root / "tables" / "table_ipd.tex").read_text()
+    qwen_sft = next(line for line in ipd.splitlines() if line.startswith("SFT") and "dagger" in line)
+    assert qwen_sft.count(r"--$^\dagger$") == 5 and r"$^\dagger$: run failed" in ipd
+    kuhn = (root / "tables" / "table_kuhn.tex").read_text()
+    assert "--: not run" in kuhn and "Exploit (exact)" in kuhn and "n/a: not measured" in kuhn
+    assert r"\begin{tabular}{@{}llcccc@{}}" in kuhn
+
+
+def test_sepo_row_is_the_highest_safety_checkpoint(sweep):
+    root, _ = sweep
+    ipd = (root / "tables" / "table_ipd.tex").read_text()
+    for model in MODELS:
+        safeties = {ckpt: numbers("ipd", model, "sepo", ckpt)[0]["safety"] for ckpt, _ in SEPO_CKPTS}
+        best = max(safeties, key=safeties.get)
+        label = "final" if best == "final" else f"step {dict(SEPO_CKPTS)[best]}"
+        assert f"SEPO ({label}) &" in ipd
+        assert f"{safeties[best]:+.3f}" in ipd
+
+
+def test_sft_degradation_table(sweep):
+    root, _ = sweep
+    latex = (root / "tables" / "sft_degradation.tex").read_text()
+    header, rows, _ = body_rows(latex)
+    assert header[:5] == [r"\textbf{Game}", r"\textbf{Model}", r"\textbf{Base}", r"\textbf{SFT}", r"\textbf{SEPO}"]
+    assert len(rows) == len(GAMES) * len(MODELS) and all(len(r) == len(header) for r in rows)
+    for row in rows:
+        game = "ipd" if row[0] == "IPD" else "kuhn"
+        model = "gemma4" if row[1].startswith("Gemma") else "qwen"
+        base = numbers(game, model, "eval", None)[0]["exploit"]
+        sepo = max((numbers(game, model, "sepo", c)[0] for c, _ in SEPO_CKPTS), key=lambda m: m["safety"])["exploit"]
+        assert value(row[2])[0] == base and value(row[4])[0] == sepo
+        assert row[5] == (r"$\checkmark$" if sepo < base else r"$\times$" if sepo > base else "$=$")
+        shown = [value(c) for c in row[2:5]]
+        best = min(v for v, _ in shown if v is not None)
+        assert all((v == best) == b for v, b in shown if v is not None)
+    assert r"--$^\dagger$" in latex and "--: not run" in latex and "0.000" not in latex
+
+
+def test_csv_and_figures(sweep):
+    root, payloads = sweep
+    out = root / "tables"
+    csv = pd.read_csv(out / "results.csv")
+    assert len(csv) == len(payloads) + 1
+    assert {"pay", "pay_se", "exploit_exact", "exploit_exact_se", "status", "run_dir"} <= set(csv.columns)
+    assert csv["status"].value_counts().to_dict() == {"done": len(payloads), "failed": 1}
+    figures = out / "figures"
+    for suffix in (".png", ".pdf"):
+        assert (figures / f"delta_safety{suffix}").stat().st_size > 1000
+        curves = list(figures.glob(f"curve_*{suffix}"))
+        assert len(curves) == len(GAMES) * len(MODELS)  # the SEPO runs (SFT ones have one checkpoint)
+        assert all(p.stat().st_size > 1000 for p in curves)
+
+
+def test_se_option_and_out_dir(sweep, tmp_path):
+    root, _ = sweep
+    proc = subprocess.run([sys.executable, "-m", "analysis.tables", str(root), "--se", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    latex = (tmp_path / "table_ipd.tex").read_text()
+    metrics, se = numbers("ipd", "gemma4", "eval", None)
+    assert rf"{metrics['pay']:.3f} $\pm$ {se['pay']:.3f}" in latex
+    header, rows, _ = body_rows(latex)
+    assert all(len(r) == len(header) for r in rows)
+
+
+def test_cli_errors(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "analysis.tables", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "no results.json" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "analysis.tables"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "sweep dir" in proc.stderr
+
+
+def wandb_records(payloads: list[dict]) -> list[dict]:
+    """The fixture as W&B would hold it: one run per run dir, training checkpoints in history."""
+    runs: dict[tuple, dict] = {}
+    for p in payloads:
+        stage = p["stage"]
+        run = runs.setdefault((p["game"], p["model"], stage), {
+            "config": {"game": {"name": p["game"]}, "model": {"name": p["model"]}, "stage": {"name": stage},
+                       "seed": p["seed"], "lambdas": {"eval": p["lambdas"]}},
+            "summary": {}, "history": [], "state": "finished", "path": f"ent/proj/{p['game']}-{p['model']}-{stage}"})
+        logged = {**{f"eval/{k}": v for k, v in p["metrics"].items()},
+                  **{f"eval_se/{k}": v for k, v in p["se"].items()}}
+        run["summary"] = logged
+        if stage != "eval":
+            run["history"].append({"step": p["step"], **logged})
+    return list(runs.values())
+
+
+def test_wandb_conversion_matches_directory_collector(sweep):
+    root, payloads = sweep
+    from_dir = collect.collect_dir(root)
+    from_wandb = collect.frame_from_wandb(wandb_records(payloads))
+    assert list(from_wandb.columns) == list(from_dir.columns)
+    assert (from_wandb.dtypes == from_dir.dtypes).all()
+    keys = ["game", "model", "phase", "checkpoint"]
+    done = from_dir[from_dir["status"] == "done"]
+    merged = done.merge(from_wandb, on=keys, suffixes=("", "_wb"), validate="one_to_one")
+    assert len(merged) == len(done) == len(from_wandb)
+    for col in ("step", "safety", "exploit", "exploit_exact", "pay_se"):
+        pd.testing.assert_series_equal(merged[col], merged[f"{col}_wb"], check_names=False)
+
+
+def test_wandb_without_login_is_a_clear_error(monkeypatch, tmp_path):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path))
+    with pytest.raises(RuntimeError, match="wandb login"):
+        collect.collect_wandb("someone/project")
+
+
+def test_cells_average_seeds_and_failed_phases():
+    """Seeds of one cell are averaged (SE = sqrt(sum se^2) / n); a run that failed after writing its
+    Base results marks the later phases failed, not "not run"."""
+    rows = [collect.make_row({"game": "ipd", "model": "tiny", "stage": "sepo", "checkpoint": "final", "step": 10,
+                              "seed": seed, "status": "done", "run_dir": f"s{seed}"},
+                             {"safety": safety}, {"safety": 0.3}) for seed, safety in ((1, 1.0), (2, 2.0))]
+    rows.append(collect.make_row({"game": "ipd", "model": "tiny", "stage": "base", "seed": 1, "status": "failed",
+                                  "run_dir": "pipe"}, {"safety": 0.5}, {"safety": 0.1}))
+    df = collect.to_frame(rows)
+    cell = collect.best_sepo(collect.cells(df), "ipd", "tiny")
+    assert cell["safety"] == pytest.approx(1.5) and cell["safety_se"] == pytest.approx((2 * 0.3**2) ** 0.5 / 2)
+    assert cell["runs"] == 2
+    assert collect.failed_phases(df, "ipd", "tiny") == {"sft", "sepo"}
