@@ -10,6 +10,8 @@ from sepo.errors import ConfigError
 STAGES = {
     "eval": "sepo.evaluate:run_eval",
     "datagen": "sepo.data:run_datagen",
+    "sft": "sepo.sft:run_sft",
+    "sepo": "sepo.sepo:run_sepo",
 }
 
 
