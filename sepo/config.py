@@ -21,7 +21,9 @@ from sepo.strategies import known_strategies, make_strategy
 
 log = logging.getLogger(__name__)
 
-MODEL_KINDS = ("scripted",)
+MODEL_KINDS = ("scripted", "tiny", "gemma4", "qwen")
+#: models built by the code itself; every other language model is loaded from `model.path`
+BUILT_MODELS = ("scripted", "tiny")
 
 
 class PoolOverlapWarning(UserWarning):
@@ -93,6 +95,9 @@ def validate(cfg: DictConfig) -> None:
     if cfg.model.name == "scripted":
         name = cfg.model.strategy or cfg.game.reference_strategy
         _require(name in known, f"model.strategy: unknown {game} strategy {name!r}; allowed: {', '.join(known)}")
+    elif cfg.model.name not in BUILT_MODELS:
+        _require(bool(cfg.model.get("path")), f"model.path is not set for model={cfg.model.name}; set model.path to "
+                 "a local checkpoint directory (or a hub id already in the Hugging Face cache)")
 
     _check_number("eval.episodes_per_opponent", cfg.eval.episodes_per_opponent, minimum=1, integer=True)
     if cfg.game.get("mirrored"):

@@ -1,0 +1,329 @@
+"""The model layer (sepo/models.py): the tiny build, one loading path for every architecture, LoRA targets.
+
+Nothing is downloaded. The real architectures (Gemma 4, Qwen 3.5) are built here as tiny random
+models with the tiny tokenizer and a chat template shaped like the real model's, saved like a hub
+checkpoint, and loaded through `load_model_and_tokenizer` with the real configs and `model.path`
+pointing at them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from sepo.errors import ConfigError
+from sepo.games import make_game
+from sepo.models import (IM_END, PAD, ModelLoadError, build_tiny, chat_template_kwargs, forward_extras,
+                         load_model_and_tokenizer, render_chat)
+
+from .conftest import CONF
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+#: Gemma 4's chat format: <|turn>role ... <turn|>, the assistant is "model", thinking via <|think|>.
+GEMMA4_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{{- '<|turn>system\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<|think|>\\n' -}}{%- endif -%}"
+    "{{- messages[0]['content'] | trim -}}{{- '<turn|>\\n' -}}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<|turn>' + role + '\\n' -}}{{- message['content'] | trim -}}{{- '<turn|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}"
+)
+#: Qwen 3.5's ChatML with thinking: without enable_thinking the generation prompt closes an empty block.
+QWEN35_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+GENERATION_HEADER = {"tiny": "<|im_start|>assistant\n", "gemma4": "<|turn>model\n",
+                     "qwen": "<|im_start|>assistant\n<think>\n\n</think>\n\n"}
+LANGUAGE_LINEAR = re.compile(r"model\.(language_model\.)?layers\.\d+\.")
+
+
+def model_cfg(name: str, **overrides):
+    cfg = OmegaConf.load(CONF / "model" / f"{name}.yaml")
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+def game_messages(game: str = "ipd", decisions: int = 3) -> list[dict[str, str]]:
+    """The agent's prompt after `decisions` rounds of first-legal-action play."""
+    g = make_game(OmegaConf.load(CONF / "game" / f"{game}.yaml"))
+    state = g.reset(7)
+    messages = g.render_prompt(state, 0)
+    while not g.is_over(state) and decisions > 0:
+        movers = g.to_act(state)
+        if 0 in movers:
+            messages, decisions = g.render_prompt(state, 0), decisions - 1
+        g.step(state, {p: g.legal_actions(state, p)[0] for p in movers})
+    return messages
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    """No test here may reach a model hub: the environment variable and the hub's own switch."""
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny(model_cfg("tiny"), tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return load_model_and_tokenizer(model_cfg("tiny", path=str(tiny_dir)), cache_dir=tiny_dir.parent, device="cpu")
+
+
+def _tokenizer_like(tiny_dir, template: str, eos: str, extra_special: tuple[str, ...] = ()):
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    if extra_special:
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special], special_tokens=True)
+    tok.eos_token = eos
+    tok.chat_template = template
+    return tok
+
+
+def _vocab(tok, multiple: int = 64) -> int:
+    return -(-len(tok) // multiple) * multiple
+
+
+@pytest.fixture(scope="module")
+def gemma4_dir(tiny_dir, tmp_path_factory):
+    """A tiny random Gemma 4 (text, vision and audio towers, KV sharing) saved like a checkpoint."""
+    from transformers import (Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig,
+                              Gemma4VisionConfig, GenerationConfig)
+
+    out = tmp_path_factory.mktemp("gemma4")
+    tok = _tokenizer_like(tiny_dir, GEMMA4_TEMPLATE, eos="<turn|>", extra_special=("<|turn>", "<turn|>", "<|think|>"))
+    eos, pad, vocab = tok.convert_tokens_to_ids("<turn|>"), tok.pad_token_id, _vocab(tok)
+    text = Gemma4TextConfig(
+        vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
+        hidden_size_per_layer_input=8, sliding_window=16, max_position_embeddings=1024,
+        pad_token_id=pad, eos_token_id=eos, bos_token_id=None)
+    vision = Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                num_key_value_heads=2, head_dim=8)
+    audio = Gemma4AudioConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                              subsampling_conv_channels=[4, 4], output_proj_dims=16)
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text, vision_config=vision, audio_config=audio))
+    model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=pad)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tiny_dir, tmp_path_factory):
+    """A tiny random Qwen 3.5 (hybrid linear/full attention, with a vision tower) saved as the hub has it:
+    a Qwen3_5ForConditionalGeneration checkpoint."""
+    from transformers import (GenerationConfig, Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig,
+                              Qwen3_5VisionConfig)
+
+    out = tmp_path_factory.mktemp("qwen")
+    tok = _tokenizer_like(tiny_dir, QWEN35_TEMPLATE, eos=IM_END)
+    eos, pad = tok.convert_tokens_to_ids(IM_END), tok.pad_token_id
+    text = Qwen3_5TextConfig(
+        vocab_size=_vocab(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=2, max_position_embeddings=1024, pad_token_id=pad, eos_token_id=eos)
+    vision = Qwen3_5VisionConfig(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
+    torch.manual_seed(0)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
+    model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def load_arch(name: str, dirs: dict):
+    return load_model_and_tokenizer(model_cfg(name, path=str(dirs[name])), cache_dir=dirs[name], device="cpu")
+
+
+@pytest.fixture(scope="module")
+def arch_dirs(tiny_dir, gemma4_dir, qwen_dir):
+    return {"tiny": tiny_dir, "gemma4": gemma4_dir, "qwen": qwen_dir}
+
+
+# --------------------------------------------------------------------------- the tiny build
+def test_tiny_build_is_deterministic_and_cached(tmp_path, tiny_dir):
+    cfg = model_cfg("tiny")
+    again = build_tiny(cfg, tmp_path / "other")
+    assert again.name == tiny_dir.name  # same config and corpus -> same cache key
+    assert (again / "tokenizer.json").read_bytes() == (tiny_dir / "tokenizer.json").read_bytes()
+    a, b = load_file(tiny_dir / "model.safetensors"), load_file(again / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    stamp = (again / "model.safetensors").stat().st_mtime_ns
+    assert build_tiny(cfg, tmp_path / "other") == again  # reused, not rebuilt
+    assert (again / "model.safetensors").stat().st_mtime_ns == stamp
+    assert build_tiny(model_cfg("tiny", seed=1), tmp_path / "other") != again  # a build setting changes the key
+
+
+def test_tiny_size_tokens_and_generation_config(tiny):
+    model, tok = tiny
+    n = sum(p.numel() for p in model.parameters())
+    assert 2e5 <= n <= 5e6, n
+    assert type(model).__name__ == "Qwen3ForCausalLM" and model.dtype == torch.float32
+    assert tok.padding_side == "left" and tok.pad_token == PAD and tok.eos_token == IM_END
+    for special in ("<|im_start|>", IM_END, PAD, "<think>", "</think>"):
+        assert len(tok(special)["input_ids"]) == 1, special
+    assert "<think>" in tok.decode(tok("<think>x</think>")["input_ids"], skip_special_tokens=True)
+    assert len(tok) <= model.config.vocab_size
+    gen = model.generation_config
+    eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+    assert tok.convert_tokens_to_ids(IM_END) in eos and gen.pad_token_id == tok.pad_token_id
+
+
+def test_tiny_default_path_builds_into_cache_dir(tmp_path, tiny_dir):
+    model, tok = load_model_and_tokenizer(model_cfg("tiny"), cache_dir=tmp_path, device="cpu")
+    assert [p.name for p in tmp_path.iterdir()] == [tiny_dir.name]
+    assert tok.chat_template
+
+
+def test_tiny_chat_template_renders_game_prompts(tiny):
+    _, tok = tiny
+    cfg = model_cfg("tiny")
+    for game in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn"):
+        if not (CONF / "game" / f"{game}.yaml").exists():
+            continue
+        messages = game_messages(game, decisions=99)  # the longest prompt: the last decision
+        text = render_chat(tok, cfg, messages)
+        assert text.startswith("<|im_start|>system\n" + messages[0]["content"])
+        assert messages[1]["content"] + "<|im_end|>\n" in text
+        assert text.endswith(GENERATION_HEADER["tiny"])
+        # SPEC section 4: SFT examples are cut at 512 tokens; the prompt must leave room for an answer
+        assert len(tok(text)["input_ids"]) < 480, game
+    no_header = render_chat(tok, cfg, game_messages(), add_generation_prompt=False)
+    assert no_header.endswith("<|im_end|>\n")
+    thinking = render_chat(tok, model_cfg("tiny", thinking=True), game_messages())
+    assert thinking.endswith("<|im_start|>assistant\n<think>\n")
+    enc = tok.apply_chat_template(game_messages(), add_generation_prompt=True, tokenize=True, return_tensors="pt",
+                                  **chat_template_kwargs(cfg))
+    assert enc["input_ids"].shape[0] == 1 and tok.decode(enc["input_ids"][0]).endswith(GENERATION_HEADER["tiny"])
+
+
+def test_tiny_batched_generation_with_left_padding(tiny):
+    model, tok = tiny
+    cfg = model_cfg("tiny")
+    texts = [render_chat(tok, cfg, game_messages(decisions=d)) for d in (0, 5)]
+    batch = tok(texts, return_tensors="pt", padding=True)
+    assert (batch["attention_mask"][:, -1] == 1).all()  # left padding: every row ends with a real token
+    out = model.generate(**batch, max_new_tokens=4, do_sample=False)
+    width = batch["input_ids"].shape[1]
+    assert out.shape[0] == 2 and width < out.shape[1] <= width + 4
+    assert torch.equal(out[:, :width], batch["input_ids"])
+
+
+# --------------------------------------------------------------------------- real architectures, tiny weights
+@pytest.mark.parametrize("name,cls", [("gemma4", "Gemma4ForConditionalGeneration"), ("qwen", "Qwen3_5ForCausalLM")])
+def test_real_architecture_loads_renders_and_generates(name, cls, arch_dirs, tmp_path):
+    model, tok = load_arch(name, arch_dirs)
+    cfg = model_cfg(name, path=str(arch_dirs[name]))
+    assert type(model).__name__ == cls and model.dtype == torch.bfloat16
+    assert tok.padding_side == "left" and tok.pad_token is not None
+
+    text = render_chat(tok, cfg, game_messages())
+    assert text.endswith(GENERATION_HEADER[name])
+    batch = tok([text, render_chat(tok, cfg, game_messages(decisions=0))], return_tensors="pt", padding=True)
+    extras = forward_extras(model, cfg, batch["input_ids"])
+    if name == "gemma4":  # every token is text: all-zero token types under transformers 5's name
+        assert set(extras) == {"mm_token_type_ids"} and not extras["mm_token_type_ids"].any()
+    else:
+        assert extras == {}
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **extras}
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert logits.shape[:2] == batch["input_ids"].shape and torch.isfinite(logits.float()).all()
+    out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
+    assert out.shape[0] == 2 and out.shape[1] <= batch["input_ids"].shape[1] + 3
+
+    # a merged SFT model is saved with save_pretrained and read back through the same path
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    again, _ = load_model_and_tokenizer(model_cfg(name, path=str(tmp_path)), cache_dir=tmp_path, device="cpu")
+    assert type(again).__name__ == cls
+    with torch.no_grad():
+        assert torch.equal(again(**inputs).logits, logits)
+
+
+def test_thinking_switch_reaches_the_real_templates(arch_dirs):
+    _, tok = load_arch("qwen", arch_dirs)
+    text = render_chat(tok, model_cfg("qwen", thinking=True), game_messages())
+    assert text.endswith("<|im_start|>assistant\n<think>\n")
+    _, tok = load_arch("gemma4", arch_dirs)
+    assert "<|think|>" in render_chat(tok, model_cfg("gemma4", thinking=True), game_messages())
+    assert "<|think|>" not in render_chat(tok, model_cfg("gemma4"), game_messages())
+
+
+@pytest.mark.parametrize("name", ["tiny", "gemma4", "qwen"])
+def test_lora_targets_only_language_model_projections(name, arch_dirs):
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora import LoraLayer
+
+    model, _ = load_arch(name, arch_dirs)
+    regex = model_cfg(name).lora.target_modules
+    clippable = {n for n, m in model.named_modules() if type(m).__name__ == "Gemma4ClippableLinear"}
+    if name == "gemma4":
+        assert any("vision" in n for n in clippable) and any("audio" in n for n in clippable)
+    expected = {n for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and re.fullmatch(regex, n)}
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=regex))
+    adapted = {n.removeprefix("base_model.model.") for n, m in peft_model.named_modules() if isinstance(m, LoraLayer)}
+
+    assert adapted == expected and adapted
+    for n in adapted:
+        assert LANGUAGE_LINEAR.match(n), n
+        assert not any(word in n for word in ("vision", "visual", "audio", "mlp")), n
+        assert not any(n == c or n.startswith(c + ".") for c in clippable), n
+    kinds = {n.rsplit(".", 1)[-1] for n in adapted}
+    assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= kinds
+    if name == "qwen":  # the linear-attention layers are adapted too
+        assert {"in_proj_qkv", "out_proj"} <= kinds
+
+
+# --------------------------------------------------------------------------- errors
+def test_missing_hub_model_says_to_download_and_set_path(tmp_path):
+    cfg = model_cfg("qwen", path="sepo-test/no-such-model")
+    with pytest.raises(ModelLoadError, match=r"model\.path=/local/dir") as err:
+        load_model_and_tokenizer(cfg, cache_dir=tmp_path, device="cpu")
+    assert isinstance(err.value, ConfigError) and "sepo-test/no-such-model" in str(err.value)
+    with pytest.raises(ModelLoadError, match="no such directory"):
+        load_model_and_tokenizer(model_cfg("gemma4", path=str(tmp_path / "nowhere")), cache_dir=tmp_path)
+    with pytest.raises(ModelLoadError, match=r"model\.path is not set"):
+        load_model_and_tokenizer(model_cfg("gemma4", path=None), cache_dir=tmp_path)
+    with pytest.raises(ModelLoadError, match="model.model_class"):
+        load_model_and_tokenizer(model_cfg("gemma4", model_class="NoSuchModel"), cache_dir=tmp_path)
+
+
+def test_config_validation_requires_a_model_path(compose_cfg):
+    from sepo.config import validate
+
+    validate(compose_cfg("model=tiny"))
+    validate(compose_cfg("model=qwen"))
+    with pytest.raises(ConfigError, match=r"model\.path"):
+        validate(compose_cfg("model=gemma4", "model.path=null"))
