@@ -7,6 +7,7 @@ multi-line report.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -16,9 +17,21 @@ from omegaconf import DictConfig, OmegaConf
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
+#: longest run-dir name kept verbatim; file systems allow 255 bytes per path component
+MAX_RUN_NAME = 150
+
+
 def _run_name(override_dirname: str) -> str:
-    """Run-dir name from the overrides: `default` when there are none, `/` made path-safe."""
-    return override_dirname.replace("/", "_") or "default"
+    """Run-dir name from the overrides: `default` when there are none, `/` made path-safe.
+
+    Long override lists are cut and suffixed with a hash of the whole list, so the name stays
+    unique, stable across re-launches, and within the file system's limit.
+    """
+    name = override_dirname.replace("/", "_") or "default"
+    if len(name.encode()) <= MAX_RUN_NAME:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+    return name.encode()[:MAX_RUN_NAME - 13].decode(errors="ignore") + "-" + digest
 
 
 if not OmegaConf.has_resolver("run_name"):

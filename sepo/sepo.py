@@ -50,11 +50,11 @@ log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ settings
 def sepo_settings(cfg: DictConfig) -> DictConfig:
-    """`sepo` with the game's `training` overrides on top (Kuhn: lr 3e-6, beta 0.2)."""
-    merged = OmegaConf.merge(cfg.sepo, cfg.game.get("training") or {})
-    if merged.penalty_mode not in PENALTY_MODES:
-        raise ConfigError(f"sepo.penalty_mode={merged.penalty_mode}; allowed: {', '.join(PENALTY_MODES)}")
-    return merged
+    """The resolved `sepo` node (game and model defaults are interpolated in conf/sepo/default.yaml)."""
+    s = OmegaConf.create(OmegaConf.to_container(cfg.sepo, resolve=True))
+    if s.penalty_mode not in PENALTY_MODES:
+        raise ConfigError(f"sepo.penalty_mode={s.penalty_mode}; allowed: {', '.join(PENALTY_MODES)}")
+    return s
 
 
 def attach_lora(model: Any, target_regex: str, r: int, alpha: int, dropout: float) -> Any:

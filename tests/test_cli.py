@@ -38,7 +38,7 @@ def test_default_scripted_agent_is_the_games_reference_strategy(cli, tmp_path):
 
 
 def test_finished_run_is_skipped_and_failed_run_leaves_marker(compose_cfg, tmp_path, monkeypatch):
-    cfg = compose_cfg("stage=eval")
+    cfg = compose_cfg("stage=eval", "model=scripted")
     run_task(cfg)
     assert (tmp_path / "DONE").exists()
     (tmp_path / "results.json").write_text("{}")  # a skipped run must not rewrite its results
@@ -62,10 +62,19 @@ def broken_stage(cfg, tracker):
 
 
 def test_sweep_keeps_going_past_a_failed_job(cli, tmp_path):
-    proc = cli("-m", "stage=eval", "model.strategy=TFT,Nope", "logger=none", "eval.episodes_per_opponent=2")
+    proc = cli("-m", "stage=eval", "model=scripted", "model.strategy=TFT,Nope", "logger=none", "eval.episodes_per_opponent=2")
     assert proc.returncode == 0, proc.stderr
     done = sorted(p.parent.name for p in (tmp_path / "outputs").rglob("DONE"))
     failed = [p for p in (tmp_path / "outputs").rglob("FAILED")]
     assert len(done) == 1 and len(failed) == 1
     assert "model.strategy: unknown ipd strategy 'Nope'" in failed[0].read_text()
     assert json.loads(next((tmp_path / "outputs").rglob("results.json")).read_text())["model"] == "scripted:TFT"
+
+
+def test_long_override_lists_give_bounded_stable_run_names():
+    from sepo.cli import MAX_RUN_NAME, _run_name
+
+    long = ",".join(f"game.pools.train=[TFT,Mixed,Grim,GenerousTFT]{i}" for i in range(10))
+    name = _run_name(long)
+    assert len(name.encode()) <= MAX_RUN_NAME and name == _run_name(long) != _run_name(long + "x")
+    assert _run_name("") == "default" and _run_name("a=b/c") == "a=b_c"

@@ -54,7 +54,7 @@ def test_pool_overlap_is_a_warning_naming_the_strategy(compose_cfg):
 ])
 def test_validation_errors_name_the_key(compose_cfg, override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
-        validate(compose_cfg(override))
+        validate(compose_cfg("model=scripted", override))
 
 
 @pytest.mark.parametrize("args,key,allowed", [
@@ -83,3 +83,11 @@ def test_strategy_params_come_from_the_game_config(compose_cfg):
     bad = compose_cfg("game=ipd", "+game.strategy_params.TFT.speed=2")
     with pytest.raises(ConfigError, match="game.strategy_params.TFT"):
         make_strategy(bad.game, "TFT")
+
+
+def test_game_and_model_defaults_of_stage_settings_and_command_line_precedence(compose_cfg):
+    kuhn = compose_cfg("game=kuhn")
+    assert (kuhn.sepo.lr, kuhn.sepo.beta) == (3.0e-6, 0.2)
+    assert (compose_cfg("game=ipd").sepo.lr, compose_cfg("game=ipd").sepo.beta) == (1.0e-5, 0.01)
+    assert compose_cfg("game=kuhn", "sepo.lr=1e-4").sepo.lr == 1e-4
+    assert compose_cfg("model=scripted").sepo.steps == 100 and compose_cfg("model=scripted").eval.max_new_tokens == 256

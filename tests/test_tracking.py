@@ -19,7 +19,7 @@ def wandb_cli() -> str:
 
 
 def test_offline_run_records_metrics_config_and_tags(cli, tmp_path):
-    proc = cli("stage=eval", "logger=wandb", "logger.mode=offline", "eval.episodes_per_opponent=4")
+    proc = cli("stage=eval", "model=scripted", "logger=wandb", "logger.mode=offline", "eval.episodes_per_opponent=4")
     assert proc.returncode == 0, proc.stderr
     (run,) = run_dirs(tmp_path)
     (wandb_dir,) = list((run / "wandb").glob("offline-run-*"))

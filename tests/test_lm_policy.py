@@ -1,0 +1,355 @@
+"""The language-model agent (sepo/policies/lm.py): batching, stopping, fallback, log-probs, eval.
+
+Two tiny models: the random one as built (it never writes a legal action line, so every decision
+takes the fallback), and a copy taught in a few seconds to answer IPD prompts TFT-style with a
+reasoning line and the action on the last line (so answers parse and stop early, at different
+lengths per row).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from sepo.games import make_game
+from sepo.logprobs import next_token_logits, token_logprobs
+from sepo.models import load_model_and_tokenizer
+from sepo.policies.base import DecisionRequest
+from sepo.policies.lm import ActionStoppingCriteria, LMPolicy, fallback_question, holds_action
+
+from .conftest import CONF, ROOT, read_results
+from .test_models import gemma4_dir, model_cfg, qwen_dir, tiny_dir  # noqa: F401  (fixtures: tiny real architectures)
+
+C, D = "COOPERATE", "DEFECT"
+VECTORS = ["[1, 0, 2]", "[1, 2, 0]", "[0, 0, 1]"]  # legal actions that share their first tokens
+
+
+def game(name: str):
+    return make_game(OmegaConf.load(CONF / "game" / f"{name}.yaml"))
+
+
+IPD = game("ipd")
+
+
+def ipd_request(opponent_moves: list[str], legal: list[str] | None = None) -> DecisionRequest:
+    state = IPD.reset(0)
+    for move in opponent_moves:
+        IPD.step(state, {0: C, 1: move})
+    return DecisionRequest(IPD, state, 0, legal or IPD.legal_actions(state, 0), np.random.default_rng(0))
+
+
+def first_requests(name: str, n: int) -> list[DecisionRequest]:
+    """The agent's first decision in n episodes of game `name` (first legal moves until then)."""
+    g, out = game(name), []
+    for seed in range(n):
+        state = g.reset(seed)
+        while 0 not in g.to_act(state):
+            g.step(state, {p: g.legal_actions(state, p)[0] for p in g.to_act(state)})
+        out.append(DecisionRequest(g, state, 0, g.legal_actions(state, 0), np.random.default_rng(seed)))
+    return out
+
+
+def tft_answer(opponent_moves: list[str]) -> str:
+    if not opponent_moves:
+        return f"Start kind.\n{C}"
+    return f"They cooperated.\n{C}" if opponent_moves[-1] == C else f"They defected, so I defect too.\n{D}"
+
+
+HISTORIES = [[], [D], [C], [D, C], [C, D, D], [C, C, C, C, D], [D, D, C, C, C, C]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: 128-wide matmuls gain nothing from more, and a busy 2-core machine
+    makes OpenMP threads wait on each other (tens of times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = OmegaConf.load(CONF / "model" / "tiny.yaml")
+    model, tokenizer = load_model_and_tokenizer(cfg, tmp_path_factory.mktemp("cache"), device="cpu")
+    return model, tokenizer, cfg
+
+
+@pytest.fixture(scope="module")
+def taught(tiny):
+    """The tiny model after 80 Adam steps on TFT answers (loss on the answer tokens, no EOS)."""
+    model, tokenizer, cfg = tiny
+    student = copy.deepcopy(model).train()
+    helper = LMPolicy(student, tokenizer, cfg, 0.0, 8, 0)
+    rng = np.random.default_rng(0)
+    histories = [list(rng.choice([C, D], size=rng.integers(0, 7))) for _ in range(64)]
+    rows = [(helper.render(ipd_request(h).messages), helper.action_ids(tft_answer(h))) for h in histories]
+    opt = torch.optim.Adam(student.parameters(), lr=3e-3)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for step in range(80):
+            batch = [rows[(step * 8 + i) % len(rows)] for i in range(8)]
+            ids, mask, width_p = helper.pack([b[0] for b in batch], [b[1] for b in batch])
+            labels = ids.masked_fill(mask == 0, -100)
+            labels[:, :width_p] = -100
+            loss = student(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                           labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return student.eval(), tokenizer, cfg
+
+
+def policy(bundle, temperature=0.0, max_new_tokens=24, seed=0, **kwargs) -> LMPolicy:
+    model, tokenizer, cfg = bundle
+    return LMPolicy(model, tokenizer, cfg, temperature, max_new_tokens, seed, **kwargs)
+
+
+# --------------------------------------------------------------------------- generation
+def test_taught_model_parses_and_stops_at_the_action(taught):
+    decisions = policy(taught).act_batch([ipd_request(h) for h in HISTORIES])
+    assert all(d.parsed for d in decisions), [d.text for d in decisions]
+    assert all(d.text.splitlines()[-1] == d.action for d in decisions)  # nothing generated after the stop
+    assert len({len(d.text) for d in decisions}) > 1  # rows stopped at different lengths
+
+
+@pytest.mark.parametrize("which", ["taught", "tiny"])
+def test_batched_equals_one_at_a_time_under_greedy_decoding(which, request):
+    bundle = request.getfixturevalue(which)
+    requests = [ipd_request(h) for h in HISTORIES]  # prompts of different lengths: left padding
+    agent = policy(bundle, max_new_tokens=12 if which == "tiny" else 24)
+    batched = agent.act_batch(requests, return_logprobs=True)
+    single = [agent.act_batch([r], return_logprobs=True)[0] for r in requests]
+    assert [(d.action, d.text, d.parsed) for d in batched] == [(d.action, d.text, d.parsed) for d in single]
+    for a, b in zip(batched, single):
+        assert torch.equal(a.extras["gen_ids"], b.extras["gen_ids"])
+        torch.testing.assert_close(a.extras["logprobs"], b.extras["logprobs"], atol=1e-4, rtol=0)
+
+
+def requests_with_streams(seed: int = 0) -> list[DecisionRequest]:
+    """Fresh requests, each with its own episode stream (as the arena makes them)."""
+    out = [ipd_request(h) for h in HISTORIES]
+    for k, r in enumerate(out):
+        r.rng = np.random.default_rng([seed, k])
+    return out
+
+
+def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(taught):
+    state = torch.get_rng_state()
+    first = [d.text for d in policy(taught, temperature=1.5, seed=3).act_batch(requests_with_streams())]
+    assert torch.equal(state, torch.get_rng_state())
+    assert first == [d.text for d in policy(taught, temperature=1.5, seed=3).act_batch(requests_with_streams())]
+    assert first != [d.text for d in policy(taught, temperature=1.5, seed=4).act_batch(requests_with_streams())]
+    assert first != [d.text for d in policy(taught, temperature=1.5, seed=3).act_batch(requests_with_streams(1))]
+    streamless = requests_with_streams()  # requests without a stream draw from the policy's generator
+    for r in streamless:
+        r.rng = None
+    assert ([d.text for d in policy(taught, temperature=1.5, seed=3).act_batch(streamless)]
+            == [d.text for d in policy(taught, temperature=1.5, seed=3).act_batch(streamless)])
+
+
+@pytest.mark.parametrize("which", ["taught", "tiny"])
+def test_a_rows_sample_does_not_depend_on_its_batch(which, request):
+    """Per-row generators: sampled answers are the same batched, one at a time, or beside others."""
+    bundle = request.getfixturevalue(which)
+    agent = policy(bundle, temperature=1.0, max_new_tokens=12)
+    batched = [d.text for d in agent.act_batch(requests_with_streams())]
+    single = [agent.act_batch([r])[0].text for r in requests_with_streams()]
+    assert batched == single
+    extra = requests_with_streams(7)[:3]
+    mixed = agent.act_batch(extra[:2] + requests_with_streams() + extra[2:])
+    assert [d.text for d in mixed[2:-1]] == batched
+
+
+def test_checkpoint_sampling_settings_do_not_truncate_the_distribution(taught):
+    """A generation config with top_k=1 would make sampling greedy; the policy samples plainly."""
+    greedy = [d.text for d in policy(taught).act_batch(requests_with_streams())]
+    config = taught[0].generation_config
+    config.top_k = 1
+    try:
+        sampled = [d.text for d in policy(taught, temperature=1.5).act_batch(requests_with_streams())]
+    finally:
+        config.top_k = None
+    assert sampled != greedy
+
+
+# --------------------------------------------------------------------------- stopping criterion
+def _criterion_call(tokenizer, requests, texts, think_prefix=None, prompt_length=5):
+    """Run the criterion on crafted rows: `prompt_length` pad tokens, then each text right-padded."""
+    rows = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), prompt_length + width), tokenizer.pad_token_id)
+    for i, row in enumerate(rows):
+        ids[i, prompt_length:prompt_length + len(row)] = torch.tensor(row)
+    stop = ActionStoppingCriteria(tokenizer, prompt_length, requests, think_prefix)
+    return stop, stop(ids, None)
+
+
+def test_stopping_criterion_per_row(tiny):
+    _, tokenizer, _ = tiny
+    texts = [f"Because.\n{C}", f"<think>\n{C}", f"<think>\nhmm\n</think>\n{D}", f"{C} is nice", f"{D}\n\n",
+             f"reasoning\n{C}", f"ok</think>\n{C}", "no action here"]
+    prefix = [False] * 5 + [True, True, False]  # rows 5 and 6: the prompt opened <think>
+    requests = [ipd_request([]) for _ in texts]
+    stop, result = _criterion_call(tokenizer, requests, texts, prefix)
+    assert result.dtype == torch.bool and result.tolist() == [True, False, True, False, True, False, True, False]
+    assert [s is not None for s in stop.stop_at] == result.tolist()
+
+
+def test_stopping_criterion_fires_once_the_line_completes_and_stays(tiny):
+    _, tokenizer, _ = tiny
+    ids = tokenizer(f"I think so.\n{D}\n", add_special_tokens=False)["input_ids"]
+    done_at = tokenizer(f"I think so.\n{D}", add_special_tokens=False)["input_ids"]
+    stop = ActionStoppingCriteria(tokenizer, 0, [ipd_request([])])
+    fired = [bool(stop(torch.tensor([ids[:n]]), None)[0]) for n in range(1, len(ids) + 1)]
+    assert fired == [n >= len(done_at) for n in range(1, len(ids) + 1)]
+    assert stop.stop_at == [len(done_at)]  # the first stop is kept
+
+
+def test_holds_action_rules():
+    legal = [C, D]
+    assert holds_action(f"Action: **{C}**", IPD, legal)
+    assert not holds_action(f"<think>{C}", IPD, legal)
+    assert holds_action(f"<think>x</think>\n{D}", IPD, legal)
+    assert not holds_action(f"{C}\n<think>", IPD, legal)
+
+
+# --------------------------------------------------------------------------- constrained fallback
+def test_fallback_on_a_model_that_never_answers(tiny):
+    requests = [ipd_request(h) for h in HISTORIES]
+    agent = policy(tiny, max_new_tokens=8)
+    decisions = agent.act_batch(requests, return_logprobs=True)
+    assert not any(d.parsed for d in decisions)  # parse rate 0
+    assert all(d.action in (C, D) for d in decisions)
+    # the choice is the argmax of the first-token logits after the elicitation question
+    for request, d in zip(requests, decisions):
+        messages = request.messages + [{"role": "assistant", "content": d.text},
+                                       {"role": "user", "content": fallback_question(IPD, request.legal)}]
+        prompt = agent.render(messages, answer_now=True)
+        assert torch.equal(d.extras["prompt_ids"], torch.tensor(prompt))
+        logits = next_token_logits(agent.model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long))
+        firsts = [agent.action_ids(a)[0] for a in request.legal]
+        assert d.action == request.legal[int(logits[0, firsts].argmax())]
+        assert d.extras["fallback"] and d.extras["gen_ids"].tolist() == agent.action_ids(d.action)
+
+
+def test_fallback_question_lists_the_actions():
+    assert fallback_question(IPD, [C, D]) == "State your final action (COOPERATE/DEFECT):"
+    many = [str(i) for i in range(20)]
+    assert fallback_question(IPD, many) == f"State your final action ({IPD.action_hint}):"
+
+
+def test_constrained_decoding_over_multi_token_actions(tiny):
+    """Vectors share their first tokens: the whole sequences are scored and the best is taken."""
+    agent = policy(tiny, max_new_tokens=6)
+    assert len({agent.action_ids(v)[0] for v in VECTORS}) == 1
+    requests = [ipd_request(h, legal=VECTORS) for h in HISTORIES[:3]]
+    decisions = agent.act_batch(requests, return_logprobs=True)
+    for d in decisions:
+        assert not d.parsed and d.action in VECTORS
+        prompt = d.extras["prompt_ids"].tolist()
+        scores = [agent.sequence_logprobs([prompt], [agent.action_ids(v)], batch=1)[0].sum() for v in VECTORS]
+        assert d.action == VECTORS[int(torch.stack(scores).argmax())]
+
+
+def test_neg_v2_fallback_is_always_legal(tiny):
+    requests = first_requests("neg_v2", 2)
+    decisions = policy(tiny, max_new_tokens=4).act_batch(requests)
+    assert all(not d.parsed and d.action in r.legal for d, r in zip(decisions, requests))
+
+
+# --------------------------------------------------------------------------- log-probs and probabilities
+@pytest.mark.parametrize("which", ["taught", "tiny"])
+def test_returned_logprobs_equal_a_fresh_teacher_forced_pass(which, request):
+    bundle = request.getfixturevalue(which)
+    agent = policy(bundle, temperature=0.8, max_new_tokens=10, logprob_chunk=4)
+    for d in agent.act_batch([ipd_request(h) for h in HISTORIES], return_logprobs=True):
+        prompt, gen = d.extras["prompt_ids"], d.extras["gen_ids"]
+        ids = torch.cat([prompt, gen])[None]
+        with torch.no_grad():
+            fresh = token_logprobs(bundle[0], ids, torch.ones_like(ids), len(prompt), temperature=0.8)[0]
+        assert d.extras["logprob_temperature"] == 0.8 and len(d.extras["logprobs"]) == len(gen) > 0
+        torch.testing.assert_close(d.extras["logprobs"], fresh, atol=1e-4, rtol=0)
+        if d.parsed:
+            assert bundle[1].decode(gen.tolist(), skip_special_tokens=True) == d.text
+
+
+@pytest.mark.parametrize("name", ["ipd", "kuhn", "neg_v1", "neg_v2"])
+def test_action_probabilities_sum_to_one(tiny, name):
+    requests = first_requests(name, 2)
+    for probs, r in zip(policy(tiny).action_probabilities(requests), requests):
+        assert list(probs) == r.legal
+        assert sum(probs.values()) == pytest.approx(1.0, abs=1e-9) and min(probs.values()) >= 0
+
+
+def test_action_probabilities_are_the_renormalised_sequence_probabilities(tiny):
+    agent = policy(tiny, temperature=0.5)
+    request = ipd_request([D], legal=VECTORS)
+    (probs,) = agent.action_probabilities([request])
+    prompt = agent.render(request.messages, answer_now=True)
+    logp = torch.stack([agent.sequence_logprobs([prompt], [agent.action_ids(v)], 0.5)[0].sum() for v in VECTORS])
+    assert list(probs.values()) == pytest.approx(torch.softmax(logp.double(), 0).tolist(), abs=1e-6)
+
+
+# --------------------------------------------------------------------------- real architectures
+@pytest.mark.parametrize("name,thinking", [("gemma4", False), ("qwen", False), ("qwen", True)])
+def test_real_architectures(name, thinking, request):
+    """Tiny random Gemma 4 (token type ids, KV sharing) and Qwen 3.5 (hybrid linear attention; with
+    thinking the prompt opens <think>) through the same paths: batching, fallback, log-probs."""
+    path = request.getfixturevalue(f"{name}_dir")
+    cfg = model_cfg(name, path=str(path), thinking=thinking, dtype="float32")  # bfloat16 would blur the checks
+    model, tokenizer = load_model_and_tokenizer(cfg, path, device="cpu")
+    agent = LMPolicy(model, tokenizer, cfg, 0.0, 6, 0)
+    requests = [ipd_request(h) for h in HISTORIES[:3]] + [ipd_request([C], legal=VECTORS)]
+    batched = agent.act_batch(requests, return_logprobs=True)
+    single = [agent.act_batch([r], return_logprobs=True)[0] for r in requests]
+    assert [(d.action, d.text) for d in batched] == [(d.action, d.text) for d in single]
+    for r, d in zip(requests, batched):
+        assert d.action in r.legal and not d.parsed
+        ids = torch.cat([d.extras["prompt_ids"], d.extras["gen_ids"]])[None]
+        with torch.no_grad():
+            fresh = token_logprobs(model, ids, torch.ones_like(ids), len(d.extras["prompt_ids"]),
+                                   **agent.extra_inputs(ids))[0]
+        torch.testing.assert_close(d.extras["logprobs"], fresh, atol=1e-4, rtol=0)
+    for probs in agent.action_probabilities(requests):
+        assert sum(probs.values()) == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- wiring
+def test_importing_policies_does_not_load_torch():
+    code = ("import sys, sepo.policies, sepo.evaluate; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch loaded'; "
+            "from sepo.policies import LMPolicy; print(LMPolicy.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "LMPolicy"
+
+
+def test_lm_eval_end_to_end_through_the_cli(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # see one_thread
+    proc = cli("stage=eval", "model=tiny", "game=ipd", "logger=none", "eval.episodes_per_opponent=2",
+               "eval.max_new_tokens=16", f"paths.root_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = read_results(tmp_path)
+    opponents = {o["name"] for o in results["per_opponent"]}
+    assert results["model"] == "tiny" and results["episodes"] == 2 * len(opponents) == len(results["per_episode"])
+    assert 0.0 <= results["metrics"]["parse_rate"] <= 1.0 and "parse_rate" in results["se"]
+    assert all(e["decisions"] == 8 for e in results["per_episode"])
+
+
+def test_rollout_benchmark_runs_and_reports_json(tmp_path):
+    env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "sepo.bench", "rollout", "--episodes", "4", "--max-new-tokens", "4"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["episodes"] == 4 and result["decisions"] == 4 * 8 and result["same_episodes"]
+    assert result["batched_per_s"] > 0 and result["sequential_per_s"] > 0 and result["ratio"] > 0

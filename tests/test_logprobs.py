@@ -1,0 +1,119 @@
+"""Chunked per-token log-probs (sepo/logprobs.py) against the plain unchunked computation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from sepo.logprobs import (chunked_logprobs_from_hidden, logprobs_from_hidden_reference, next_token_logits,
+                           token_logprobs, token_logprobs_reference)
+from sepo.models import load_model_and_tokenizer
+
+from .conftest import CONF, ROOT
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: tiny matmuls gain nothing from more, and a busy machine makes OpenMP
+    threads wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cfg = OmegaConf.load(CONF / "model" / "tiny.yaml")
+    model, tokenizer = load_model_and_tokenizer(cfg, tmp_path_factory.mktemp("cache"), device="cpu")
+    return model, tokenizer
+
+
+def padded_batch(tokenizer, texts: list[str], gen_lengths: list[int], vocab: int, seed: int = 0):
+    """Left-padded prompts followed by right-padded random 'generated' tokens (generate's layout)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width_p, width_g = max(map(len, prompts)), max(gen_lengths)
+    ids = torch.full((len(texts), width_p + width_g), tokenizer.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, (p, n) in enumerate(zip(prompts, gen_lengths)):
+        ids[i, width_p - len(p):width_p] = torch.tensor(p)
+        ids[i, width_p:width_p + n] = torch.randint(3, vocab, (n,), generator=g)
+        mask[i, width_p - len(p):width_p + n] = 1
+    return ids, mask, width_p
+
+
+TEXTS = ["Round 1 of 8. Your action?", "History:\nRound 1: you COOPERATE, opponent DEFECT.\nYour action?",
+         "You are playing an iterated prisoner's dilemma."]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 32, 1000])
+def test_chunked_matches_unchunked_on_the_model(tiny, chunk):
+    model, tokenizer = tiny
+    ids, mask, start = padded_batch(tokenizer, TEXTS, [17, 40, 5], len(tokenizer))
+    with torch.no_grad():
+        chunked = token_logprobs(model, ids, mask, start, chunk=chunk)
+        reference = token_logprobs_reference(model, ids, mask, start)
+    valid = mask[:, start:].bool()
+    assert chunked.shape == reference.shape == (3, 40)
+    torch.testing.assert_close(chunked[valid], reference[valid], atol=1e-5, rtol=0)
+
+
+def test_temperature_divides_the_logits(tiny):
+    model, tokenizer = tiny
+    ids, mask, start = padded_batch(tokenizer, TEXTS, [9, 4, 12], len(tokenizer))
+    with torch.no_grad():
+        chunked = token_logprobs(model, ids, mask, start, chunk=4, temperature=0.7)
+        reference = token_logprobs_reference(model, ids, mask, start, temperature=0.7)
+    valid = mask[:, start:].bool()
+    torch.testing.assert_close(chunked[valid], reference[valid], atol=1e-5, rtol=0)
+
+
+def test_padding_does_not_change_a_row(tiny):
+    """Position ids from the mask: a left-padded row scores like the same row alone."""
+    model, tokenizer = tiny
+    ids, mask, start = padded_batch(tokenizer, TEXTS, [8, 8, 8], len(tokenizer))
+    with torch.no_grad():
+        batch = token_logprobs(model, ids, mask, start)
+        row = 2  # the shortest prompt carries the most padding
+        keep = mask[row].bool()
+        alone = token_logprobs(model, ids[row:row + 1, keep], mask[row:row + 1, keep], int(keep[:start].sum()))
+    torch.testing.assert_close(batch[row], alone[0], atol=1e-5, rtol=0)
+
+
+def test_next_token_logits_are_the_models(tiny):
+    model, tokenizer = tiny
+    ids, mask, _ = padded_batch(tokenizer, TEXTS, [0, 0, 0], len(tokenizer))
+    with torch.no_grad():
+        ours = next_token_logits(model, ids, mask)
+        theirs = model(input_ids=ids, attention_mask=mask,
+                       position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1]
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_hidden_level_chunking_values_and_gradients():
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 37, 16, requires_grad=True)
+    weight = (torch.randn(500, 16) * 0.3).requires_grad_()
+    targets = torch.randint(500, (2, 37))
+    chunked = chunked_logprobs_from_hidden(hidden, weight, targets, chunk=8, softcap=5.0)
+    reference = logprobs_from_hidden_reference(hidden, weight, targets, softcap=5.0)
+    torch.testing.assert_close(chunked, reference, atol=1e-5, rtol=0)
+    g_chunked = torch.autograd.grad(chunked.sum(), (hidden, weight))
+    g_reference = torch.autograd.grad(reference.sum(), (hidden, weight))
+    for a, b in zip(g_chunked, g_reference):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_logprob_benchmark_chunked_uses_a_tenth_of_the_memory():
+    out = subprocess.run([sys.executable, "-m", "sepo.bench", "logprob", "--vocab", "65536", "--positions", "512",
+                          "--hidden", "64", "--chunk", "32"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["unchunked_peak_mb"] > 100
+    assert result["chunked_peak_mb"] < result["unchunked_peak_mb"] / 10
