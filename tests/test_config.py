@@ -91,3 +91,30 @@ def test_game_and_model_defaults_of_stage_settings_and_command_line_precedence(c
     assert (compose_cfg("game=ipd").sepo.lr, compose_cfg("game=ipd").sepo.beta) == (1.0e-5, 0.01)
     assert compose_cfg("game=kuhn", "sepo.lr=1e-4").sepo.lr == 1e-4
     assert compose_cfg("model=scripted").sepo.steps == 100 and compose_cfg("model=scripted").eval.max_new_tokens == 256
+
+
+EXPECTED_CHOICES = {
+    "paper_ipd": {"stage": "pipeline", "game": "ipd"},
+    "paper_auction": {"stage": "pipeline", "game": "auction"},
+    "paper_kuhn": {"stage": "pipeline", "game": "kuhn"},
+    "paper_negotiation": {"stage": "pipeline", "game": "neg_v2", "model": "gemma4"},
+    "paper_sft_degradation": {"stage": "pipeline"},
+    "ablation_penalty_mode": {"stage": "sepo", "game": "ipd"},
+}
+
+
+@pytest.mark.parametrize("preset", options("experiment"))
+def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={preset}", f"paths.output_dir={tmp_path}"],
+                      return_hydra_config=True)
+    choices = cfg.hydra.runtime.choices
+    for group, option in EXPECTED_CHOICES[preset].items():
+        assert choices[group] == option, (preset, group)
+    assert choices["lambdas"] == choices["game"]  # lambdas still follow the preset's game
+    assert cfg.sweep_name == preset
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    if preset == "ablation_penalty_mode":
+        assert cfg.hydra.sweeper.params["sepo.penalty_mode"] == "shared,per_rollout,pooled"
