@@ -86,11 +86,15 @@ def test_strategy_params_come_from_the_game_config(compose_cfg):
 
 
 def test_game_and_model_defaults_of_stage_settings_and_command_line_precedence(compose_cfg):
-    kuhn = compose_cfg("game=kuhn")
+    kuhn = compose_cfg("game=kuhn", "model=scripted")
     assert (kuhn.sepo.lr, kuhn.sepo.beta) == (3.0e-6, 0.2)
-    assert (compose_cfg("game=ipd").sepo.lr, compose_cfg("game=ipd").sepo.beta) == (1.0e-5, 0.01)
-    assert compose_cfg("game=kuhn", "sepo.lr=1e-4").sepo.lr == 1e-4
-    assert compose_cfg("model=scripted").sepo.steps == 100 and compose_cfg("model=scripted").eval.max_new_tokens == 256
+    ipd = compose_cfg("game=ipd", "model=scripted")
+    assert (ipd.sepo.lr, ipd.sepo.beta) == (1.0e-5, 0.01)
+    assert compose_cfg("game=kuhn", "model=scripted", "sepo.lr=1e-4").sepo.lr == 1e-4
+    assert ipd.sepo.steps == 100 and ipd.eval.max_new_tokens == 256 and ipd.eval.episodes_per_opponent == 20
+    tiny = compose_cfg("game=kuhn", "model=tiny")  # the model's own defaults, then the game's, then SPEC's
+    assert (tiny.sepo.lr, tiny.sepo.beta, tiny.sepo.steps, tiny.eval.max_new_tokens) == (5.0e-4, 0.2, 10, 48)
+    assert compose_cfg("model=tiny", "sepo.steps=3", "eval.max_new_tokens=7").sepo.steps == 3
 
 
 EXPECTED_CHOICES = {
