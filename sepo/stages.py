@@ -12,6 +12,7 @@ STAGES = {
     "datagen": "sepo.data:run_datagen",
     "sft": "sepo.sft:run_sft",
     "sepo": "sepo.sepo:run_sepo",
+    "pipeline": "sepo.pipeline:run_pipeline",
 }
 
 

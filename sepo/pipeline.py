@@ -1,0 +1,97 @@
+"""Stage `pipeline` (the main job): base eval -> SFT -> SEPO -> tables, in one run dir.
+
+Each phase runs the same code as its own stage, in a sub-directory of the run dir, and marks it
+`DONE` when finished, so a crashed pipeline re-run with `resume=auto` skips finished phases and
+resumes SEPO from its latest checkpoint:
+
+    <run>/base/eval/base/results.json     the model before any training (stage "base")
+    <run>/sft/                            SFT outputs; <run>/sft/eval/sft/results.json
+    <run>/sepo/                           SEPO from <run>/sft/merged; <run>/sepo/eval/step_<k>/results.json
+    <run>/tables/                         LaTeX tables, CSV and figures (analysis.tables)
+
+The SFT data is generated on demand by the SFT phase (cached under `sft.data_dir`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from sepo.evaluate import build_policy, evaluate_policy, pools_of, write_results
+from sepo.games import make_game
+from sepo.tracking import NullTracker
+
+log = logging.getLogger(__name__)
+
+
+def phase_cfg(cfg: DictConfig, out: Path, **updates: Any) -> DictConfig:
+    """A copy of `cfg` writing into `out`, with dotted-key `updates` applied."""
+    sub = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    sub.paths.output_dir = str(out)
+    for key, value in updates.items():
+        OmegaConf.update(sub, key, value, merge=False)
+    return sub
+
+
+def run_phase(name: str, out: Path, fn, *args) -> None:
+    if (out / "DONE").exists():
+        log.info("pipeline: %s already done (%s)", name, out)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    log.info("pipeline: %s -> %s", name, out)
+    fn(*args)
+    (out / "DONE").write_text(name + "\n")
+
+
+def base_eval(cfg: DictConfig) -> None:
+    game = make_game(cfg.game)
+    result = evaluate_policy(game, build_policy(cfg, game), pools_of(cfg.game), dict(cfg.lambdas.eval),
+                             int(cfg.eval.episodes_per_opponent), int(cfg.seed),
+                             mirrored=bool(cfg.game.get("mirrored", False)), progress=bool(cfg.eval.progress))
+    write_results(Path(cfg.paths.output_dir) / "eval" / "base" / "results.json", cfg, result, stage="base",
+                  checkpoint="base", step=0)
+
+
+def run_pipeline(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
+    from sepo.sepo import run_sepo
+    from sepo.sft import run_sft
+
+    out = Path(cfg.paths.output_dir)
+    base = phase_cfg(cfg, out / "base")
+    run_phase("base eval", out / "base", base_eval, base)
+
+    sft = phase_cfg(cfg, out / "sft")
+    run_phase("sft", out / "sft", run_sft, sft, tracker)
+
+    sepo = phase_cfg(cfg, out / "sepo", **{"model.path": str(out / "sft" / "merged"), "model.revision": None})
+    run_phase("sepo", out / "sepo", run_sepo, sepo, tracker)
+
+    from analysis.tables import main as tables_main
+
+    tables_main([str(out), "--out", str(out / "tables")])
+    table = sorted((out / "tables").glob("table_*.tex"))
+    summary = {"run_dir": str(out), "tables": [str(t) for t in table]}
+    print_summary(out)
+    return summary
+
+
+def print_summary(out: Path) -> None:
+    """The pipeline's results as a terminal table: one row per evaluated checkpoint."""
+    from analysis.collect import collect_dir
+    from rich.console import Console
+    from rich.table import Table
+
+    frame = collect_dir(out)
+    columns = ["pay", "exploit", "ext", "safety", "nra", "parse_rate"]
+    table = Table(title=f"SEPO pipeline: {out}")
+    table.add_column("phase")
+    table.add_column("checkpoint")
+    for c in columns:
+        table.add_column(c, justify="right")
+    for _, row in frame.sort_values(["step"], na_position="first").iterrows():
+        table.add_row(str(row.get("phase")), str(row.get("checkpoint")),
+                      *[f"{row[c]:+.3f} ± {row[c + '_se']:.3f}" if row.get(c) == row.get(c) else "--" for c in columns])
+    Console().print(table)

@@ -1,0 +1,597 @@
+"""Stage `sft`: supervised fine-tuning on the demonstrator data (SPEC section 4, stage 1).
+
+`python main.py stage=sft game=<g> model=<m>` trains the model on the game's dataset
+(`game.sft_dataset`: `multi` for ipd/auction/neg_v1, `kuhn`, `neg_gt` for neg_v2) with the
+transformers `Trainer`, then writes into the run dir:
+
+- `adapter/`      the LoRA adapter (`save_pretrained`); absent for a full fine-tune
+- `merged/`       the merged model and its tokenizer (safetensors): `model.path=<run dir>/merged`
+                  loads it in later stages
+- `checkpoints/`  Trainer checkpoints; `resume=auto` continues from the last one after a crash
+- `training_curve.csv` / `.png`  train and validation loss by optimizer step
+- `sft_metrics.json`  validation loss, and the action agreement: on (part of) the validation split
+                  the merged model answers each prompt greedily; the parse rate is the share of
+                  answers whose last non-empty line is an action seen for that game in the dataset,
+                  the agreement the share whose action equals the demonstrator's
+- `eval/sft/results.json`  the merged model played against every pool by stage eval's code
+
+Settings: the `sft` node, with the model's `model.sft` block merged over it (`sft_settings`).
+Data: `<sft.data_dir>/<dataset>/{train,valid}.jsonl`; when missing it is generated with
+`sepo.data` from the shipped game configs and the `datagen` settings, written to a temporary
+directory and renamed into place, so concurrent runs never read half a dataset.
+
+Each example is tokenised by the collator through the chat template: the prompt turns rendered
+with the generation prompt, then the assistant content and the end-of-turn token(s) as the model
+would generate them. Labels are -100 everywhere except on those answer tokens (end-of-turn
+included, so the model learns to stop). A sequence longer than `sft.max_length` loses the start of
+its prompt, never its answer. Gemma 4 gets all-zero token type ids (`model.token_type_ids`).
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import json
+import logging
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from sepo.errors import ConfigError
+from sepo.models import forward_extras, load_model_and_tokenizer, render_chat
+from sepo.tracking import NullTracker, flatten
+
+log = logging.getLogger(__name__)
+
+#: Substrings of module names that must never receive LoRA weights (SPEC section 4).
+FORBIDDEN_LORA = ("vision", "audio")
+
+
+# --------------------------------------------------------------------------- settings
+def sft_settings(cfg: DictConfig) -> DictConfig:
+    """The `sft` node with `model.sft` merged over it (resolved), and `lora.target_modules` filled
+    from `model.lora.target_modules` when the node leaves it null."""
+    base = OmegaConf.to_container(cfg.sft, resolve=True)
+    override = cfg.model.get("sft") or {}
+    override = OmegaConf.to_container(override, resolve=True) if OmegaConf.is_config(override) else dict(override)
+
+    def check(over: dict, ref: dict, prefix: str) -> None:
+        for key, value in over.items():
+            if key not in ref:
+                raise ConfigError(f"model.sft.{prefix}{key} is not an SFT setting; allowed: {', '.join(ref)}")
+            if isinstance(value, dict) and isinstance(ref[key], dict):
+                check(value, ref[key], f"{prefix}{key}.")
+
+    check(override, base, "")
+    s = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(override))
+    if override:  # these win over sft.*: say so, since `sft.<key>=...` on the command line would not
+        log.info("sft: model=%s overrides %s (change them as model.sft.<key>)", cfg.model.name,
+                 ", ".join(f"sft.{k}={v!r}" for k, v in _leaves(override)))
+    if s.lora.target_modules is None and not s.full_finetune:
+        target = (cfg.model.get("lora") or {}).get("target_modules")
+        if not target:
+            raise ConfigError(f"model={cfg.model.name} names no LoRA targets: set model.lora.target_modules "
+                              "(a regex over module names) or sft.lora.target_modules")
+        s.lora.target_modules = target
+    if s.dataset is None:
+        raise ConfigError(f"sft.dataset is not set and game.sft_dataset is missing for game={cfg.game.name}")
+    if not 0.0 <= float(s.warmup_ratio) < 1.0:
+        raise ConfigError(f"sft.warmup_ratio={s.warmup_ratio} must be in [0, 1)")
+    for key in ("per_device_batch_size", "grad_accum", "max_length", "eval_steps", "save_steps", "logging_steps",
+                "eval_batch_size", "agreement_batch_size", "agreement_max_new_tokens"):
+        if not isinstance(s[key], int) or s[key] < 1:
+            raise ConfigError(f"sft.{key}={s[key]!r} must be a positive integer")
+    return s
+
+
+def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key, value in tree.items():
+        out += _leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
+    return out
+
+
+# --------------------------------------------------------------------------- data
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _complete(ds_dir: Path) -> bool:
+    return (ds_dir / "train.jsonl").exists() and (ds_dir / "valid.jsonl").exists()
+
+
+def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
+    """`<data_dir>/<dataset>/`, generated when missing (atomically: temp dir, then rename).
+
+    Generation uses the shipped game configs (`conf/game/*.yaml`), so a shared cache never holds data
+    shaped by one run's game overrides; to train on other data, run `stage=datagen` and point
+    `sft.data_dir` at its `out_dir`.
+    """
+    from sepo.data import generate_dataset, load_game_cfg, write_dataset
+
+    data_dir = Path(data_dir)
+    ds_dir = data_dir / dataset
+    if _complete(ds_dir):
+        return ds_dir
+    dc = cfg.datagen
+    if dataset not in dc.dataset_games:
+        raise ConfigError(f"sft.dataset={dataset} is not a datagen dataset; allowed: {', '.join(dc.dataset_games)}")
+    games = list(dc.dataset_games[dataset])
+    caps = dc.get("per_game_cap") or {}
+    log.info("sft: dataset %s missing under %s; generating it (games %s, seed %s)", dataset, data_dir, games, dc.seed)
+    splits = generate_dataset(dataset, [load_game_cfg(g) for g in games], int(dc.seed), float(dc.valid_fraction),
+                              caps.get(dataset), dc.episodes_per_opponent, int(dc.num_opponents))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dataset}-", dir=data_dir))
+    try:
+        files = write_dataset(tmp, dataset, splits)
+        info = {"dataset": dataset, "games": games, "seed": int(dc.seed), "valid_fraction": float(dc.valid_fraction),
+                "per_game_cap": caps.get(dataset), "episodes_per_opponent": dc.episodes_per_opponent,
+                "num_opponents": int(dc.num_opponents), "files": files}
+        (tmp / dataset / "manifest.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        try:
+            (tmp / dataset).rename(ds_dir)
+        except OSError:  # another job won the race: use its copy
+            if not _complete(ds_dir):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ds_dir
+
+
+def subsample(examples: list[dict[str, Any]], count: int | None, seed: int, tag: str) -> list[dict[str, Any]]:
+    """A seeded subsample of `count` examples in their file order (all of them when count is None)."""
+    if count is None or count >= len(examples):
+        return examples
+    rng = np.random.default_rng([int(seed), sum(map(ord, tag))])
+    keep = np.sort(rng.choice(len(examples), int(count), replace=False))
+    return [examples[i] for i in keep]
+
+
+# --------------------------------------------------------------------------- tokenisation
+def end_of_turn_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Token ids that end an assistant turn: the generation config's EOS ids and the tokenizer's."""
+    gen = getattr(model, "generation_config", None)
+    eos = gen.eos_token_id if gen is not None else None
+    ids = {eos} if isinstance(eos, int) else set(eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class ChatSFTCollator:
+    """Tokenises chat examples through the chat template and masks the loss to the answer.
+
+    `encode` gives (input ids, labels) of one example: prompt = the chat template of every turn but
+    the last with the generation prompt; answer = the last (assistant) turn's content followed by
+    what the template writes after it, up to and including the first end-of-turn token. Labels are
+    -100 on the prompt (`assistant_only`). Over-long sequences drop tokens from the left of the
+    prompt. `__call__` right-pads a batch and adds the all-zero token type ids when `type_ids_key`
+    names the model's argument (Gemma 4).
+    """
+
+    def __init__(self, tokenizer: Any, model_cfg: Any, max_length: int, eos_ids: set[int],
+                 type_ids_key: str | None = None, assistant_only: bool = True):
+        self.tokenizer = tokenizer
+        self.model_cfg = model_cfg
+        self.max_length = int(max_length)
+        self.eos_ids = set(eos_ids)
+        self.type_ids_key = type_ids_key
+        self.assistant_only = assistant_only
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._warned = False
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def split(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[int]]:
+        """Prompt ids and answer ids (content + end of turn) of one example."""
+        if not messages or messages[-1]["role"] != "assistant":
+            raise ValueError("an SFT example must end with an assistant turn")
+        messages = [dict(m) for m in messages]
+        prompt = render_chat(self.tokenizer, self.model_cfg, messages[:-1], add_generation_prompt=True)
+        full = render_chat(self.tokenizer, self.model_cfg, messages, add_generation_prompt=False)
+        content = messages[-1]["content"]
+        at = full.rfind(content)
+        tail = full[at + len(content):] if at >= 0 else ""
+        answer = self._ids(content + tail)
+        stop = next((i + 1 for i, t in enumerate(answer) if t in self.eos_ids), None)
+        if stop is not None:
+            answer = answer[:stop]
+        elif self.tokenizer.eos_token_id is not None:  # the template wrote no end-of-turn token: add one
+            answer.append(self.tokenizer.eos_token_id)
+        return self._ids(prompt), answer
+
+    def encode(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[int]]:
+        prompt, answer = self.split(messages)
+        if len(answer) > self.max_length:  # cannot happen with the games' short answers
+            if not self._warned:
+                log.warning("sft: an answer of %d tokens exceeds sft.max_length=%d and is cut", len(answer),
+                            self.max_length)
+                self._warned = True
+            answer = answer[: self.max_length]
+        budget = self.max_length - len(answer)
+        prompt = prompt[len(prompt) - budget:] if len(prompt) > budget else prompt
+        prompt = prompt if budget > 0 else []
+        labels = ([-100] * len(prompt) if self.assistant_only else list(prompt)) + answer
+        return prompt + answer, labels
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        encoded = [self.encode(ex["messages"]) for ex in examples]
+        width = max(len(ids) for ids, _ in encoded)
+        input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(encoded), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for row, (ids, lab) in enumerate(encoded):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, : len(lab)] = torch.tensor(lab)
+            mask[row, : len(ids)] = 1
+        batch = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+        if self.type_ids_key:
+            batch[self.type_ids_key] = torch.zeros_like(input_ids)
+        return batch
+
+
+class ListDataset(torch.utils.data.Dataset):
+    def __init__(self, items: list[dict[str, Any]]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.items[i]
+
+
+# --------------------------------------------------------------------------- model
+def apply_lora(model: Any, s: DictConfig) -> Any:
+    """Wrap `model` with LoRA adapters on the modules matched in full by `s.lora.target_modules`."""
+    from peft import LoraConfig, get_peft_model
+
+    pattern = str(s.lora.target_modules)
+    config = LoraConfig(r=int(s.lora.r), lora_alpha=int(s.lora.alpha), lora_dropout=float(s.lora.dropout),
+                        target_modules=pattern, bias="none", task_type="CAUSAL_LM")
+    try:
+        model = get_peft_model(model, config)
+    except ValueError as err:
+        raise ConfigError(f"sft.lora.target_modules={pattern!r} matches no usable module of the model ({err})") from err
+    bad = [n for n in lora_module_names(model) if any(w in n.lower() for w in FORBIDDEN_LORA)]
+    if bad:
+        raise ConfigError(f"sft.lora.target_modules={pattern!r} matches vision/audio modules, e.g. {bad[:3]}; "
+                          "restrict it to the language model's projections")
+    return model
+
+
+def lora_module_names(model: Any) -> list[str]:
+    """Names (relative to the base model) of the modules that carry LoRA weights."""
+    names = []
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_A") and len(getattr(module, "lora_A")) > 0:
+            names.append(name.removeprefix("base_model.model."))
+    return names
+
+
+def _type_ids_key(model: Any, model_cfg: Any) -> str | None:
+    extras = forward_extras(model, model_cfg, torch.zeros((1, 1), dtype=torch.long))
+    return next(iter(extras), None)
+
+
+# --------------------------------------------------------------------------- tracking and curves
+def tracker_callback(tracker: NullTracker, prefix: str = "sft"):
+    """A TrainerCallback forwarding every Trainer log dict to `tracker.log` at the optimizer step."""
+    from transformers import TrainerCallback
+
+    class TrackerCallback(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and logs:
+                values = {f"{prefix}/{k}": v for k, v in logs.items()
+                          if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                if values:
+                    tracker.log(values, step=int(state.global_step))
+
+    return TrackerCallback()
+
+
+def training_curve(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows {step, epoch, train_loss, valid_loss, learning_rate} from the Trainer's log history."""
+    rows: dict[int, dict[str, Any]] = {}
+    for entry in log_history:
+        step = int(entry.get("step", 0))
+        if "loss" in entry or "eval_loss" in entry:
+            row = rows.setdefault(step, {"step": step, "epoch": entry.get("epoch"), "train_loss": None,
+                                         "valid_loss": None, "learning_rate": None})
+            if "loss" in entry:
+                row["train_loss"] = float(entry["loss"])
+                row["learning_rate"] = entry.get("learning_rate")
+            if "eval_loss" in entry:
+                row["valid_loss"] = float(entry["eval_loss"])
+    return [rows[k] for k in sorted(rows)]
+
+
+def write_curve(rows: list[dict[str, Any]], out: Path) -> None:
+    fields = ["step", "epoch", "train_loss", "valid_loss", "learning_rate"]
+    with open(out / "training_curve.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if row[k] is None else row[k] for k in fields})
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("train_loss", "train"), ("valid_loss", "valid")):
+        pts = [(r["step"], r[key]) for r in rows if r[key] is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o" if key == "valid_loss" else None, markersize=3, label=label)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (assistant tokens)")
+    ax.set_title("SFT training curve")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "training_curve.png", dpi=100)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- action agreement
+@torch.no_grad()
+def generate_answers(model: Any, tokenizer: Any, model_cfg: Any, prompts: list[list[dict[str, str]]],
+                     batch_size: int, max_new_tokens: int) -> list[str]:
+    """Greedy answers to chat prompts, batched (left padding), cut at the end of turn."""
+    device = next(model.parameters()).device
+    eos = end_of_turn_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    was_training = model.training
+    model.eval()
+    answers: list[str] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            part = prompts[start: start + batch_size]
+            ids = [tokenizer(render_chat(tokenizer, model_cfg, m, add_generation_prompt=True),
+                             add_special_tokens=False)["input_ids"] for m in part]
+            width = max(len(x) for x in ids)
+            input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(input_ids)
+            for row, x in enumerate(ids):
+                input_ids[row, width - len(x):] = torch.tensor(x)
+                mask[row, width - len(x):] = 1
+            input_ids, mask = input_ids.to(device), mask.to(device)
+            out = model.generate(input_ids=input_ids, attention_mask=mask,
+                                 **forward_extras(model, model_cfg, input_ids), do_sample=False, temperature=None,
+                                 top_k=None, top_p=None, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                 eos_token_id=sorted(eos))
+            for row in out[:, width:].tolist():
+                cut = next((i for i, t in enumerate(row) if t in eos), len(row))
+                answers.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
+    finally:
+        model.train(was_training)
+    return answers
+
+
+def action_agreement(model: Any, tokenizer: Any, model_cfg: Any, examples: list[dict[str, Any]],
+                     actions_by_game: dict[str, list[str]], games: dict[str, Any], batch_size: int,
+                     max_new_tokens: int, samples: int = 10) -> dict[str, Any]:
+    """Parse rate and agreement with the demonstrator of greedy answers to `examples`' prompts.
+
+    An answer parses when the game's `parse_action` finds, on its last non-empty line, one of the
+    actions seen for that game in the dataset; it agrees when that action is the demonstrator's.
+    """
+    answers = generate_answers(model, tokenizer, model_cfg, [ex["messages"][:-1] for ex in examples],
+                               batch_size, max_new_tokens)
+    per_game: dict[str, dict[str, int]] = {}
+    shown = []
+    for ex, text in zip(examples, answers):
+        action = games[ex["game"]].parse_action(text, actions_by_game[ex["game"]])
+        g = per_game.setdefault(ex["game"], {"examples": 0, "parsed": 0, "agree": 0})
+        g["examples"] += 1
+        g["parsed"] += action is not None
+        g["agree"] += action == ex["action"]
+        if len(shown) < samples:
+            shown.append({"game": ex["game"], "target": ex["messages"][-1]["content"], "answer": text,
+                          "parsed": action})
+    n = max(len(examples), 1)
+    return {
+        "examples": len(examples),
+        "parse_rate": sum(g["parsed"] for g in per_game.values()) / n,
+        "action_agreement": sum(g["agree"] for g in per_game.values()) / n,
+        "per_game": {k: {**v, "parse_rate": v["parsed"] / v["examples"], "action_agreement": v["agree"] / v["examples"]}
+                     for k, v in sorted(per_game.items())},
+        "samples": shown,
+    }
+
+
+# --------------------------------------------------------------------------- the stage
+def training_arguments(s: DictConfig, out: Path, has_valid: bool, progress: bool):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(out / "checkpoints"),
+        per_device_train_batch_size=int(s.per_device_batch_size),
+        per_device_eval_batch_size=int(s.eval_batch_size),
+        gradient_accumulation_steps=int(s.grad_accum),
+        learning_rate=float(s.lr),
+        weight_decay=float(s.weight_decay),
+        adam_beta1=float(s.adam_beta1),
+        adam_beta2=float(s.adam_beta2),
+        max_grad_norm=float(s.max_grad_norm),
+        optim="adamw_torch",
+        lr_scheduler_type=str(s.lr_scheduler),
+        warmup_steps=float(s.warmup_ratio),  # a float in [0, 1) is a ratio of the total steps
+        num_train_epochs=float(s.epochs),
+        max_steps=int(s.max_steps) if s.max_steps is not None else -1,
+        eval_strategy="steps" if has_valid else "no",
+        eval_steps=int(s.eval_steps),
+        save_strategy="steps",
+        save_steps=int(s.save_steps),
+        save_total_limit=s.save_total_limit,
+        logging_steps=int(s.logging_steps),
+        logging_first_step=True,
+        report_to=[],  # the project's tracker gets the logs through tracker_callback
+        seed=int(s.seed),
+        data_seed=int(s.seed),
+        remove_unused_columns=False,  # the collator needs the raw `messages`
+        label_names=["labels"],
+        bf16=bool(s.bf16),
+        activation_checkpointing=bool(s.gradient_checkpointing),
+        dataloader_num_workers=0,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        disable_tqdm=not progress,
+    )
+
+
+def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
+    from transformers import Trainer, set_seed
+    from transformers.trainer_utils import get_last_checkpoint
+
+    started = time.time()
+    s = sft_settings(cfg)
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # ---- data
+    ds_dir = ensure_dataset(cfg, str(s.dataset), s.data_dir)
+    train_all = read_jsonl(ds_dir / "train.jsonl")
+    valid_all = read_jsonl(ds_dir / "valid.jsonl")
+    train = subsample(train_all, s.max_examples, s.seed, "train")
+    valid = subsample(valid_all, s.max_valid_examples, s.seed, "valid")
+    log.info("sft: dataset %s from %s: %d/%d train, %d/%d valid examples", s.dataset, ds_dir, len(train),
+             len(train_all), len(valid), len(valid_all))
+
+    # ---- model
+    set_seed(int(s.seed))
+    model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
+    total_params = sum(p.numel() for p in model.parameters())
+    if s.full_finetune:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        lora_modules: list[str] = []
+    else:
+        model = apply_lora(model, s)
+        lora_modules = lora_module_names(model)
+        if s.gradient_checkpointing:
+            model.enable_input_require_grads()
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info("sft: %s, %d trainable of %d parameters%s", "full fine-tune" if s.full_finetune else "LoRA",
+             trainable, total_params, f" ({len(lora_modules)} LoRA modules)" if lora_modules else "")
+
+    collator = ChatSFTCollator(tokenizer, cfg.model, int(s.max_length), end_of_turn_ids(model, tokenizer),
+                               _type_ids_key(model, cfg.model), bool(s.assistant_only_loss))
+
+    # ---- training (resume=auto continues from the last Trainer checkpoint)
+    ckpt_dir = out / "checkpoints"
+    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    if cfg.resume != "auto" and ckpt_dir.exists():
+        log.info("sft: resume=%s: removing old checkpoints in %s", cfg.resume, ckpt_dir)
+        shutil.rmtree(ckpt_dir)
+        last = None
+    resumed_step = None
+    if last:
+        resumed_step = json.loads((Path(last) / "trainer_state.json").read_text())["global_step"]
+        log.info("sft: resuming from %s (step %d)", last, resumed_step)
+
+    trainer = Trainer(model=model, args=training_arguments(s, out, bool(valid), bool(cfg.eval.get("progress", True))),
+                      train_dataset=ListDataset(train), eval_dataset=ListDataset(valid) if valid else None,
+                      data_collator=collator, callbacks=[tracker_callback(tracker)])
+    train_output = trainer.train(resume_from_checkpoint=last)
+    step = int(trainer.state.global_step)
+    valid_loss = None
+    if valid:
+        at_end = [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e and e.get("step") == step]
+        valid_loss = float(at_end[-1]) if at_end else float(trainer.evaluate()["eval_loss"])
+    curve = training_curve(trainer.state.log_history)
+    write_curve(curve, out)
+    train_losses = [r["train_loss"] for r in curve if r["train_loss"] is not None]
+
+    # ---- outputs: adapter, merged model
+    model = trainer.model
+    if not s.full_finetune:
+        adapter = out / "adapter"
+        shutil.rmtree(adapter, ignore_errors=True)
+        model.save_pretrained(adapter)
+        tokenizer.save_pretrained(adapter)
+        model = model.merge_and_unload()
+    merged = out / "merged"
+    tmp = out / ".merged.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(merged, ignore_errors=True)
+    tmp.rename(merged)
+    trained_seconds = time.time() - started
+    del trainer, model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+    # ---- the merged model, reloaded as later stages load it
+    merged_cfg = OmegaConf.create({**OmegaConf.to_container(cfg.model, resolve=True), "path": str(merged),
+                                   "revision": None})
+    model, tokenizer = load_model_and_tokenizer(merged_cfg, cfg.paths.cache_dir)
+
+    from sepo.data import load_game_cfg
+    from sepo.games import make_game
+
+    seen: dict[str, set[str]] = {}
+    for ex in train_all + valid_all:
+        seen.setdefault(ex["game"], set()).add(str(ex["action"]))
+    actions_by_game = {g: sorted(a) for g, a in seen.items()}
+    games = {g: make_game(load_game_cfg(g, cfg.game)) for g in actions_by_game}
+    agreement_set = valid_all[: int(s.agreement_examples)] if s.agreement_examples else []
+    agreement = action_agreement(model, tokenizer, merged_cfg, agreement_set, actions_by_game, games,
+                                 int(s.agreement_batch_size), int(s.agreement_max_new_tokens)) if agreement_set else {}
+
+    metrics = {
+        "dataset": str(s.dataset), "data_dir": str(ds_dir), "train_examples": len(train),
+        "valid_examples": len(valid), "full_finetune": bool(s.full_finetune),
+        "trainable_parameters": trainable, "total_parameters": total_params, "lora_modules": lora_modules,
+        "global_step": step, "epochs": float(trainer_epoch(curve)), "resumed_from_step": resumed_step,
+        "train_loss": train_losses[-1] if train_losses else None,
+        "train_loss_mean": float(train_output.training_loss), "valid_loss": valid_loss,
+        "parse_rate": agreement.get("parse_rate"), "action_agreement": agreement.get("action_agreement"),
+        "agreement": agreement, "train_seconds": round(trained_seconds, 2),
+    }
+    summary = {k: metrics[k] for k in ("valid_loss", "train_loss", "parse_rate", "action_agreement", "global_step")
+               if metrics[k] is not None}
+    tracker.log(flatten("sft", summary), step=step)
+    tracker.summary(flatten("sft", summary))
+    log.info("sft: step %d, valid loss %s, parse rate %s, action agreement %s", step, valid_loss,
+             metrics["parse_rate"], metrics["action_agreement"])
+    (out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")  # again below, with eval figures
+
+    # ---- evaluation of the merged model with stage eval's code
+    if s.evaluate:
+        from sepo.evaluate import evaluate_policy, pools_of, write_results
+        from sepo.policies.lm import LMPolicy
+
+        game = make_game(cfg.game)
+        policy = LMPolicy(model, tokenizer, merged_cfg, temperature=cfg.eval.temperature,
+                          max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.generation_seed,
+                          batch_size=cfg.eval.get("batch_size", 0))
+        result = evaluate_policy(game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval),
+                                 int(cfg.eval.episodes_per_opponent), int(cfg.seed),
+                                 mirrored=bool(cfg.game.get("mirrored", False)),
+                                 progress=bool(cfg.eval.get("progress", True)))
+        payload = write_results(out / "eval" / "sft" / "results.json", cfg, result, stage="sft",
+                                checkpoint="final", step=step)
+        tracker.log(flatten("eval", payload["metrics"]), step=step)
+        tracker.summary(flatten("eval", payload["metrics"]))
+        metrics["eval"] = payload["metrics"]
+
+    metrics["seconds"] = round(time.time() - started, 2)
+    (out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+def trainer_epoch(curve: list[dict[str, Any]]) -> float:
+    epochs = [r["epoch"] for r in curve if r.get("epoch") is not None]
+    return float(epochs[-1]) if epochs and not math.isnan(float(epochs[-1])) else 0.0

@@ -1,0 +1,239 @@
+"""Stage `sft` (sepo/sft.py): the loss mask, LoRA on the real architectures, outputs, the CLI, resume.
+
+Everything runs on tiny random-weight models built offline (the tiny Qwen3-style model, and the tiny
+Gemma 4 / Qwen 3.5 checkpoints of tests/test_models.py), on data generated with few episodes.
+The learning check (tiny on IPD reaches the parse-rate and agreement targets) is marked slow;
+`python benchmarks/sft_tiny_ipd.py` runs the same thing as a script.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors import safe_open
+
+from sepo.errors import ConfigError
+from sepo.models import load_model_and_tokenizer
+from sepo.sft import (ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_jsonl, run_sft, sft_settings,
+                      training_curve)
+from sepo.task import run_task
+
+from .conftest import ROOT
+from .test_models import gemma4_dir, model_cfg, offline, qwen_dir, tiny_dir  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+
+#: end-of-turn token text written after the answer by each chat template
+END_OF_TURN = {"tiny": "<|im_end|>", "gemma4": "<turn|>", "qwen": "<|im_end|>"}
+#: small data and short runs: few demonstrator episodes, few examples, no evaluation unless asked
+QUICK = ["datagen.episodes_per_opponent=3", "sft.max_steps=2", "sft.max_examples=8", "sft.max_valid_examples=4",
+         "sft.agreement_examples=4", "sft.agreement_max_new_tokens=8", "sft.evaluate=false", "eval.progress=false"]
+#: the tiny model's own `model.sft` block sets these; its values win over `sft.*`, so override them there
+TINY_QUICK = ["model.sft.max_examples=8", "model.sft.max_valid_examples=4", "model.sft.per_device_batch_size=2"]
+
+
+class RecordingTracker:
+    def __init__(self):
+        self.logs, self.summaries = [], {}
+
+    def log(self, values, step=None):
+        self.logs.append((dict(values), step))
+
+    def summary(self, values):
+        self.summaries.update(values)
+
+    def finish(self, exit_code=0):
+        pass
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One cache (tiny build, generated data) for every test of this module."""
+    return tmp_path_factory.mktemp("sft_cache")
+
+
+@pytest.fixture(scope="module")
+def arch_dirs(tiny_dir, gemma4_dir, qwen_dir):  # noqa: F811
+    return {"tiny": tiny_dir, "gemma4": gemma4_dir, "qwen": qwen_dir}
+
+
+@pytest.fixture(scope="module")
+def example(shared_cache):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["paths.output_dir=/unused", f"paths.cache_dir={shared_cache}",
+                                            "datagen.episodes_per_opponent=3"])
+    ds = ensure_dataset(cfg, "multi", shared_cache / "data" / "seed_42")
+    examples = read_jsonl(ds / "valid.jsonl")
+    return next(ex for ex in examples if ex["game"] == "ipd" and ex["round"] >= 3)
+
+
+# --------------------------------------------------------------------------- settings and data
+def test_model_sft_block_is_merged_over_the_sft_node(compose_cfg):
+    s = sft_settings(compose_cfg("stage=sft", "model=tiny"))
+    assert s.full_finetune is True and s.lr == pytest.approx(2e-3)  # from model.sft
+    assert s.max_length == 512 and s.warmup_ratio == 0.05 and s.dataset == "multi"  # from the sft node
+    s = sft_settings(compose_cfg("stage=sft", "model=qwen", "game=kuhn"))
+    assert (s.lora.r, s.lora.alpha, s.lora.dropout, s.lr, s.per_device_batch_size, s.grad_accum, s.epochs) == (
+        32, 64, 0.05, 2e-5, 2, 4, 3)
+    assert s.lora.target_modules == model_cfg("qwen").lora.target_modules and s.dataset == "kuhn"
+    assert sft_settings(compose_cfg("stage=sft", "model=qwen", "game=neg_v2")).dataset == "neg_gt"
+    with pytest.raises(ConfigError, match=r"model\.sft\.learning_rate"):
+        sft_settings(compose_cfg("stage=sft", "model=tiny", "+model.sft.learning_rate=1"))
+
+
+def test_missing_dataset_is_generated_once_and_atomically(compose_cfg, tmp_path):
+    cfg = compose_cfg("datagen.episodes_per_opponent=2")
+    ds = ensure_dataset(cfg, "kuhn", tmp_path / "data")
+    assert sorted(p.name for p in ds.iterdir()) == ["manifest.json", "train.jsonl", "valid.jsonl"]
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["kuhn"]  # no temporary directory left behind
+    stamp = (ds / "train.jsonl").stat().st_mtime_ns
+    assert ensure_dataset(cfg, "kuhn", tmp_path / "data") == ds and (ds / "train.jsonl").stat().st_mtime_ns == stamp
+    assert {ex["game"] for ex in read_jsonl(ds / "train.jsonl")} == {"kuhn"}
+
+
+# --------------------------------------------------------------------------- the collator
+@pytest.mark.parametrize("name", ["tiny", "gemma4", "qwen"])
+def test_loss_mask_covers_only_the_answer_and_end_of_turn(name, arch_dirs, example):
+    model, tok = load_model_and_tokenizer(model_cfg(name, path=str(arch_dirs[name])), arch_dirs[name], device="cpu")
+    cfg = model_cfg(name)
+    collator = ChatSFTCollator(tok, cfg, 512, end_of_turn_ids(model, tok),
+                               "mm_token_type_ids" if name == "gemma4" else None)
+    answer = example["messages"][-1]["content"]
+    ids, labels = collator.encode(example["messages"])
+    trained = [t for t, lab in zip(ids, labels) if lab != -100]
+    assert [lab for lab in labels if lab != -100] == trained
+    assert tok.decode(trained) == answer + END_OF_TURN[name]
+    n_prompt = labels.index(next(lab for lab in labels if lab != -100))
+    assert all(lab == -100 for lab in labels[:n_prompt]) and all(lab != -100 for lab in labels[n_prompt:])
+    from sepo.models import render_chat
+
+    assert tok.decode(ids[:n_prompt]) == render_chat(tok, cfg, example["messages"][:-1])  # the generation prompt
+
+    # too long: the prompt loses its start, the answer stays whole
+    short = ChatSFTCollator(tok, cfg, len(trained) + 5, end_of_turn_ids(model, tok))
+    ids2, labels2 = short.encode(example["messages"])
+    assert len(ids2) == len(trained) + 5 and ids2[-len(trained):] == trained and ids2[:5] == ids[n_prompt - 5:n_prompt]
+    assert labels2 == [-100] * 5 + trained
+
+    batch = collator([example, {"messages": example["messages"][:1] + [example["messages"][-1]]}])
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape
+    assert batch["attention_mask"][1].sum() < batch["attention_mask"][0].sum()
+    assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()  # padding is never trained on
+    if name == "gemma4":
+        assert not batch["mm_token_type_ids"].any() and batch["mm_token_type_ids"].shape == batch["input_ids"].shape
+    else:
+        assert set(batch) == {"input_ids", "attention_mask", "labels"}
+
+
+def test_training_curve_rows_merge_train_and_valid_losses():
+    history = [{"loss": 2.0, "learning_rate": 0.1, "epoch": 0.5, "step": 1},
+               {"eval_loss": 1.5, "epoch": 0.5, "step": 1},
+               {"loss": 1.0, "learning_rate": 0.05, "epoch": 1.0, "step": 2}, {"train_runtime": 3.0, "step": 2}]
+    rows = training_curve(history)
+    assert [(r["step"], r["train_loss"], r["valid_loss"]) for r in rows] == [(1, 2.0, 1.5), (2, 1.0, None)]
+
+
+# --------------------------------------------------------------------------- LoRA on the real architectures
+@pytest.mark.parametrize("name", ["gemma4", "qwen"])
+def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_model(
+        name, arch_dirs, compose_cfg, tmp_path, shared_cache):
+    cfg = compose_cfg("stage=sft", f"model={name}", f"model.path={arch_dirs[name]}", f"paths.cache_dir={shared_cache}",
+                      *QUICK, "sft.lr=1e-2", "sft.logging_steps=1")
+    tracker = RecordingTracker()
+    run_sft(cfg, tracker)
+    metrics = json.loads((tmp_path / "sft_metrics.json").read_text())
+    assert metrics["global_step"] == 2 and metrics["full_finetune"] is False and metrics["valid_loss"] > 0
+
+    # the Trainer's logs reach the project's tracker at their optimizer step
+    assert [step for values, step in tracker.logs if "sft/loss" in values] == [1, 2]
+    assert any("sft/eval_loss" in values for values, _ in tracker.logs)
+    assert tracker.summaries["sft/valid_loss"] == pytest.approx(metrics["valid_loss"])
+
+    # LoRA sits exactly on the language model's q/k/v/o (and Qwen 3.5's linear-attention projections)
+    regex = model_cfg(name).lora.target_modules
+    base, _ = load_model_and_tokenizer(model_cfg(name, path=str(arch_dirs[name])), arch_dirs[name], device="cpu")
+    expected = {n for n, m in base.named_modules() if isinstance(m, torch.nn.Linear) and re.fullmatch(regex, n)}
+    assert set(metrics["lora_modules"]) == expected and expected
+    with safe_open(str(tmp_path / "adapter" / "adapter_model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    adapted = {re.sub(r"\.lora_[AB]\.weight$", "", k).removeprefix("base_model.model.") for k in keys}
+    assert adapted == expected
+    for n in adapted:
+        assert not any(word in n for word in ("vision", "visual", "audio", "mlp")), n
+        assert n.rsplit(".", 1)[-1] in {"q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "out_proj"}
+
+    # the merged model reloads through model.path, differs from the base in adapted weights only, and generates
+    merged, tok = load_model_and_tokenizer(model_cfg(name, path=str(tmp_path / "merged")), tmp_path, device="cpu")
+    assert type(merged).__name__ == type(base).__name__
+    base_sd, merged_sd = base.state_dict(), merged.state_dict()
+    changed = {k for k in base_sd if not torch.equal(base_sd[k], merged_sd[k])}
+    assert changed and all(k.removesuffix(".weight") in expected for k in changed)
+    from sepo.sft import generate_answers
+
+    answers = generate_answers(merged, tok, model_cfg(name), [[{"role": "user", "content": "Your move?"}]] * 2, 2, 4)
+    assert len(answers) == 2
+    assert (tmp_path / "training_curve.csv").exists() and (tmp_path / "training_curve.png").exists()
+
+
+# --------------------------------------------------------------------------- the CLI and resume
+def test_tiny_sft_through_the_cli_writes_every_output(cli, tmp_path, shared_cache):
+    # hydra.run.dir: the overrides would name a run dir longer than a file name may be
+    proc = cli("stage=sft", "game=ipd", "model=tiny", "logger=none", f"paths.cache_dir={shared_cache}",
+               f"hydra.run.dir={tmp_path}/outputs/runs/sft",
+               "model.sft.max_examples=32", "model.sft.max_valid_examples=16", "sft.max_steps=4",
+               "sft.agreement_examples=8", "sft.agreement_max_new_tokens=16", "eval.episodes_per_opponent=2",
+               "eval.max_new_tokens=16", "eval.progress=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = [p.parent for p in (tmp_path / "outputs").rglob("DONE")]
+    assert (run / "merged" / "model.safetensors").exists() and (run / "merged" / "tokenizer.json").exists()
+    assert not (run / "adapter").exists()  # tiny is fully fine-tuned: no adapter
+    assert list((run / "checkpoints").glob("checkpoint-4"))
+    results = json.loads((run / "eval" / "sft" / "results.json").read_text())
+    assert (results["stage"], results["checkpoint"], results["step"], results["model"]) == ("sft", "final", 4, "tiny")
+    assert results["episodes"] == 2 * 10 and 0.0 <= results["metrics"]["parse_rate"] <= 1.0
+    metrics = json.loads((run / "sft_metrics.json").read_text())
+    assert metrics["train_examples"] == 32 and metrics["agreement"]["examples"] == 8
+    assert 0.0 <= metrics["parse_rate"] <= 1.0 and 0.0 <= metrics["action_agreement"] <= 1.0
+    assert metrics["eval"] == results["metrics"]
+    header = (run / "training_curve.csv").read_text().splitlines()[0]
+    assert header == "step,epoch,train_loss,valid_loss,learning_rate"
+
+
+def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path, shared_cache):
+    common = ["stage=sft", "model=tiny", f"paths.cache_dir={shared_cache}", *QUICK, *TINY_QUICK,
+              "model.sft.save_steps=1", "model.sft.eval_steps=1", "sft.logging_steps=1"]
+    run_task(compose_cfg(*common, "sft.max_steps=2"))
+    first = json.loads((tmp_path / "sft_metrics.json").read_text())
+    assert first["global_step"] == 2 and first["resumed_from_step"] is None
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-2"]
+
+    (tmp_path / "DONE").unlink()  # as after a crash: no DONE, checkpoints on disk
+    run_task(compose_cfg(*common, "sft.max_steps=4", "resume=auto"))
+    second = json.loads((tmp_path / "sft_metrics.json").read_text())
+    assert second["resumed_from_step"] == 2 and second["global_step"] == 4
+    state = json.loads((tmp_path / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+    train_steps = [e["step"] for e in state["log_history"] if "loss" in e]
+    assert train_steps == [1, 2, 3, 4]  # steps 1-2 come from the first run's checkpoint, 3-4 from the resumed run
+
+    (tmp_path / "DONE").unlink()
+    run_task(compose_cfg(*common, "sft.max_steps=2", "resume=never"))  # never: old checkpoints are discarded
+    third = json.loads((tmp_path / "sft_metrics.json").read_text())
+    assert third["resumed_from_step"] is None and third["global_step"] == 2
+
+
+# --------------------------------------------------------------------------- learning (slow)
+@pytest.mark.slow
+def test_default_tiny_sft_on_ipd_learns_the_demonstrators(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sft_tiny_ipd import run_benchmark
+
+    figures = run_benchmark(tmp_path)
+    assert figures["parse_rate"] >= 0.95 and figures["action_agreement"] >= 0.80, figures
