@@ -85,13 +85,14 @@ def print_summary(out: Path) -> None:
     from rich.table import Table
 
     frame = collect_dir(out)
+    frame = frame.assign(order=frame["phase"].map({"base": 0, "sft": 1, "sepo": 2})).sort_values(["order", "step"])
     columns = ["pay", "exploit", "ext", "safety", "nra", "parse_rate"]
     table = Table(title=f"SEPO pipeline: {out}")
     table.add_column("phase")
     table.add_column("checkpoint")
     for c in columns:
         table.add_column(c, justify="right")
-    for _, row in frame.sort_values(["step"], na_position="first").iterrows():
+    for _, row in frame.iterrows():
         table.add_row(str(row.get("phase")), str(row.get("checkpoint")),
-                      *[f"{row[c]:+.3f} ± {row[c + '_se']:.3f}" if row.get(c) == row.get(c) else "--" for c in columns])
-    Console().print(table)
+                      *[f"{row[c]:+.3f}±{row[c + '_se']:.3f}" if row.get(c) == row.get(c) else "--" for c in columns])
+    Console(width=120).print(table)
