@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round, format_history_line
+from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round, history_block
 
 OWN, OPP, TIE = "own", "opp", "tie"  # who won a round, from the observing player's side
 
@@ -107,18 +107,11 @@ class Auction(Game):
     def user_prompt(self, state: AuctionState, player: int) -> str:
         obs = self.observation(state, player)
         outcome = {OWN: "you won", OPP: "opponent won", TIE: "tie"}
-        lines = [
-            format_history_line(i, f"your value {h['own_value']:g}; you bid {h['own']}, opponent bid "
-                                   f"{h['opp']}; {outcome[h['winner']]}, your payoff {h['own_payoff']:g}")
-            for i, h in enumerate(obs["history"])
-        ]
-        history = "\n".join(lines) if lines else "No rounds played yet."
-        total = sum(h["own_payoff"] for h in obs["history"])
-        return (
-            f"History:\n{history}\n"
-            f"Your total so far: {total:g}.\n"
-            f"Round {obs['round'] + 1} of {self.num_rounds}. Your value this round: {obs['value']:g}. Your bid?"
-        )
+        history = history_block(obs["history"], lambda h: (
+            f"your value {h['own_value']:g}; you bid {h['own']}, opponent bid "
+            f"{h['opp']}; {outcome[h['winner']]}, your payoff {h['own_payoff']:g}"))
+        return history + (f"Round {obs['round'] + 1} of {self.num_rounds}. "
+                          f"Your value this round: {obs['value']:g}. Your bid?")
 
     # ------------------------------------------------------------------ metrics
     def collusive(self, rnd: Round) -> bool:

@@ -151,3 +151,11 @@ def normalise_action_line(line: str) -> str:
 
 def format_history_line(index: int, text: str) -> str:
     return f"Round {index + 1}: {text}"
+
+
+def history_block(history: list[dict[str, Any]], describe) -> str:
+    """The prompt's "History:" lines (one per past round, `describe(entry)`) and the running total."""
+    lines = [format_history_line(i, describe(h)) for i, h in enumerate(history)]
+    text = "\n".join(lines) if lines else "No rounds played yet."
+    total = sum(h["own_payoff"] for h in history)
+    return f"History:\n{text}\nYour total so far: {total:g}.\n"

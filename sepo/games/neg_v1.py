@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round, format_history_line
+from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round, history_block
 
 
 class NegotiationV1(Game):
@@ -69,19 +69,10 @@ class NegotiationV1(Game):
 
     def user_prompt(self, state: GameState, player: int) -> str:
         obs = self.observation(state, player)
-        lines = [
-            format_history_line(i, f"you demanded {h['own']}, opponent demanded {h['opp']}; "
-                                   f"{'deal' if h['deal'] else 'no deal'} "
-                                   f"(you {h['own_payoff']:g}, opponent {h['opp_payoff']:g})")
-            for i, h in enumerate(obs["history"])
-        ]
-        history = "\n".join(lines) if lines else "No rounds played yet."
-        total = sum(h["own_payoff"] for h in obs["history"])
-        return (
-            f"History:\n{history}\n"
-            f"Your total so far: {total:g}.\n"
-            f"Round {obs['round'] + 1} of {self.num_rounds}. Your demand?"
-        )
+        history = history_block(obs["history"], lambda h: (
+            f"you demanded {h['own']}, opponent demanded {h['opp']}; {'deal' if h['deal'] else 'no deal'} "
+            f"(you {h['own_payoff']:g}, opponent {h['opp_payoff']:g})"))
+        return history + f"Round {obs['round'] + 1} of {self.num_rounds}. Your demand?"
 
     # ------------------------------------------------------------------ metrics
     def collusive(self, rnd: Round) -> bool:

@@ -35,7 +35,7 @@ from sepo.games.base import (
     Game,
     GameState,
     Round,
-    format_history_line,
+    history_block,
     last_nonempty_line,
     normalise_action_line,
     strip_think,
@@ -159,20 +159,14 @@ class NegotiationV2(Game):
     def user_prompt(self, state: NegState, player: int) -> str:
         obs = self.observation(state, player)
         pool, values = obs["pool"], obs["values"]
-        lines = [
-            format_history_line(i, f"you demanded {h['own']}, opponent demanded {h['opp']}: "
-                                   f"{'deal' if h['deal'] else 'no deal'}, you earned {h['own_payoff']:g}.")
-            for i, h in enumerate(obs["history"])
-        ]
-        history = "\n".join(lines) if lines else "No rounds played yet."
-        total = sum(h["own_payoff"] for h in obs["history"])
+        history = history_block(obs["history"], lambda h: (
+            f"you demanded {h['own']}, opponent demanded {h['opp']}: "
+            f"{'deal' if h['deal'] else 'no deal'}, you earned {h['own_payoff']:g}."))
         return (
             f"Pool: {', '.join(f'{n} {item}' for n, item in zip(pool, self.items))}.\n"
             f"Your values per unit: {', '.join(f'{item} {v}' for v, item in zip(values, self.items))} "
             f"(the whole pool is worth {int(np.dot(pool, values))} to you).\n"
-            f"History:\n{history}\n"
-            f"Your total so far: {total:g}.\n"
-            f"Round {obs['round'] + 1} of {self.num_rounds}. Your demand [{', '.join(self.items)}]?"
+            + history + f"Round {obs['round'] + 1} of {self.num_rounds}. Your demand [{', '.join(self.items)}]?"
         )
 
     def parse_action(self, text: str, legal: list[str]) -> str | None:
