@@ -333,16 +333,22 @@ def test_importing_policies_does_not_load_torch():
     assert out.stdout.strip() == "LMPolicy"
 
 
-def test_lm_eval_end_to_end_through_the_cli(cli, tmp_path, monkeypatch):
+@pytest.mark.parametrize("game", ["ipd", "auction", "neg_v1", "neg_v2", "kuhn"])
+def test_lm_eval_end_to_end_through_the_cli_on_every_game(cli, tmp_path, monkeypatch, game):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # see one_thread
-    proc = cli("stage=eval", "model=tiny", "game=ipd", "logger=none", "eval.episodes_per_opponent=2",
-               "eval.max_new_tokens=16", f"paths.root_dir={tmp_path}")
+    proc = cli("stage=eval", "model=tiny", f"game={game}", "logger=none", "eval.episodes_per_opponent=2",
+               "eval.max_new_tokens=8", f"paths.root_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = read_results(tmp_path)
     opponents = {o["name"] for o in results["per_opponent"]}
     assert results["model"] == "tiny" and results["episodes"] == 2 * len(opponents) == len(results["per_episode"])
     assert 0.0 <= results["metrics"]["parse_rate"] <= 1.0 and "parse_rate" in results["se"]
-    assert all(e["decisions"] == 8 for e in results["per_episode"])
+    rounds = {"ipd": 8, "auction": 6, "neg_v1": 4, "neg_v2": 4, "kuhn": 6}[game]
+    if game == "kuhn":  # one or two agent decisions per hand; the exact exploitability of the LM's policy
+        assert all(rounds <= e["decisions"] <= 2 * rounds for e in results["per_episode"])
+        assert 0.0 <= results["metrics"]["exploit_exact"] <= 1.5
+    else:
+        assert all(e["decisions"] == rounds for e in results["per_episode"])
 
 
 def test_rollout_benchmark_runs_and_reports_json(tmp_path):
