@@ -3,7 +3,7 @@
     python benchmarks/sft_tiny_ipd.py [--keep DIR]
 
 Runs `python main.py stage=sft game=ipd model=tiny logger=none` in a temporary project root (tiny
-build, `multi` data generated on demand, training with the tiny model's `model.sft` settings, the
+build, `multi` data generated on demand, training with the tiny model's own SFT defaults (`model.sft`), the
 merged model's action agreement on the validation split, and the evaluation against IPD's pools),
 then prints the run's figures; the last line is JSON:
 {"parse_rate", "action_agreement", "valid_loss", "seconds", ...}. Targets: parse rate >= 0.95 and
@@ -57,7 +57,7 @@ def run_benchmark(root: Path, extra: list[str] | None = None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="project root to keep the run in (default: a temporary directory)")
-    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. model.sft.epochs=1")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. sft.epochs=1")
     args = parser.parse_args()
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ transformers `Trainer`, then writes into the run dir:
                   the agreement the share whose action equals the demonstrator's
 - `eval/sft/results.json`  the merged model played against every pool by stage eval's code
 
-Settings: the `sft` node, with the model's `model.sft` block merged over it (`sft_settings`).
+Settings: the `sft` node; a model may set its own defaults in `model.sft` (conf/sft/default.yaml reads
+them with `oc.select`), and an `sft.<key>=...` override always wins (`sft_settings` checks them).
 Data: `<sft.data_dir>/<dataset>/{train,valid}.jsonl`; when missing it is generated with
 `sepo.data` from the shipped game configs and the `datagen` settings, written to a temporary
 directory and renamed into place, so concurrent runs never read half a dataset.
@@ -55,25 +56,33 @@ FORBIDDEN_LORA = ("vision", "audio")
 
 
 # --------------------------------------------------------------------------- settings
+def model_settable_keys() -> list[str]:
+    """The `sft` keys a model may set in `model.sft`: those conf/sft/default.yaml reads with
+    `${oc.select:model.sft.<key>,<default>}` (dotted for nested keys, e.g. `lora.r`)."""
+    from sepo.cli import CONF_DIR
+
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "sft" / "default.yaml"), resolve=False)
+    return [key for key, value in _leaves(raw) if isinstance(value, str) and f"model.sft.{key}," in value]
+
+
 def sft_settings(cfg: DictConfig) -> DictConfig:
-    """The `sft` node with `model.sft` merged over it (resolved), and `lora.target_modules` filled
-    from `model.lora.target_modules` when the node leaves it null."""
-    base = OmegaConf.to_container(cfg.sft, resolve=True)
+    """The resolved `sft` node (the model's `model.sft` defaults already applied by the YAML's
+    `oc.select`, command-line `sft.<key>=` overrides winning), checked, with `lora.target_modules`
+    filled from `model.lora.target_modules` when the node leaves it null.
+
+    A `model.sft` key that the `sft` node does not read is an error, not a silently ignored setting.
+    """
     override = cfg.model.get("sft") or {}
     override = OmegaConf.to_container(override, resolve=True) if OmegaConf.is_config(override) else dict(override)
-
-    def check(over: dict, ref: dict, prefix: str) -> None:
-        for key, value in over.items():
-            if key not in ref:
-                raise ConfigError(f"model.sft.{prefix}{key} is not an SFT setting; allowed: {', '.join(ref)}")
-            if isinstance(value, dict) and isinstance(ref[key], dict):
-                check(value, ref[key], f"{prefix}{key}.")
-
-    check(override, base, "")
-    s = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(override))
-    if override:  # these win over sft.*: say so, since `sft.<key>=...` on the command line would not
-        log.info("sft: model=%s overrides %s (change them as model.sft.<key>)", cfg.model.name,
-                 ", ".join(f"sft.{k}={v!r}" for k, v in _leaves(override)))
+    if override:
+        allowed = model_settable_keys()
+        unknown = [k for k, _ in _leaves(override) if k not in allowed]
+        if unknown:
+            raise ConfigError(f"model.sft.{unknown[0]} is not an SFT setting a model can set; allowed: "
+                              f"{', '.join(allowed)}")
+        log.info("sft: model=%s sets its own SFT defaults %s (an sft.<key>=... override wins)", cfg.model.name,
+                 ", ".join(f"{k}={v!r}" for k, v in _leaves(override)))
+    s = OmegaConf.create(OmegaConf.to_container(cfg.sft, resolve=True))
     if s.lora.target_modules is None and not s.full_finetune:
         target = (cfg.model.get("lora") or {}).get("target_modules")
         if not target:
@@ -113,29 +122,42 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
 
     Generation uses the shipped game configs (`conf/game/*.yaml`), so a shared cache never holds data
     shaped by one run's game overrides; to train on other data, run `stage=datagen` and point
-    `sft.data_dir` at its `out_dir`.
+    `sft.data_dir` at its `out_dir`. Data this stage generated records its datagen settings in
+    `<dataset>/manifest.json`; reusing it under other settings (say, a smoke run's few episodes) is
+    an error rather than a silent mix-up.
     """
     from sepo.data import generate_dataset, load_game_cfg, write_dataset
 
     data_dir = Path(data_dir)
     ds_dir = data_dir / dataset
-    if _complete(ds_dir):
-        return ds_dir
     dc = cfg.datagen
     if dataset not in dc.dataset_games:
         raise ConfigError(f"sft.dataset={dataset} is not a datagen dataset; allowed: {', '.join(dc.dataset_games)}")
-    games = list(dc.dataset_games[dataset])
     caps = dc.get("per_game_cap") or {}
-    log.info("sft: dataset %s missing under %s; generating it (games %s, seed %s)", dataset, data_dir, games, dc.seed)
-    splits = generate_dataset(dataset, [load_game_cfg(g) for g in games], int(dc.seed), float(dc.valid_fraction),
-                              caps.get(dataset), dc.episodes_per_opponent, int(dc.num_opponents))
+    settings = {"dataset": dataset, "games": list(dc.dataset_games[dataset]), "seed": int(dc.seed),
+                "valid_fraction": float(dc.valid_fraction), "per_game_cap": caps.get(dataset),
+                "episodes_per_opponent": dc.episodes_per_opponent, "num_opponents": int(dc.num_opponents)}
+    if _complete(ds_dir):
+        made = ds_dir / "manifest.json"  # written when this stage generated the data (stage datagen writes none here)
+        if made.exists():
+            old = json.loads(made.read_text())
+            diff = [k for k in settings if old.get(k) != settings[k]]
+            if diff:
+                raise ConfigError(
+                    f"sft.data_dir={data_dir} holds a {dataset} dataset generated with other datagen settings "
+                    f"({', '.join(f'{k}: {old.get(k)!r} there, {settings[k]!r} now' for k in diff)}); set sft.data_dir "
+                    "to another directory or remove that one")
+        return ds_dir
+    log.info("sft: dataset %s missing under %s; generating it (games %s, seed %s)", dataset, data_dir,
+             settings["games"], dc.seed)
+    splits = generate_dataset(dataset, [load_game_cfg(g) for g in settings["games"]], int(dc.seed),
+                              float(dc.valid_fraction), caps.get(dataset), dc.episodes_per_opponent,
+                              int(dc.num_opponents))
     data_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dataset}-", dir=data_dir))
     try:
         files = write_dataset(tmp, dataset, splits)
-        info = {"dataset": dataset, "games": games, "seed": int(dc.seed), "valid_fraction": float(dc.valid_fraction),
-                "per_game_cap": caps.get(dataset), "episodes_per_opponent": dc.episodes_per_opponent,
-                "num_opponents": int(dc.num_opponents), "files": files}
+        info = {**settings, "files": files}
         (tmp / dataset / "manifest.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         try:
             (tmp / dataset).rename(ds_dir)
@@ -333,6 +355,8 @@ def write_curve(rows: list[dict[str, Any]], out: Path) -> None:
         pts = [(r["step"], r[key]) for r in rows if r[key] is not None]
         if pts:
             ax.plot(*zip(*pts), marker="o" if key == "valid_loss" else None, markersize=3, label=label)
+    if all(r[k] is None or r[k] > 0 for r in rows for k in ("train_loss", "valid_loss")):
+        ax.set_yscale("log")  # the first steps' loss is ~50x the last ones'
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (assistant tokens)")
     ax.set_title("SFT training curve")

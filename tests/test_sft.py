@@ -33,8 +33,8 @@ END_OF_TURN = {"tiny": "<|im_end|>", "gemma4": "<turn|>", "qwen": "<|im_end|>"}
 #: small data and short runs: few demonstrator episodes, few examples, no evaluation unless asked
 QUICK = ["datagen.episodes_per_opponent=3", "sft.max_steps=2", "sft.max_examples=8", "sft.max_valid_examples=4",
          "sft.agreement_examples=4", "sft.agreement_max_new_tokens=8", "sft.evaluate=false", "eval.progress=false"]
-#: the tiny model's own `model.sft` block sets these; its values win over `sft.*`, so override them there
-TINY_QUICK = ["model.sft.max_examples=8", "model.sft.max_valid_examples=4", "model.sft.per_device_batch_size=2"]
+#: the tiny model's own `model.sft` defaults are larger; `sft.<key>=` overrides win over them
+TINY_QUICK = ["sft.per_device_batch_size=2", "sft.agreement_examples=4"]
 
 
 class RecordingTracker:
@@ -77,15 +77,19 @@ def example(shared_cache):
 # --------------------------------------------------------------------------- settings and data
 def test_model_sft_block_is_merged_over_the_sft_node(compose_cfg):
     s = sft_settings(compose_cfg("stage=sft", "model=tiny"))
-    assert s.full_finetune is True and s.lr == pytest.approx(2e-3)  # from model.sft
-    assert s.max_length == 512 and s.warmup_ratio == 0.05 and s.dataset == "multi"  # from the sft node
+    assert s.full_finetune is True and s.lr == pytest.approx(2e-3)  # the tiny model's own defaults
+    assert s.max_length == 512 and s.warmup_ratio == 0.05 and s.dataset == "multi"  # the sft node's
+    s = sft_settings(compose_cfg("stage=sft", "model=tiny", "sft.lr=1e-4", "sft.max_examples=32"))
+    assert s.lr == pytest.approx(1e-4) and s.max_examples == 32  # a command-line override wins over model.sft
     s = sft_settings(compose_cfg("stage=sft", "model=qwen", "game=kuhn"))
     assert (s.lora.r, s.lora.alpha, s.lora.dropout, s.lr, s.per_device_batch_size, s.grad_accum, s.epochs) == (
         32, 64, 0.05, 2e-5, 2, 4, 3)
     assert s.lora.target_modules == model_cfg("qwen").lora.target_modules and s.dataset == "kuhn"
     assert sft_settings(compose_cfg("stage=sft", "model=qwen", "game=neg_v2")).dataset == "neg_gt"
-    with pytest.raises(ConfigError, match=r"model\.sft\.learning_rate"):
+    with pytest.raises(ConfigError, match=r"model\.sft\.learning_rate is not an SFT setting"):
         sft_settings(compose_cfg("stage=sft", "model=tiny", "+model.sft.learning_rate=1"))
+    with pytest.raises(ConfigError, match=r"model\.sft\.lora\.rank is not an SFT setting"):
+        sft_settings(compose_cfg("stage=sft", "model=qwen", "+model.sft.lora.rank=8"))
 
 
 def test_missing_dataset_is_generated_once_and_atomically(compose_cfg, tmp_path):
@@ -96,6 +100,9 @@ def test_missing_dataset_is_generated_once_and_atomically(compose_cfg, tmp_path)
     stamp = (ds / "train.jsonl").stat().st_mtime_ns
     assert ensure_dataset(cfg, "kuhn", tmp_path / "data") == ds and (ds / "train.jsonl").stat().st_mtime_ns == stamp
     assert {ex["game"] for ex in read_jsonl(ds / "train.jsonl")} == {"kuhn"}
+    # data made with other datagen settings (e.g. a smoke run's few episodes) is never reused silently
+    with pytest.raises(ConfigError, match="episodes_per_opponent: 2 there, 5 now"):
+        ensure_dataset(compose_cfg("datagen.episodes_per_opponent=5"), "kuhn", tmp_path / "data")
 
 
 # --------------------------------------------------------------------------- the collator
@@ -186,8 +193,8 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
 def test_tiny_sft_through_the_cli_writes_every_output(cli, tmp_path, shared_cache):
     # hydra.run.dir: the overrides would name a run dir longer than a file name may be
     proc = cli("stage=sft", "game=ipd", "model=tiny", "logger=none", f"paths.cache_dir={shared_cache}",
-               f"hydra.run.dir={tmp_path}/outputs/runs/sft",
-               "model.sft.max_examples=32", "model.sft.max_valid_examples=16", "sft.max_steps=4",
+               f"hydra.run.dir={tmp_path}/outputs/runs/sft", "datagen.episodes_per_opponent=3",
+               "sft.max_examples=32", "sft.max_valid_examples=16", "sft.per_device_batch_size=2", "sft.max_steps=4",
                "sft.agreement_examples=8", "sft.agreement_max_new_tokens=16", "eval.episodes_per_opponent=2",
                "eval.max_new_tokens=16", "eval.progress=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -208,7 +215,7 @@ def test_tiny_sft_through_the_cli_writes_every_output(cli, tmp_path, shared_cach
 
 def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path, shared_cache):
     common = ["stage=sft", "model=tiny", f"paths.cache_dir={shared_cache}", *QUICK, *TINY_QUICK,
-              "model.sft.save_steps=1", "model.sft.eval_steps=1", "sft.logging_steps=1"]
+              "sft.save_steps=1", "sft.eval_steps=1", "sft.logging_steps=1"]
     run_task(compose_cfg(*common, "sft.max_steps=2"))
     first = json.loads((tmp_path / "sft_metrics.json").read_text())
     assert first["global_step"] == 2 and first["resumed_from_step"] is None
