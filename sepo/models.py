@@ -257,3 +257,39 @@ def load_model_and_tokenizer(model_cfg: Any, cache_dir: str | Path, device: str 
         gen.eos_token_id = tokenizer.eos_token_id
     model.eval()
     return model, tokenizer
+
+
+# --------------------------------------------------------------------------- adapters
+#: module-name fragments LoRA must never touch (multimodal towers; Gemma 4's clippable linears)
+FORBIDDEN_LORA = ("vision", "audio")
+
+
+def lora_module_names(model: Any) -> list[str]:
+    """Names (relative to the base model) of the modules that carry LoRA weights."""
+    names = []
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_A") and len(getattr(module, "lora_A")) > 0:
+            names.append(name.removeprefix("base_model.model."))
+    return names
+
+
+def attach_lora(model: Any, target_regex: str, r: int, alpha: int, dropout: float,
+                key: str = "model.lora.target_modules") -> Any:
+    """Wrap `model` with LoRA adapters on the modules `target_regex` matches in full (SFT and SEPO).
+
+    Fails with a ConfigError naming `key` when the regex matches nothing usable or reaches a
+    vision/audio module: adapters belong on the language model's projections only.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=int(r), lora_alpha=int(alpha), lora_dropout=float(dropout), target_modules=target_regex,
+                        bias="none", task_type="CAUSAL_LM")
+    try:
+        model = get_peft_model(model, config)
+    except ValueError as err:
+        raise ModelLoadError(f"{key}={target_regex!r} matches no usable module of the model ({err})") from err
+    bad = [n for n in lora_module_names(model) if any(w in n.lower() for w in FORBIDDEN_LORA)]
+    if bad:
+        raise ModelLoadError(f"{key}={target_regex!r} matches vision/audio modules, e.g. {bad[:3]}; "
+                             "restrict it to the language model's projections")
+    return model

@@ -37,7 +37,7 @@ from sepo.errors import ConfigError
 from sepo.evaluate import evaluate_policy, pools_of, write_results
 from sepo.games import Game, make_game
 from sepo.logprobs import token_logprobs
-from sepo.models import forward_extras, load_model_and_tokenizer
+from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer
 from sepo.objective import (PENALTY_MODES, Group, per_round_advantages, pooled_rewards, token_loss,
                             train_rewards)
 from sepo.policies.base import Decision, DecisionRequest
@@ -55,13 +55,6 @@ def sepo_settings(cfg: DictConfig) -> DictConfig:
     if s.penalty_mode not in PENALTY_MODES:
         raise ConfigError(f"sepo.penalty_mode={s.penalty_mode}; allowed: {', '.join(PENALTY_MODES)}")
     return s
-
-
-def attach_lora(model: Any, target_regex: str, r: int, alpha: int, dropout: float) -> Any:
-    from peft import LoraConfig, get_peft_model
-
-    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                                            target_modules=target_regex, task_type="CAUSAL_LM"))
 
 
 class RecordingPolicy:

@@ -46,13 +46,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.errors import ConfigError
-from sepo.models import forward_extras, load_model_and_tokenizer, render_chat
+from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, lora_module_names, render_chat
 from sepo.tracking import NullTracker, flatten
 
 log = logging.getLogger(__name__)
 
 #: Substrings of module names that must never receive LoRA weights (SPEC section 4).
-FORBIDDEN_LORA = ("vision", "audio")
 
 
 # --------------------------------------------------------------------------- settings
@@ -276,29 +275,8 @@ class ListDataset(torch.utils.data.Dataset):
 # --------------------------------------------------------------------------- model
 def apply_lora(model: Any, s: DictConfig) -> Any:
     """Wrap `model` with LoRA adapters on the modules matched in full by `s.lora.target_modules`."""
-    from peft import LoraConfig, get_peft_model
-
-    pattern = str(s.lora.target_modules)
-    config = LoraConfig(r=int(s.lora.r), lora_alpha=int(s.lora.alpha), lora_dropout=float(s.lora.dropout),
-                        target_modules=pattern, bias="none", task_type="CAUSAL_LM")
-    try:
-        model = get_peft_model(model, config)
-    except ValueError as err:
-        raise ConfigError(f"sft.lora.target_modules={pattern!r} matches no usable module of the model ({err})") from err
-    bad = [n for n in lora_module_names(model) if any(w in n.lower() for w in FORBIDDEN_LORA)]
-    if bad:
-        raise ConfigError(f"sft.lora.target_modules={pattern!r} matches vision/audio modules, e.g. {bad[:3]}; "
-                          "restrict it to the language model's projections")
-    return model
-
-
-def lora_module_names(model: Any) -> list[str]:
-    """Names (relative to the base model) of the modules that carry LoRA weights."""
-    names = []
-    for name, module in model.named_modules():
-        if hasattr(module, "lora_A") and len(getattr(module, "lora_A")) > 0:
-            names.append(name.removeprefix("base_model.model."))
-    return names
+    return attach_lora(model, str(s.lora.target_modules), int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout),
+                       key="sft.lora.target_modules")
 
 
 def _type_ids_key(model: Any, model_cfg: Any) -> str | None:
