@@ -249,6 +249,8 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
     out[ses] = ((d[ses] ** 2).groupby(by, sort=False).sum(min_count=1) ** 0.5
                 / d[ses].notna().groupby(by, sort=False).sum().replace(0, float("nan")))
     out["step"] = d["step"].groupby(by, sort=False).max()
+    for k in LAMBDAS:  # the evaluation lambdas (the same for every run of a cell)
+        out[f"lambda_{k}"] = d[f"lambda_{k}"].groupby(by, sort=False).first()
     out["runs"] = d.groupby(by, sort=False).size()
     return out.reset_index()
 
@@ -265,11 +267,25 @@ def latest(c: pd.DataFrame, game: str, model: str, phase: str) -> pd.Series | No
     return None if sel.empty else sel.iloc[-1]
 
 
+def selection_safety(cells: pd.DataFrame) -> pd.Series:
+    """The safety that picks the best checkpoint: with the exact exploitability where it is measured.
+
+    Kuhn poker's pool exploit max(0, mean) is biased upward by noise (the Nash agent reads 0.13 at 20
+    episodes, SPEC 3), so there the pool term is swapped for `exploit_exact`: safety + lambda_e *
+    (exploit - exploit_exact). Elsewhere it is the safety itself.
+    """
+    if "exploit_exact" not in cells:
+        return cells["safety"]
+    swap = cells["lambda_e"].fillna(0.0) * (cells["exploit"] - cells["exploit_exact"])
+    return cells["safety"] + swap.where(cells["exploit_exact"].notna(), 0.0)
+
+
 def best_sepo(c: pd.DataFrame, game: str, model: str) -> pd.Series | None:
-    """The SEPO checkpoint with the highest safety (the paper's best checkpoint); ties -> earliest."""
+    """The SEPO checkpoint with the highest safety (the paper's best checkpoint; Kuhn: with the exact
+    exploitability, `selection_safety`); ties -> earliest."""
     sel = phase_cells(c, game, model, "sepo")
     sel = sel[sel["safety"].notna()]
-    return None if sel.empty else sel.loc[sel["safety"].idxmax()]
+    return None if sel.empty else sel.loc[selection_safety(sel).idxmax()]
 
 
 def failed_phases(df: pd.DataFrame, game: str, model: str) -> set[str]:

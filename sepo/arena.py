@@ -62,14 +62,21 @@ def _stream(seed: int, index: int, opponent: str, role: int, tag: str = "") -> n
 class Match:
     """One episode to play: opponent `name` (built as `strategy`), episode index `index`.
 
-    `tag` names an independent family of random streams: SEPO's auxiliary episodes use their own
-    tag so that adding or removing them never changes the training rollouts of the same seed.
+    `tag` names an independent family of random streams: each SEPO group has its own, so adding or
+    removing groups never changes the others' episodes for the same seed. By default episode k gets
+    deal k (its chance events), the agent stream k and the opponent stream k; `deal` and
+    `opponent_stream` override the last two, so that the rollouts of a SEPO group share their deal
+    and the opponent's coin flips and differ only by the agent's sampling. `mirror` overrides the
+    seat swap of mirrored games (a group shares its seats too).
     """
 
     name: str
     strategy: Strategy
     index: int
     tag: str = ""
+    deal: int | None = None
+    opponent_stream: int | None = None
+    mirror: bool | None = None
 
 
 @dataclass
@@ -112,13 +119,16 @@ def play_matches(
     live: list[_Live] = []
     for m in matches:
         deal, mirror = (m.index // 2, m.index % 2 == 1) if mirrored else (m.index, False)
+        deal = deal if m.deal is None else m.deal
+        mirror = mirror if m.mirror is None else m.mirror
+        opponent_stream = m.index if m.opponent_stream is None else m.opponent_stream
         s = episode_seed(seed, deal, m.tag)
         live.append(_Live(
             record=EpisodeRecord(opponent=m.name, index=m.index, seed=s, mirror=mirror),
             state=game.reset(s, mirror=mirror),
             strategy=m.strategy,
             agent_rng=_stream(seed, m.index, m.name, AGENT, m.tag),
-            opp_rng=_stream(seed, m.index, m.name, OPPONENT, m.tag),
+            opp_rng=_stream(seed, opponent_stream, m.name, OPPONENT, m.tag),
         ))
     records = [ep.record for ep in live]
 

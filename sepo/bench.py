@@ -2,6 +2,7 @@
 
     python -m sepo.bench rollout [--episodes 80] [--game ipd] [--max-new-tokens N]
     python -m sepo.bench logprob [--vocab 262144 --positions 512 --hidden 256 --chunk 32]
+    python -m sepo.bench gradcheck [--batches 2000]
 
 `rollout` builds the tiny model and plays the same episodes against the game's train pool twice:
 all in lockstep (`sepo.arena.play_matches`, one batched generate per decision point) and one
@@ -22,6 +23,10 @@ allocates its inputs, warms the kernels up on a sliver, resets the kernel's peak
 and reports the growth of its peak resident set size (VmHWM) over the resident set size before the
 computation. The workers run with glibc's mmap threshold at 1 MiB so that freed blocks are returned
 at once and RSS follows the live tensors.
+
+`gradcheck` runs SPEC 4.4's gradient check (`sepo.gradcheck`): a parametric scripted IPD agent
+through the training batch code, the mean estimated update of each term against finite differences
+of the exact J, for the default estimator and the paper's variants.
 
 Each command prints a JSON object as its last line.
 """
@@ -160,6 +165,19 @@ def logprob(args: argparse.Namespace) -> dict:
             "vocab": args.vocab, "positions": args.positions, "hidden": args.hidden, "chunk": args.chunk}
 
 
+# --------------------------------------------------------------------- gradient check
+def gradcheck(args: argparse.Namespace) -> dict:
+    """SPEC 4.4: the estimator's mean update against finite differences of the exact J (sepo/gradcheck.py)."""
+    from sepo.gradcheck import print_table, report
+
+    started = time.perf_counter()
+    result = report(lambda overrides: compose([*overrides, "logger=none"]), args.batches, args.burn_in,
+                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print_table(result)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
 # --------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sepo.bench", description=__doc__.split("\n\n")[0])
@@ -184,8 +202,12 @@ def main(argv: list[str] | None = None) -> None:
         if name == "_logprob_worker":
             p.add_argument("--variant", choices=("chunked", "unchunked"), required=True)
 
+    p = sub.add_parser("gradcheck", help="SPEC 4.4: the SEPO estimator's mean update vs finite differences of J")
+    p.add_argument("--batches", type=int, default=2000, help="rollout batches averaged per point and variant")
+    p.add_argument("--burn-in", type=int, default=20, help="batches that only fill the running statistics first")
+
     args = parser.parse_args(argv)
-    run = {"rollout": rollout, "logprob": logprob, "_logprob_worker": logprob_worker}[args.command]
+    run = {"rollout": rollout, "logprob": logprob, "_logprob_worker": logprob_worker, "gradcheck": gradcheck}[args.command]
     print(json.dumps(run(args)))
 
 

@@ -1,25 +1,31 @@
-"""The SEPO objective (SPEC section 4): per-round rewards, per-round advantages, the token loss.
+"""The SEPO estimator (SPEC section 4.2) and the token loss (4.3), as pure functions.
 
-Everything here is a pure function of episode records and tensors, so each piece can be tested
-on its own; `sepo/sepo.py` wires them into the training loop.
+The objective is J = s*u - lambda_e*s*e - lambda_c*c - lambda_x*x (s = reward_scale / max_payoff).
+Each term is an expectation over the policy's OWN episodes against one pool, so its gradient can only
+flow through the decisions of those episodes: u and x through the train-pool episodes, e through the
+exploit-pool episodes, c through the collusive-pool episodes. Hence the default (`pooled`) estimator:
 
-Rewards come in groups: the n rollouts against one opponent are normalised together, round by
-round. Three penalty modes (`sepo.penalty_mode`):
+1. a group of n episodes per opponent of every pool, sharing chance events and the opponent's
+   random stream (built in `sepo.rollouts`), so that they differ only by the policy's sampling;
+2. per-round term rewards f[r, t] by pool (`pooled_terms`);
+3. credit: the return-to-go G[r, t] = sum_{t' >= t} f[r, t'] (`credit_returns`);
+4. a per-round leave-one-out baseline across the group: A[r, t] = G[r, t] - mean_{r' != r} G[r', t]
+   (`leave_one_out`), unbiased because the other rollouts do not depend on rollout r's actions;
+5. weights 1/|pool| * 1/n * 1/T per group, and ONE batch-level scale taken from earlier batches
+   (`EstimatorState`), so that at importance ratio 1 the update is grad J up to one positive number.
 
-- `shared`: the paper's Algorithm 1. One penalty P per train opponent, estimated from auxiliary
-  episodes shared by its rollouts. It is the same for every rollout of the group, so the per-round
-  normalisation removes it exactly: zero gradient. Kept as the ablation that shows this.
-- `per_rollout`: the paper's text. Rollout r gets its own e_r, c_r from its own auxiliary episodes
-  against the exploit and collusive pools, and x_r from its own episode; these differ across the
-  group and so survive normalisation.
-- `pooled`: the unbiased gradient of J_SEPO. Auxiliary episodes are rollouts too, each pool's
-  episodes rewarded per round for their own term and normalised within their own opponent group.
+The paper's two variants (`per_rollout`, `shared`, in `paper_terms`), its per-round credit
+(`credit=round`) and its per-group, per-round normalisation (`adv_norm=group_round`) stay as
+ablations; `sepo/gradcheck.py` measures what each of them does to the expected update.
+
+Everything here works on numpy arrays of shape [n, T] (n rollouts of a group, T rounds) and on
+episode records; `sepo.rollouts` wires it to the arena, `sepo.sepo` to the model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -27,119 +33,226 @@ import torch
 from sepo.arena import EpisodeRecord
 from sepo.games.base import AGENT, OPPONENT, Game
 
-PENALTY_MODES = ("shared", "per_rollout", "pooled")
+PENALTY_MODES = ("pooled", "per_rollout", "shared")
+CREDITS = ("return_to_go", "round")
+ADV_NORMS = ("batch", "group_round")
+TERMS = ("u", "e", "c", "x")
 
 
-@dataclass
-class Group:
-    """Rollouts normalised together: `records[r]` is rollout r against opponent `opponent`."""
-
-    pool: str
-    opponent: str
-    records: list[EpisodeRecord]
-    rewards: np.ndarray | None = None  # [n, T]
-    advantages: np.ndarray | None = None  # [n, T]
-
-
+# --------------------------------------------------------------------------- per-round quantities
 def payoffs(records: Sequence[EpisodeRecord], player: int) -> np.ndarray:
+    """[n, T] per-round payoffs of `player` (raw game units)."""
     return np.array([[r.payoffs[player] for r in ep.rounds] for ep in records], dtype=float)
 
 
+def advantage_per_round(records: Sequence[EpisodeRecord]) -> np.ndarray:
+    """[n, T] opponent payoff minus agent payoff, the quantity whose mean is an exploit opponent's adv."""
+    return payoffs(records, OPPONENT) - payoffs(records, AGENT)
+
+
+def collusive_per_round(game: Game, records: Sequence[EpisodeRecord]) -> np.ndarray:
+    return np.array([[float(game.collusive(r)) for r in ep.rounds] for ep in records], dtype=float)
+
+
+def externality_per_round(game: Game, records: Sequence[EpisodeRecord]) -> np.ndarray:
+    return np.array([[game.externality(r) for r in ep.rounds] for ep in records], dtype=float)
+
+
 def episode_exploit(records_by_opponent: dict[str, list[EpisodeRecord]]) -> float:
-    """e for a set of auxiliary episodes: per opponent max(0, mean advantage), averaged."""
+    """e of a set of episodes: per opponent max(0, mean advantage), averaged over opponents."""
     if not records_by_opponent:
         return 0.0
-    terms = []
-    for eps in records_by_opponent.values():
-        adv = payoffs(eps, OPPONENT) - payoffs(eps, AGENT)
-        terms.append(max(0.0, float(adv.mean())))
-    return float(np.mean(terms))
+    return float(np.mean([max(0.0, float(advantage_per_round(eps).mean())) for eps in records_by_opponent.values()]))
 
 
 def episode_collusion(game: Game, records_by_opponent: dict[str, list[EpisodeRecord]]) -> float:
-    """c for a set of auxiliary episodes: per opponent share of collusive rounds, averaged."""
+    """c of a set of episodes: per opponent the share of collusive rounds, averaged over opponents."""
     if not records_by_opponent:
         return 0.0
-    return float(np.mean([np.mean([game.collusive(r) for ep in eps for r in ep.rounds])
-                          for eps in records_by_opponent.values()]))
+    return float(np.mean([collusive_per_round(game, eps).mean() for eps in records_by_opponent.values()]))
 
 
 def episode_externality(game: Game, record: EpisodeRecord) -> float:
-    return float(np.mean([game.externality(r) for r in record.rounds]))
+    return float(externality_per_round(game, [record]).mean())
 
 
-def train_rewards(game: Game, group: Group, scale: float, lambdas: dict[str, float], mode: str,
-                  aux: list[dict[str, dict[str, list[EpisodeRecord]]]] | None = None) -> np.ndarray:
-    """Per-round rewards [n, T] of one train-opponent group.
+# --------------------------------------------------------------------------- term rewards
+def pooled_terms(game: Game, pool: str, records: Sequence[EpisodeRecord], scale: float,
+                 lambdas: dict[str, float], exploit_on: bool = True) -> dict[str, np.ndarray]:
+    """Per-round rewards f[r, t] of one group in `pooled` mode, term by term (SPEC 4.2 step 2).
 
-    `aux[r]` holds rollout r's auxiliary episodes as {"exploit": {opp: [eps]}, "collusive": {...}}
-    (per_rollout); in shared mode every entry is the same object (one set per train opponent).
+    train: u = s*payoff_t and x = -lambda_x*x_t; exploit: e = -lambda_e*s*(opp_t - agent_t), or 0 when
+    the opponent's running advantage is <= 0 (`exploit_on`: the gradient of max(0, .)); collusive:
+    c = -lambda_c*collusive_t.
     """
-    u = payoffs(group.records, AGENT) * scale
+    if pool == "train":
+        return {"u": scale * payoffs(records, AGENT),
+                "x": -float(lambdas["x"]) * externality_per_round(game, records)}
+    if pool == "exploit":
+        on = 1.0 if exploit_on else 0.0
+        return {"e": -on * float(lambdas["e"]) * scale * advantage_per_round(records)}
+    if pool == "collusive":
+        return {"c": -float(lambdas["c"]) * collusive_per_round(game, records)}
+    raise ValueError(f"no SEPO reward for pool {pool!r}")
+
+
+def paper_terms(game: Game, records: Sequence[EpisodeRecord], scale: float, lambdas: dict[str, float],
+                mode: str, aux: list[dict[str, dict[str, list[EpisodeRecord]]]]) -> dict[str, np.ndarray]:
+    """Per-round rewards of a train group in the paper's modes: u_t minus an episode-level penalty.
+
+    `aux[r]` holds rollout r's auxiliary episodes, {"exploit": {opp: [episodes]}, "collusive": {...}}.
+    `per_rollout` (the paper's text): rollout r's e_r, c_r come from its own auxiliary episodes, x_r
+    from its own episode. `shared` (the paper's Algorithm 1): every entry of `aux` is the same set, and
+    x is the group's mean, so the penalty is one number per group: it cancels in any baseline.
+    The auxiliary episodes are never trained on, so e and c cannot have a gradient here (SPEC 4.1).
+    """
+    n, T = len(records), len(records[0].rounds)
     le, lc, lx = (float(lambdas[k]) for k in ("e", "c", "x"))
-    if mode == "pooled":
-        x_round = np.array([[game.externality(r) for r in ep.rounds] for ep in group.records])
-        return u - lx * x_round
-    if mode == "shared":
-        shared = aux[0]
-        x = np.mean([episode_externality(game, ep) for ep in group.records])
-        penalty = le * scale * episode_exploit(shared["exploit"]) + lc * episode_collusion(game, shared["collusive"]) + lx * x
-        return u - penalty
+    e = np.array([episode_exploit(a["exploit"]) for a in aux])
+    c = np.array([episode_collusion(game, a["collusive"]) for a in aux])
     if mode == "per_rollout":
-        penalty = np.array([
-            le * scale * episode_exploit(a["exploit"]) + lc * episode_collusion(game, a["collusive"])
-            + lx * episode_externality(game, ep)
-            for a, ep in zip(aux, group.records)
-        ])
-        return u - penalty[:, None]
-    raise ValueError(f"sepo.penalty_mode={mode!r}; allowed: {', '.join(PENALTY_MODES)}")
+        x = np.array([episode_externality(game, ep) for ep in records])
+    elif mode == "shared":
+        x = np.full(n, np.mean([episode_externality(game, ep) for ep in records]))
+    else:
+        raise ValueError(f"sepo.penalty_mode={mode!r} has no paper penalty; allowed: per_rollout, shared")
+    column = lambda v: np.repeat(v[:, None], T, axis=1)  # noqa: E731  (an episode-level value in every round)
+    return {"u": scale * payoffs(records, AGENT), "e": column(-le * scale * e), "c": column(-lc * c),
+            "x": column(-lx * x)}
 
 
-def pooled_rewards(game: Game, group: Group, scale: float, lambdas: dict[str, float]) -> np.ndarray:
-    """Per-round rewards of an exploit or collusive group in `pooled` mode."""
-    if group.pool == "exploit":
-        return -float(lambdas["e"]) * scale * (payoffs(group.records, OPPONENT) - payoffs(group.records, AGENT))
-    if group.pool == "collusive":
-        return -float(lambdas["c"]) * np.array([[float(game.collusive(r)) for r in ep.rounds] for ep in group.records])
-    raise ValueError(f"no pooled reward for pool {group.pool!r}")
+# --------------------------------------------------------------------------- credit and baseline
+def credit_returns(f: np.ndarray, credit: str) -> np.ndarray:
+    """G[r, t]: the return-to-go sum_{t' >= t} f[r, t'] (a decision at round t moves rounds t..T-1),
+    or the paper's per-round credit f[r, t] itself (myopic: SPEC 4.1)."""
+    if credit == "return_to_go":
+        return np.flip(np.cumsum(np.flip(f, axis=1), axis=1), axis=1)
+    if credit == "round":
+        return f.copy()
+    raise ValueError(f"sepo.credit={credit!r}; allowed: {', '.join(CREDITS)}")
 
 
-def per_round_advantages(rewards: np.ndarray, eps: float = 1e-8) -> np.ndarray:
-    """A[r, t] = (reward[r, t] - mean_t) / (std_t + eps) across the rollouts of one group.
+def leave_one_out(G: np.ndarray) -> np.ndarray:
+    """A[r, t] = G[r, t] - mean over r' != r of G[r', t]; needs n >= 2 rollouts.
 
-    std is the unbiased sample std (as torch.std in common GRPO code); a group of one rollout, or
-    one whose rewards are all equal at round t, gets A = 0 there, never NaN.
+    Including r itself in the mean would shrink the expected update by (n - 1)/n.
     """
-    n = rewards.shape[0]
+    n = G.shape[0]
     if n < 2:
-        return np.zeros_like(rewards)
-    centred = rewards - rewards.mean(axis=0, keepdims=True)
-    return centred / (rewards.std(axis=0, ddof=1, keepdims=True) + eps)
+        raise ValueError("a leave-one-out baseline needs at least 2 rollouts per group (sepo.rollouts_per_opponent)")
+    # as the mean of pairwise differences, so that tied rollouts give exactly 0 (no rounding residue)
+    return (G[:, None, :] - G[None, :, :]).sum(axis=1) / (n - 1)
 
 
+def group_round_normalise(G: np.ndarray, eps: float) -> np.ndarray:
+    """The paper's advantage: (G - mean_t) / (std_t + eps) across the group's rollouts, per round.
+
+    std is the sample std (ddof 1); a round where all rollouts tie gets 0, never NaN. Dividing by the
+    group's own std erases lambda and makes each pool weigh by its decision count (an ablation).
+    """
+    if G.shape[0] < 2:
+        return np.zeros_like(G)
+    centred = G - G.mean(axis=0, keepdims=True)
+    return centred / (G.std(axis=0, ddof=1, keepdims=True) + eps)
+
+
+def group_advantages(f: np.ndarray, credit: str, adv_norm: str, eps: float) -> np.ndarray:
+    """A[r, t] of one group from its per-round rewards, before the pool weights and the batch scale."""
+    G = credit_returns(f, credit)
+    if adv_norm == "batch":
+        return leave_one_out(G)
+    if adv_norm == "group_round":
+        return group_round_normalise(G, eps)
+    raise ValueError(f"sepo.adv_norm={adv_norm!r}; allowed: {', '.join(ADV_NORMS)}")
+
+
+# --------------------------------------------------------------------------- running statistics
+@dataclass
+class EstimatorState:
+    """What the estimator carries from batch to batch (saved in every checkpoint, so resume is exact).
+
+    - `adv_scale`: a running mean of earlier batches' std of A, the ONE number a batch's advantages
+      are divided by (`adv_norm=batch`). Dividing by the batch's own std would not be a pure rescale:
+      that std correlates with the estimate (per-parameter distortion 0.58-1.83x, SPEC 4.2).
+    - `exploit_adv`: per exploit opponent, the per-episode advantages (opp - agent, per round) of the
+      most recent `switch_episodes` episodes of earlier batches. The exploit term of an opponent is
+      switched on while their mean is > 0 (and until that much history exists): the gradient of
+      max(0, adv) without the current batch's noise smearing the kink.
+    """
+
+    scale_decay: float = 0.9
+    switch_episodes: int = 32
+    adv_scale: float | None = None
+    exploit_adv: dict[str, list[float]] = field(default_factory=dict)
+
+    def exploit_on(self, opponent: str) -> bool:
+        history = self.exploit_adv.get(opponent, [])
+        return len(history) < self.switch_episodes or float(np.mean(history)) > 0.0
+
+    def record_exploit(self, opponent: str, episode_advantages: Sequence[float]) -> None:
+        history = self.exploit_adv.setdefault(opponent, []) + [float(a) for a in episode_advantages]
+        self.exploit_adv[opponent] = history[-self.switch_episodes:]
+
+    def scale_for(self, batch_std: float) -> float:
+        """The divisor of this batch: earlier batches' running std (this batch's own for the first)."""
+        return batch_std if self.adv_scale is None else self.adv_scale
+
+    def record_std(self, batch_std: float) -> None:
+        """Fold this batch's std of A into the running mean; a batch of all ties (std 0) says nothing."""
+        if not batch_std > 0.0:
+            return
+        if self.adv_scale is None:
+            self.adv_scale = batch_std
+        else:
+            self.adv_scale = self.scale_decay * self.adv_scale + (1.0 - self.scale_decay) * batch_std
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"adv_scale": self.adv_scale, "exploit_adv": {k: list(v) for k, v in self.exploit_adv.items()}}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.adv_scale = state.get("adv_scale")
+        self.exploit_adv = {k: [float(a) for a in v] for k, v in (state.get("exploit_adv") or {}).items()}
+
+
+# --------------------------------------------------------------------------- the update
 def token_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, advantage: torch.Tensor,
-               mask: torch.Tensor, clip_eps: float, beta: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clipped surrogate + beta * one-sided KL, per decision, averaged over decisions.
+               mask: torch.Tensor, clip_eps: float, beta: float, kl_tokens: float | None = None
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO-clipped surrogate averaged over each decision's tokens and SUMMED over decisions, plus
+    beta * max(0, log pi_theta - log pi_ref) averaged over all generated tokens of the batch.
 
     Shapes: logp*, mask [D, L] (D decisions, L generated positions, mask 1 on real tokens);
-    advantage [D] (the round's advantage of the rollout the decision belongs to). Each decision's
-    token losses are averaged over its tokens, then decisions are averaged, so the scale does not
-    depend on the number of opponents, rollouts, rounds or answer lengths.
+    advantage [D]: each decision's advantage, which already carries the 1/|pool|, 1/n, 1/T weights
+    and the batch scale, so at ratio 1 the surrogate's gradient is -sum_d A_d * grad log pi (token
+    mean). `kl_tokens` is the number of generated tokens of the whole batch (micro-batches add up to
+    one mean); default: this call's tokens. Neither term depends on answer lengths or on how many
+    opponents there are.
     """
     ratio = torch.exp(logp - logp_old)
     adv = advantage[:, None]
     surrogate = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     kl_ref = torch.clamp(logp - logp_ref, min=0.0)
-    per_token = surrogate + beta * kl_ref
     tokens = mask.sum(dim=1).clamp(min=1)
-    loss = ((per_token * mask).sum(dim=1) / tokens).mean()
+    denominator = float(kl_tokens) if kl_tokens else float(mask.sum().clamp(min=1))
+    policy_loss = ((surrogate * mask).sum(dim=1) / tokens).sum()
+    kl_loss = (kl_ref * mask).sum() / denominator
+    loss = policy_loss + beta * kl_loss
     with torch.no_grad():
-        log_ratio = logp - logp_old
+        n_tok = mask.sum().clamp(min=1)
         stats = {
-            "kl_ref": ((kl_ref * mask).sum() / mask.sum().clamp(min=1)),
-            # KL(pi_theta || pi_old) from tokens sampled by pi_old: E_old[r log r - (r - 1)], r = pi_theta/pi_old
-            # (unbiased and non-negative per token); drives the early refresh of SPEC 4.5
-            "kl_old": (((ratio * log_ratio - (ratio - 1)) * mask).sum() / mask.sum().clamp(min=1)),
-            "clip_fraction": ((((ratio - 1).abs() > clip_eps).float() * mask).sum() / mask.sum().clamp(min=1)),
+            "policy_loss": policy_loss.detach(),
+            "kl_ref": (kl_ref * mask).sum() / n_tok,
+            "kl_old": (old_policy_kl(logp, logp_old) * mask).sum() / n_tok,
+            "clip_fraction": ((((ratio - 1).abs() > clip_eps).float() * mask).sum() / n_tok),
         }
     return loss, stats
+
+
+def old_policy_kl(logp: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(pi_theta || pi_old) estimate from tokens sampled by pi_old: r log r - (r - 1), r = pi_theta/pi_old.
+
+    Unbiased and non-negative per token; drives the refresh of SPEC 4.3.
+    """
+    log_ratio = logp - logp_old
+    ratio = torch.exp(log_ratio)
+    return ratio * log_ratio - (ratio - 1)

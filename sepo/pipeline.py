@@ -86,7 +86,9 @@ def print_summary(out: Path) -> None:
 
     frame = collect_dir(out)
     frame = frame.assign(order=frame["phase"].map({"base": 0, "sft": 1, "sepo": 2})).sort_values(["order", "step"])
-    columns = ["pay", "exploit", "ext", "safety", "nra", "parse_rate"]
+    columns = ["pay", "exploit", "collusion", "ext", "safety", "nra", "parse_rate"]
+    if "exploit_exact" in frame and frame["exploit_exact"].notna().any():  # Kuhn poker (SPEC 6)
+        columns.insert(2, "exploit_exact")
     table = Table(title=f"SEPO pipeline: {out}")
     table.add_column("phase")
     table.add_column("checkpoint")

@@ -1,19 +1,22 @@
-"""Stage `sepo`: GRPO with per-round advantages and SEPO penalties (SPEC section 4, paper Alg. 1).
+"""Stage `sepo`: GRPO-style RL on the SEPO objective (SPEC section 4), read top to bottom.
 
-Read it top to bottom, cleanrl-style: `run_sepo` loads the SFT model and attaches a fresh LoRA
-adapter; every outer iteration plays one rollout batch (all rollouts of all train opponents and all
-auxiliary episodes, in lockstep: one generate call per decision point), turns it into per-round
-advantages (`sepo.objective`), and takes up to `sepo.refresh_steps` optimizer steps on it.
+`run_sepo` loads the merged SFT model and attaches a fresh LoRA adapter (dropout 0, so that the
+importance ratio is exactly 1 on a fresh batch). Every outer iteration plays one rollout batch
+(`sepo.rollouts.collect_rollouts`: every group of every pool in lockstep, one generate call per
+decision point), whose decisions carry the advantages of SPEC 4.2, and takes up to
+`sepo.refresh_steps` optimizer steps on it.
 
-How SPEC 4.5's "SEPO refresh (5 steps or KL > 0.5)" is read: a rollout batch is reused for at most
-`refresh_steps` optimizer steps; after each step the mean KL(pi_theta || pi_old) over the batch's
-tokens is estimated, and once it passes `refresh_kl` the next step draws fresh rollouts. A
-checkpoint step also ends the batch, so a checkpoint never has to store rollouts and a resumed
-run continues exactly as the uninterrupted one would have.
+Refresh ("5 steps or KL > 0.5"): a batch is reused for at most `refresh_steps` optimizer steps, and
+fresh rollouts are drawn as soon as KL(pi_theta || pi_old), measured over the batch's tokens with
+the parameters AFTER the update, passes `refresh_kl`. A checkpoint step also ends the batch, so a
+checkpoint never has to store rollouts; it stores the estimator's running statistics (the exploit
+switch and the advantage scale), so a resumed run continues exactly as the uninterrupted one.
 
 The reference policy is the same model with its adapter disabled (`model.disable_adapter()`);
 log-probs of the behaviour, current and reference policies are all taken at the sampling
-temperature, over generated tokens only, in chunks of `sepo.logprob_chunk` positions.
+temperature, over generated tokens only, in chunks of `sepo.logprob_chunk` positions. A decision
+whose answer needed the constrained fallback is trained on the tokens the policy sampled, never on
+the fallback's action tokens (which it did not sample).
 """
 
 from __future__ import annotations
@@ -24,25 +27,21 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from sepo.arena import EpisodeRecord, Match, play_matches
 from sepo.errors import ConfigError
 from sepo.evaluate import evaluate_policy, pools_of, write_results
 from sepo.games import Game, make_game
 from sepo.logprobs import token_logprobs
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer
-from sepo.objective import (PENALTY_MODES, Group, per_round_advantages, pooled_rewards, token_loss,
-                            train_rewards)
+from sepo.objective import ADV_NORMS, CREDITS, PENALTY_MODES, EstimatorState, old_policy_kl, token_loss
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
-from sepo.strategies import make_strategy
+from sepo.rollouts import BatchBuilder, RolloutBatch
 from sepo.tracking import NullTracker
 
 log = logging.getLogger(__name__)
@@ -50,10 +49,22 @@ log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------ settings
 def sepo_settings(cfg: DictConfig) -> DictConfig:
-    """The resolved `sepo` node (game and model defaults are interpolated in conf/sepo/default.yaml)."""
+    """The resolved `sepo` node (game and model defaults are interpolated in conf/sepo/default.yaml), checked."""
     s = OmegaConf.create(OmegaConf.to_container(cfg.sepo, resolve=True))
-    if s.penalty_mode not in PENALTY_MODES:
-        raise ConfigError(f"sepo.penalty_mode={s.penalty_mode}; allowed: {', '.join(PENALTY_MODES)}")
+    for key, allowed in (("penalty_mode", PENALTY_MODES), ("credit", CREDITS), ("adv_norm", ADV_NORMS)):
+        if s[key] not in allowed:
+            raise ConfigError(f"sepo.{key}={s[key]}; allowed: {', '.join(allowed)}")
+    n = s.rollouts_per_opponent
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        raise ConfigError(f"sepo.rollouts_per_opponent={n}; allowed: an integer >= 2 (the leave-one-out baseline "
+                          "compares each rollout with the others of its group)")
+    if not 0.0 <= float(s.adv_scale_decay) < 1.0:
+        raise ConfigError(f"sepo.adv_scale_decay={s.adv_scale_decay}; allowed: a number in [0, 1)")
+    if not isinstance(s.exploit_switch_episodes, int) or s.exploit_switch_episodes < 1:
+        raise ConfigError(f"sepo.exploit_switch_episodes={s.exploit_switch_episodes}; allowed: an integer >= 1")
+    if float(s.lora.dropout) != 0.0:
+        log.warning("sepo.lora.dropout=%s: the training pass then differs from the sampling pass, so the "
+                    "importance ratio is not 1 on a fresh batch (SPEC 4.3 uses 0)", s.lora.dropout)
     return s
 
 
@@ -67,126 +78,7 @@ class RecordingPolicy:
         return self.policy.act_batch(requests, return_logprobs=True)
 
 
-# ------------------------------------------------------------------------------ rollouts
-@dataclass
-class RolloutBatch:
-    groups: list[Group]  # groups whose decisions are trained on
-    decisions: list[tuple[Decision, float]]  # (decision with token extras, its advantage)
-    stats: dict[str, float]
-
-
-def plan_matches(cfg: DictConfig, s: DictConfig, mode: str) -> tuple[list[Match], dict[str, Any]]:
-    """All episodes of one rollout batch, and where each one's record goes.
-
-    Train rollouts use the untagged stream family, auxiliary episodes tagged ones, so the train
-    rollouts of a seed are the same whatever the penalty mode and lambdas (ablations compare like
-    with like).
-    """
-    pools = pools_of(cfg.game)
-    strategy = {n: make_strategy(cfg.game, n, key="game.pools") for p in pools.values() for n in p}
-    n, k = int(s.rollouts_per_opponent), int(s.aux_episodes)
-    matches: list[Match] = []
-    layout: dict[str, Any] = {"train": {}, "aux": {}, "pooled": {}}
-
-    def add(name: str, index: int, tag: str = "") -> int:
-        matches.append(Match(name, strategy[name], index, tag))
-        return len(matches) - 1
-
-    for o in pools["train"]:
-        layout["train"][o] = [add(o, r) for r in range(n)]
-    aux_pools = {p: pools[p] for p in ("exploit", "collusive")}
-    if mode == "per_rollout":
-        for o in pools["train"]:
-            layout["aux"][o] = [{p: {q: [add(q, j, f"aux/{o}/{r}") for j in range(k)] for q in names}
-                                 for p, names in aux_pools.items()} for r in range(n)]
-    elif mode == "shared":
-        for o in pools["train"]:
-            layout["aux"][o] = {p: {q: [add(q, j, f"aux/{o}") for j in range(k)] for q in names}
-                                for p, names in aux_pools.items()}
-    else:  # pooled: auxiliary opponents are rollout groups of their own
-        for p, names in aux_pools.items():
-            layout["pooled"][p] = {q: [add(q, r, f"pool/{p}") for r in range(n)] for q in names}
-    return matches, layout
-
-
-def collect_rollouts(game: Game, policy: LMPolicy, cfg: DictConfig, s: DictConfig, batch_index: int) -> RolloutBatch:
-    mode = s.penalty_mode
-    matches, layout = plan_matches(cfg, s, mode)
-    batch_seed = int(np.random.SeedSequence([int(cfg.seed), batch_index]).generate_state(1)[0])
-    records = play_matches(game, RecordingPolicy(policy), matches, batch_seed,
-                           mirrored=bool(cfg.game.get("mirrored", False)), keep_trace=True)
-    lambdas, scale = dict(cfg.lambdas.train), float(s.reward_scale) / float(cfg.game.max_payoff)
-
-    def recs(idx: list[int]) -> list[EpisodeRecord]:
-        return [records[i] for i in idx]
-
-    def aux_of(tree: dict) -> dict[str, dict[str, list[EpisodeRecord]]]:
-        return {p: {q: recs(idx) for q, idx in by_opp.items()} for p, by_opp in tree.items()}
-
-    groups: list[Group] = []
-    for o, idx in layout["train"].items():
-        group = Group("train", o, recs(idx))
-        aux = None
-        if mode == "per_rollout":
-            aux = [aux_of(tree) for tree in layout["aux"][o]]
-        elif mode == "shared":
-            aux = [aux_of(layout["aux"][o])] * len(idx)
-        group.rewards = train_rewards(game, group, scale, lambdas, mode, aux)
-        groups.append(group)
-    for p, by_opp in layout["pooled"].items():
-        for q, idx in by_opp.items():
-            group = Group(p, q, recs(idx))
-            group.rewards = pooled_rewards(game, group, scale, lambdas)
-            groups.append(group)
-
-    decisions: list[tuple[Decision, float]] = []
-    for group in groups:
-        group.advantages = per_round_advantages(group.rewards, float(s.adv_eps))
-        for r, record in enumerate(group.records):
-            for round_index, _request, decision in record.trace:
-                decisions.append((decision, float(group.advantages[r, round_index])))
-    return RolloutBatch(groups, decisions, rollout_stats(game, groups, records, layout, mode))
-
-
-def rollout_stats(game: Game, groups: list[Group], records: list[EpisodeRecord], layout: dict, mode: str) -> dict[str, float]:
-    """Per-pool u, e, c, x of the batch, as logged to W&B."""
-    from sepo.objective import episode_collusion, episode_exploit, episode_externality, payoffs
-
-    train = [ep for g in groups if g.pool == "train" for ep in g.records]
-    by_pool: dict[str, dict[str, list[EpisodeRecord]]] = {"exploit": {}, "collusive": {}}
-    if mode == "pooled":
-        for g in groups:
-            if g.pool in by_pool:
-                by_pool[g.pool][g.opponent] = g.records
-    else:
-        for trees in layout["aux"].values():
-            for tree in (trees if isinstance(trees, list) else [trees]):
-                for p, by_opp in tree.items():
-                    for q, idx in by_opp.items():
-                        by_pool[p].setdefault(q, []).extend(records[i] for i in idx)
-    decisions = sum(ep.decisions for ep in records)
-    return {
-        "reward": float(np.mean([g.rewards.mean() for g in groups if g.pool == "train"])),
-        "train/u": float(payoffs(train, 0).mean()),
-        "train/x": float(np.mean([episode_externality(game, ep) for ep in train])),
-        "exploit/e": episode_exploit(by_pool["exploit"]),
-        "collusive/c": episode_collusion(game, by_pool["collusive"]),
-        "parse_rate": sum(ep.parsed for ep in records) / max(decisions, 1),
-        "episodes": float(len(records)),
-    }
-
-
-# ------------------------------------------------------------------------------ loss
-def reference_logprobs(model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig) -> list[torch.Tensor]:
-    """log pi_ref of every decision's tokens: the same model with the adapter switched off."""
-    out: list[torch.Tensor] = []
-    with torch.no_grad(), model.disable_adapter():
-        for part in _micro_batches(len(batch.decisions), int(s.micro_batch)):
-            lp, mask = _policy_logprobs(model, policy, [batch.decisions[i][0] for i in part], s)
-            out += [row[m.bool()] for row, m in zip(lp, mask)]
-    return out
-
-
+# ------------------------------------------------------------------------------ log-probs
 def _micro_batches(n: int, size: int) -> list[range]:
     return [range(i, min(i + size, n)) for i in range(0, n, size)]
 
@@ -209,27 +101,60 @@ def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     return out
 
 
+def reference_logprobs(model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig) -> list[torch.Tensor]:
+    """log pi_ref of every decision's tokens: the same model with the adapter switched off."""
+    out: list[torch.Tensor] = []
+    with torch.no_grad(), model.disable_adapter():
+        for part in _micro_batches(len(batch.decisions), int(s.micro_batch)):
+            lp, mask = _policy_logprobs(model, policy, [batch.decisions[i] for i in part], s)
+            out += [row[m.bool()] for row, m in zip(lp, mask)]
+    return out
+
+
+def generated_tokens(batch: RolloutBatch) -> int:
+    return sum(len(d.extras["gen_ids"]) for d in batch.decisions)
+
+
+# ------------------------------------------------------------------------------ the update
 def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref: list[torch.Tensor],
                          s: DictConfig) -> dict[str, float]:
-    """Backward of the batch loss into `.grad` (micro-batches weighted to one mean over decisions)."""
+    """Backward of the batch loss (SPEC 4.3) into `.grad`, micro-batch by micro-batch.
+
+    The policy term is a sum over decisions, so micro-batches simply add up; the KL term is a mean
+    over all the batch's tokens, so each micro-batch divides by the batch's token count.
+    """
     model.train()
-    total = len(batch.decisions)
-    sums = {"loss": 0.0, "kl_ref": 0.0, "kl_old": 0.0, "clip_fraction": 0.0}
-    for part in _micro_batches(total, int(s.micro_batch)):
-        decisions = [batch.decisions[i][0] for i in part]
+    tokens = generated_tokens(batch)
+    sums = {"loss": 0.0, "policy_loss": 0.0, "kl_ref": 0.0, "kl_old": 0.0, "clip_fraction": 0.0}
+    for part in _micro_batches(len(batch.decisions), int(s.micro_batch)):
+        decisions = [batch.decisions[i] for i in part]
         lp, mask = _policy_logprobs(model, policy, decisions, s)
         width = lp.shape[1]
         old = _pad([d.extras["logprobs"].float() for d in decisions], width).to(lp)
         reference = _pad([ref[i] for i in part], width).to(lp)
-        adv = torch.tensor([batch.decisions[i][1] for i in part], dtype=lp.dtype, device=lp.device)
-        loss, stats = token_loss(lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta))
-        weight = len(part) / total
-        (loss * weight).backward()
-        sums["loss"] += loss.item() * weight
-        for key, value in stats.items():
-            sums[key] += float(value) * weight
+        adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=lp.dtype, device=lp.device)
+        loss, stats = token_loss(lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens)
+        loss.backward()
+        share = float(mask.sum()) / max(tokens, 1)  # token-mean statistics: weight by this part's tokens
+        sums["loss"] += loss.item()
+        sums["policy_loss"] += float(stats["policy_loss"])
+        for key in ("kl_ref", "kl_old", "clip_fraction"):
+            sums[key] += float(stats[key]) * share
     model.eval()
     return sums
+
+
+def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig) -> float:
+    """KL(pi_theta || pi_old) over the batch's tokens with the parameters as they are now (no gradient)."""
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for part in _micro_batches(len(batch.decisions), int(s.micro_batch)):
+            decisions = [batch.decisions[i] for i in part]
+            lp, mask = _policy_logprobs(model, policy, decisions, s)
+            old = _pad([d.extras["logprobs"].float() for d in decisions], lp.shape[1]).to(lp)
+            total += float((old_policy_kl(lp, old) * mask).sum())
+            tokens += int(mask.sum())
+    return total / max(tokens, 1)
 
 
 def optimisation_step(model: Any, policy: LMPolicy, optimizer: torch.optim.Optimizer, batch: RolloutBatch,
@@ -249,17 +174,19 @@ def optimisation_step(model: Any, policy: LMPolicy, optimizer: torch.optim.Optim
 
 # ------------------------------------------------------------------------------ checkpoints
 def save_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, policy: LMPolicy, step: int,
-                    batch_index: int) -> Path:
+                    batch_index: int, estimator: EstimatorState) -> Path:
     ckpt = out / "checkpoints" / f"step_{step}"
     model.save_pretrained(ckpt / "adapter")
     torch.save({"step": step, "batch_index": batch_index, "optimizer": optimizer.state_dict(),
                 "torch_rng": torch.get_rng_state(), "policy_rng": policy.generator.get_state()},
                ckpt / "train_state.pt")
+    (ckpt / "estimator_state.json").write_text(json.dumps(estimator.to_dict()) + "\n")
     (out / "checkpoints" / "latest").write_text(f"step_{step}\n")
     return ckpt
 
 
-def load_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, policy: LMPolicy) -> tuple[int, int]:
+def load_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, policy: LMPolicy,
+                    estimator: EstimatorState) -> tuple[int, int]:
     """Restore the latest checkpoint; returns (step, next batch index), or (0, 0) when there is none."""
     pointer = out / "checkpoints" / "latest"
     if not pointer.exists():
@@ -273,6 +200,7 @@ def load_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, pol
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
     policy.generator.set_state(state["policy_rng"])
+    estimator.load(json.loads((ckpt / "estimator_state.json").read_text()))
     log.info("resumed from %s (step %d)", ckpt, state["step"])
     return int(state["step"]), int(state["batch_index"])
 
@@ -294,7 +222,7 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
         raise ConfigError("sepo.ref_4bit=true needs a CUDA device (bitsandbytes 4-bit); none is available: "
                           "set sepo.ref_4bit=false")
     out = Path(cfg.paths.output_dir)
-    torch.manual_seed(int(cfg.seed))
+    torch.manual_seed(int(s.seed))
     game = make_game(cfg.game)
     base, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     model = attach_lora(base, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout))
@@ -303,34 +231,40 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
                       logprob_chunk=int(s.logprob_chunk))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=float(s.lr),
                                   weight_decay=float(s.weight_decay))
-    step, batch_index = load_checkpoint(out, model, optimizer, policy) if cfg.resume == "auto" else (0, 0)
+    estimator = EstimatorState(scale_decay=float(s.adv_scale_decay), switch_episodes=int(s.exploit_switch_episodes))
+    step, batch_index = load_checkpoint(out, model, optimizer, policy, estimator) if cfg.resume == "auto" else (0, 0)
     checkpoints = set(int(k) for k in s.checkpoint_steps) | {int(s.steps)}
     kill_after = s.get("debug_kill_after_step")
+    builder = BatchBuilder(cfg, s)
 
     while step < int(s.steps):
         started = time.time()
-        batch = collect_rollouts(game, policy, cfg, s, batch_index)
+        batch = builder.collect(game, RecordingPolicy(policy), batch_index, estimator)
         batch_index += 1
         ref = reference_logprobs(model, policy, batch, s)
-        tokens = sum(len(d.extras["gen_ids"]) for d, _ in batch.decisions)
-        for _ in range(int(s.refresh_steps)):
+        tokens = generated_tokens(batch)
+        for reuse in range(int(s.refresh_steps)):
             stats = optimisation_step(model, policy, optimizer, batch, ref, s)
             step += 1
             if stats["skipped"]:
                 log.warning("step %d: non-finite loss or gradient, update skipped", step)
+            last_on_batch = (reuse + 1 == int(s.refresh_steps) or step in checkpoints or step >= int(s.steps))
+            if not last_on_batch:  # would the next step reuse this batch? ask the updated policy
+                stats["kl_old_after"] = old_policy_divergence(model, policy, batch, s)
             tracker.log({**{f"sepo/{k}": v for k, v in {**batch.stats, **stats}.items()},
-                         "sepo/tokens_generated": tokens, "sepo/seconds_per_step": time.time() - started}, step=step)
-            log.info("step %d  loss %.4f  reward %.3f  kl_old %.4f  clip %.3f", step, stats["loss"],
-                     batch.stats["reward"], stats["kl_old"], stats["clip_fraction"])
+                         "sepo/reuse": reuse, "sepo/tokens_generated": tokens,
+                         "sepo/seconds_per_step": time.time() - started}, step=step)
+            log.info("step %d  loss %.4f  objective %.3f  kl_ref %.4f  kl_after %s  clip %.3f", step, stats["loss"],
+                     batch.stats["objective"], stats["kl_ref"],
+                     f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-", stats["clip_fraction"])
             started = time.time()
             if step in checkpoints:
                 result = evaluate_checkpoint(cfg, game, model, tokenizer, step, final=step == int(s.steps))
                 tracker.log({f"eval/{k}": v for k, v in result["metrics"].items()}, step=step)
-                save_checkpoint(out, model, optimizer, policy, step, batch_index)
-                break
+                save_checkpoint(out, model, optimizer, policy, step, batch_index, estimator)
             if kill_after is not None and step == int(kill_after):
                 os.kill(os.getpid(), signal.SIGKILL)  # test hook: crash like a preempted job
-            if stats["kl_old"] > float(s.refresh_kl) or step >= int(s.steps):
+            if last_on_batch or stats["kl_old_after"] > float(s.refresh_kl):
                 break
 
     model.save_pretrained(out / "adapter")

@@ -46,6 +46,14 @@ def write_result(path: Path, game: str, model: str, stage: str, checkpoint: str 
     return payload
 
 
+def best_sepo_metrics(game: str, model: str) -> dict:
+    """The fixture's best SEPO checkpoint by the selection rule: highest safety, on Kuhn with the pool
+    exploit swapped for the exact one (safety + lambda_e * (exploit - exploit_exact), lambda_e = 2.4)."""
+    def selection(m: dict) -> float:
+        return m["safety"] + (2.4 * (m["exploit"] - m["exploit_exact"]) if "exploit_exact" in m else 0.0)
+    return max((numbers(game, model, "sepo", c)[0] for c, _ in SEPO_CKPTS), key=selection)
+
+
 def fabricate(root: Path) -> list[dict]:
     """Write the fixture sweep under `root`; returns every results payload written."""
     written = []
@@ -138,6 +146,9 @@ def test_game_tables_layout_bold_and_missing_cells(sweep):
             for group in groups:
                 shown = [value(r[j]) for r in group]
                 numbers_ = [v for v, _ in shown if v is not None]
+                if len(numbers_) < 2:  # a lone value is not "best": nothing bold
+                    assert not any(b for _, b in shown), (game, head, group)
+                    continue
                 best = max(numbers_) if r"\uparrow" in head else min(numbers_)
                 assert [v for v, b in shown if b] and all(v == best for v, b in shown if b), (game, head, group)
                 assert all(b for v, b in shown if v == best)
@@ -170,7 +181,7 @@ def test_sft_degradation_table(sweep):
         game = "ipd" if row[0] == "IPD" else "kuhn"
         model = "gemma4" if row[1].startswith("Gemma") else "qwen"
         base = numbers(game, model, "eval", None)[0]["exploit"]
-        sepo = max((numbers(game, model, "sepo", c)[0] for c, _ in SEPO_CKPTS), key=lambda m: m["safety"])["exploit"]
+        sepo = best_sepo_metrics(game, model)["exploit"]
         assert value(row[2])[0] == base and value(row[4])[0] == sepo
         assert row[5] == (r"$\checkmark$" if sepo < base else r"$\times$" if sepo > base else "$=$")
         shown = [value(c) for c in row[2:5]]
@@ -268,3 +279,16 @@ def test_cells_average_seeds_and_failed_phases():
     assert cell["safety"] == pytest.approx(1.5) and cell["safety_se"] == pytest.approx((2 * 0.3**2) ** 0.5 / 2)
     assert cell["runs"] == 2
     assert collect.failed_phases(df, "ipd", "tiny") == {"sft", "sepo"}
+
+
+def test_kuhn_best_checkpoint_uses_the_exact_exploitability():
+    """Pool exploit is biased upward on Kuhn (SPEC 3): the best checkpoint swaps it for exploit_exact."""
+    def row(ckpt, step, safety, exploit, exact):
+        return collect.make_row({"game": "kuhn", "model": "tiny", "stage": "sepo", "checkpoint": ckpt, "step": step,
+                                 "seed": 42, "status": "done", "run_dir": "r"},
+                                {"safety": safety, "exploit": exploit, "exploit_exact": exact}, {}, {"e": 1.5})
+    # step 25 looks safer on the noisy pool estimate (0.6 + 1.5 * 0.0), but its exact exploitability is worse:
+    # selection safety 0.6 + 1.5 * (0.0 - 0.4) = 0.0 against 0.3 + 1.5 * (0.2 - 0.05) = 0.525
+    df = collect.to_frame([row("step_25", 25, 0.6, 0.0, 0.4), row("final", 50, 0.3, 0.2, 0.05)])
+    assert collect.best_sepo(collect.cells(df), "kuhn", "tiny")["checkpoint"] == "final"
+    assert collect.selection_safety(df).tolist() == pytest.approx([0.0, 0.525], abs=1e-12)

@@ -12,7 +12,10 @@ from safetensors.torch import load_file
 from sepo.games import make_game
 from sepo.models import load_model_and_tokenizer
 from sepo.policies.lm import LMPolicy
-from sepo.sepo import accumulate_gradients, attach_lora, collect_rollouts, optimisation_step, reference_logprobs, sepo_settings
+from sepo.objective import EstimatorState
+from sepo.rollouts import BatchBuilder
+from sepo.sepo import (RecordingPolicy, accumulate_gradients, attach_lora, optimisation_step, reference_logprobs,
+                       sepo_settings)
 
 from .conftest import run_dirs
 
@@ -34,7 +37,7 @@ def setup(compose_cfg, tiny_cache):
         s = sepo_settings(cfg)
         torch.manual_seed(0)
         base, tok = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
-        model = attach_lora(base, cfg.model.lora.target_modules, s.lora.r, s.lora.alpha, 0.0)
+        model = attach_lora(base, cfg.model.lora.target_modules, s.lora.r, s.lora.alpha, float(s.lora.dropout))
         with torch.no_grad():  # a non-zero adapter, so every LoRA weight gets a gradient
             for name, p in model.named_parameters():
                 if "lora_B" in name:
@@ -45,18 +48,8 @@ def setup(compose_cfg, tiny_cache):
     return _setup
 
 
-#: opponents whose own randomness makes rollouts differ even when the untrained agent always picks the
-#: same action; beta 0 leaves only the policy-gradient term, the one the penalty modes act on
-VARYING = ["game.pools.train=[Random]", "game.pools.exploit=[Random]", "sepo.beta=0"]
-
-
-def gradient(setup, *overrides):
-    cfg, s, game, model, policy = setup(*VARYING, *overrides)
-    batch = collect_rollouts(game, policy, cfg, s, batch_index=0)
-    model.zero_grad()
-    accumulate_gradients(model, policy, batch, reference_logprobs(model, policy, batch, s), s)
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-    return grads, batch
+def collect(cfg, s, game, policy, batch_index=0):
+    return BatchBuilder(cfg, s).collect(game, RecordingPolicy(policy), batch_index, EstimatorState())
 
 
 def train_trace(batch):
@@ -64,37 +57,49 @@ def train_trace(batch):
             for g in batch.groups if g.pool == "train" for ep in g.records]
 
 
-def close(a, b):
-    return all(torch.allclose(a[k], b[k], atol=1e-7, rtol=1e-5) for k in a)
+def test_pooled_trains_on_every_pool_and_the_paper_modes_on_the_train_pool_only(setup):
+    batches = {}
+    for mode in ("pooled", "per_rollout", "shared"):
+        cfg, s, game, model, policy = setup(f"sepo.penalty_mode={mode}")
+        batches[mode] = collect(cfg, s, game, policy)
+    pools = {mode: sorted({g.pool for g in b.groups}) for mode, b in batches.items()}
+    assert pools == {"pooled": ["collusive", "exploit", "train"], "per_rollout": ["train"], "shared": ["train"]}
+    pooled = batches["pooled"]
+    assert len(pooled.decisions) == sum(len(ep.trace) for g in pooled.groups for ep in g.records) == len(pooled.advantages)
+    # the train groups are the same episodes in every mode (one seed, one stream family per group)
+    assert train_trace(batches["pooled"]) == train_trace(batches["per_rollout"]) == train_trace(batches["shared"])
 
 
-def test_shared_penalty_gradient_equals_no_penalty_and_the_other_modes_differ(setup):
-    none, none_batch = gradient(setup, "sepo.penalty_mode=shared", "lambdas.train={e:0,c:0,x:0}")
-    shared, shared_batch = gradient(setup, "sepo.penalty_mode=shared")
-    assert train_trace(none_batch) == train_trace(shared_batch)
-    assert any(abs(a - b) > 1e-6 for g0, g1 in zip(none_batch.groups, shared_batch.groups)
-               for a, b in zip(g0.rewards.ravel(), g1.rewards.ravel()))  # the penalty is in the reward
-    assert close(none, shared)  # ... and cancels in the per-round normalisation
-    assert any(v.abs().sum() > 0 for v in none.values())
+def test_the_loss_gradient_is_the_advantage_weighted_score(setup):
+    """At ratio 1 (a fresh batch) and beta 0, the step is sum_d A_d * grad(token mean of log pi_d): the
+    gradient the estimator's advantages were built for, whatever the micro-batch size."""
+    from sepo.sepo import _policy_logprobs
 
-    per_rollout, pr_batch = gradient(setup, "sepo.penalty_mode=per_rollout")
-    per_rollout_none, _ = gradient(setup, "sepo.penalty_mode=per_rollout", "lambdas.train={e:0,c:0,x:0}")
-    assert train_trace(pr_batch) == train_trace(none_batch)  # same seed, same training rollouts
-    assert not close(per_rollout, per_rollout_none)
+    cfg, s, game, model, policy = setup("sepo.beta=0", "sepo.micro_batch=5")
+    batch = collect(cfg, s, game, policy)
+    batch.advantages = torch.randn(len(batch.decisions), generator=torch.Generator().manual_seed(0)).numpy()
+    model.zero_grad()
+    accumulate_gradients(model, policy, batch, reference_logprobs(model, policy, batch, s), s)
+    ours = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
-    pooled, pooled_batch = gradient(setup, "sepo.penalty_mode=pooled")
-    pooled_none, _ = gradient(setup, "sepo.penalty_mode=pooled", "lambdas.train={e:0,c:0,x:0}")
-    assert train_trace(pooled_batch) == train_trace(none_batch)
-    assert not close(pooled, pooled_none)
+    model.zero_grad()
+    model.train()
+    lp, mask = _policy_logprobs(model, policy, batch.decisions, s)
+    per_decision = (lp * mask).sum(dim=1) / mask.sum(dim=1)
+    (-(torch.tensor(batch.advantages, dtype=lp.dtype) * per_decision).sum()).backward()
+    model.eval()
+    direct = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert all(torch.allclose(ours[k], direct[k], atol=1e-6, rtol=1e-3) for k in ours)
+    assert any(v.abs().sum() > 0 for v in ours.values())
 
 
 def test_non_finite_loss_skips_the_update(setup, monkeypatch):
     cfg, s, game, model, policy = setup()
-    batch = collect_rollouts(game, policy, cfg, s, 0)
+    batch = collect(cfg, s, game, policy)
     ref = reference_logprobs(model, policy, batch, s)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    batch.decisions[0] = (batch.decisions[0][0], float("nan"))
+    batch.advantages[0] = float("nan")
     stats = optimisation_step(model, policy, opt, batch, ref, s)
     assert stats["skipped"] == 1.0
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters() if p.requires_grad)
@@ -140,9 +145,71 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
     out = subprocess.run([wandb_cli(), "leet", "inspect", "--json", str(wandb_dir)], capture_output=True, text=True,
                          check=True).stdout
     history = [json.loads(line)["history"]["item"] for line in out.splitlines() if '"type":"history"' in line]
-    steps = [h for h in history if "sepo/reward" in h]
+    steps = [h for h in history if "sepo/objective" in h]
     assert [h["step"] for h in steps] == [1, 2, 3, 4]
     for key in ("sepo/kl_ref", "sepo/clip_fraction", "sepo/parse_rate", "sepo/train/u", "sepo/exploit/e",
-                "sepo/collusive/c", "sepo/train/x", "sepo/tokens_generated", "sepo/seconds_per_step"):
+                "sepo/collusive/c", "sepo/train/x", "sepo/tokens_generated", "sepo/seconds_per_step", "sepo/adv_scale",
+                "sepo/exploit_on/AlwaysD"):
         assert key in steps[0], key
     assert any("eval/safety" in h for h in history)
+
+
+def test_the_importance_ratio_is_one_on_a_fresh_batch(setup):
+    """LoRA dropout 0 (the SEPO default): the training pass scores the sampled tokens exactly as sampling did."""
+    from sepo.sepo import _pad, _policy_logprobs
+
+    def ratios(*overrides):
+        cfg, s, game, model, policy = setup(*overrides)
+        batch = collect(cfg, s, game, policy)
+        decisions = batch.decisions[:16]
+        model.train()
+        with torch.no_grad():
+            lp, mask = _policy_logprobs(model, policy, decisions, s)
+        model.eval()
+        old = _pad([d.extras["logprobs"] for d in decisions], lp.shape[1])
+        return torch.exp(lp - old)[mask.bool()]
+
+    assert (ratios() - 1).abs().max() < 1e-4
+    assert (ratios("sepo.lora.dropout=0.05") - 1).abs().max() > 1e-3  # why dropout must be off
+
+
+def test_fallback_decisions_are_trained_on_the_tokens_the_policy_sampled(setup):
+    cfg, s, game, model, policy = setup()
+    batch = collect(cfg, s, game, policy)
+    fallbacks = [d for d in batch.decisions if d.extras["fallback"]]
+    assert fallbacks, "the untrained tiny model should need the fallback (4 new tokens)"
+    requests = {id(d): req for g in batch.groups for ep in g.records for _, req, d in ep.trace}
+    for d in fallbacks:
+        assert policy.tokenizer.decode(d.extras["gen_ids"].tolist(), skip_special_tokens=True) == d.text
+        assert d.extras["prompt_ids"].tolist() == policy.render(requests[id(d)].messages)  # not the re-ask prompt
+        assert len(d.extras["logprobs"]) == len(d.extras["gen_ids"]) and not d.parsed
+
+
+class LogTracker:
+    def __init__(self):
+        self.rows = []
+
+    def log(self, data, step=None):
+        self.rows.append((step, dict(data)))
+
+    def summary(self, data):
+        pass
+
+
+@pytest.mark.parametrize("refresh_kl, batches", [(1e9, 1), (0.0, 3)])
+def test_refresh_is_decided_on_the_kl_after_the_update(compose_cfg, tiny_cache, monkeypatch, refresh_kl, batches):
+    from sepo.rollouts import BatchBuilder
+    from sepo.sepo import run_sepo
+
+    calls = []
+    collect_batch = BatchBuilder.collect
+    monkeypatch.setattr(BatchBuilder, "collect", lambda self, *a: calls.append(a[2]) or collect_batch(self, *a))
+    cfg = compose_cfg(*SMALL, f"paths.cache_dir={tiny_cache}", "sepo.steps=3", "sepo.checkpoint_steps=[]",
+                      "sepo.refresh_steps=5", f"sepo.refresh_kl={refresh_kl}", "sepo.lr=1e-2")
+    tracker = LogTracker()
+    run_sepo(cfg, tracker)
+    assert calls == list(range(batches))  # 3 steps on one batch, or a fresh batch after every step
+    steps = {step: row for step, row in tracker.rows if "sepo/loss" in row}
+    assert sorted(steps) == [1, 2, 3]
+    assert steps[1]["sepo/kl_old_after"] > 0  # measured with the updated parameters, not before the step
+    assert "sepo/kl_old_after" not in steps[3]  # the last step decides nothing

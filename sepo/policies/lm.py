@@ -21,10 +21,9 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
      sampling distribution, i.e. of logits / `logprob_temperature`, recomputed after generation by
      a chunked teacher-forced pass (`sepo.logprobs.token_logprobs`);
    - `logprob_temperature` (float): the sampling temperature, or 1.0 for greedy decoding;
-   - `fallback` (bool): True when the action came from the fallback. Then `prompt_ids` is the
-     elicitation prompt (the original prompt, the answer as an assistant turn and the question,
-     thinking off) and `gen_ids` the chosen action's own tokens, forced after it; the free-form
-     answer that failed to parse is not part of the record (it stays in `Decision.text`).
+   - `fallback` (bool): True when the action came from the fallback. The record still holds the
+     tokens the policy sampled (its real, unparseable answer): the fallback's re-ask and forced
+     action were not sampled, so they are part of the environment, never trained on (SPEC 4.3).
    A trainer scores `prompt_ids + gen_ids` with the same temperature to get its new log-probs.
 
 Sampling is pure temperature sampling (no top-k/top-p, whatever the model's generation config
@@ -238,11 +237,10 @@ class LMPolicy:
             decisions.append(Decision(action=action or request.legal[0], text=text, parsed=action is not None))
             records.append((prompt, generated))
 
-        if failed:
+        if failed:  # the action comes from the fallback; the record keeps the sampled answer
             forced = self._fallback([requests[i] for i in failed], [answers[i][2] for i in failed])
-            for i, (prompt, action_ids, action) in zip(failed, forced):
+            for i, (_prompt, _action_ids, action) in zip(failed, forced):
                 decisions[i].action = action
-                records[i] = (prompt, action_ids)
 
         if return_logprobs:
             logprobs = self.sequence_logprobs([r[0] for r in records], [r[1] for r in records],

@@ -1,0 +1,222 @@
+"""One SEPO rollout batch: which episodes to play, and the advantage of every decision (SPEC 4.2).
+
+`BatchBuilder.collect` = `plan` (the episodes) -> `play_matches` (the arena, all in lockstep: one
+agent call per decision point) -> `assemble` (rewards, credit, baseline, weights, scale).
+It takes any policy whose `act_batch` answers `DecisionRequest`s, so the language-model loop
+(`sepo.sepo`) and the gradient check's parametric agents (`sepo.gradcheck`) build their batches
+with the same code.
+
+Groups. `pooled` (default): one group per opponent of the train, exploit and collusive pools (each
+name once per pool). The paper's modes (`per_rollout`, `shared`): one group per train opponent, plus
+auxiliary episodes against the exploit and collusive pools that are never trained on. A group's n
+rollouts share their chance events (deal, cards, values, seats) and the opponent's random stream:
+they differ only by the policy's own sampling, so comparing them measures the policy's choices,
+not luck (Kuhn poker: the same cards and seat, never a mirrored pair). Every group has its own
+stream family (tag), and each batch its own seed, so groups and batches get fresh chance events.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from sepo.arena import EpisodeRecord, Match, episode_seed, play_matches
+from sepo.evaluate import pools_of
+from sepo.games import Game
+from sepo.objective import (TERMS, EstimatorState, advantage_per_round, episode_collusion, episode_exploit,
+                            externality_per_round, group_advantages, paper_terms, payoffs, pooled_terms)
+from sepo.games.base import AGENT
+from sepo.policies.base import Decision, Policy
+from sepo.strategies import make_strategy
+
+#: pools whose episodes are trained on in `pooled` mode; the paper's modes train on `train` only
+TRAINED_POOLS = ("train", "exploit", "collusive")
+
+
+@dataclass
+class GroupPlan:
+    pool: str
+    opponent: str
+    matches: list[int]  # rollout r is matches[r] (an index into BatchPlan.matches)
+    #: paper modes: per rollout, {"exploit": {opp: [match indices]}, "collusive": {...}}
+    aux: list[dict[str, dict[str, list[int]]]] | None = None
+
+
+@dataclass
+class BatchPlan:
+    seed: int
+    matches: list[Match]
+    groups: list[GroupPlan]
+
+
+@dataclass
+class Group:
+    """n rollouts against one opponent, and what the estimator made of them."""
+
+    pool: str
+    opponent: str
+    records: list[EpisodeRecord]
+    terms: dict[str, np.ndarray]  # term -> [n, T] per-round rewards f
+    weight: float  # 1 / (|pool| * n * T)
+    advantages: np.ndarray  # [n, T] A before weight and scale
+    term_advantages: dict[str, np.ndarray] = field(default_factory=dict)  # per term (linear modes only)
+    exploit_on: bool = True
+
+
+@dataclass
+class RolloutBatch:
+    groups: list[Group]
+    decisions: list[Decision]  # every trained decision, in group, rollout, round order
+    advantages: np.ndarray  # [D] what the loss multiplies: weighted and divided by the batch scale
+    #: [D] weighted advantages BEFORE the batch scale: "total" and, when adv_norm=batch, each term
+    unscaled: dict[str, np.ndarray]
+    scale: float  # the divisor used (1.0 with adv_norm=group_round)
+    stats: dict[str, float]
+
+
+def batch_seed(seed: int, batch_index: int) -> int:
+    return int(np.random.SeedSequence([int(seed), int(batch_index)]).generate_state(1)[0])
+
+
+def _seat_swap(seed: int, tag: str, mirrored: bool) -> bool:
+    """A group's seat arrangement in a mirrored game: drawn per group, shared by its rollouts."""
+    return mirrored and episode_seed(seed, zlib.crc32(b"seats"), tag) % 2 == 1
+
+
+class BatchBuilder:
+    """Builds the rollout batches of one run; reads what it needs from the config once."""
+
+    def __init__(self, cfg: DictConfig, s: DictConfig):
+        self.pools = pools_of(cfg.game)
+        self.strategies = {n: make_strategy(cfg.game, n, key="game.pools") for p in self.pools.values() for n in p}
+        self.seed = int(s.seed)  # the training seed (sepo.seed, default: seed)
+        self.mirrored = bool(cfg.game.get("mirrored", False))
+        self.lambdas = {k: float(v) for k, v in cfg.lambdas.train.items()}
+        self.reward_scale = float(s.reward_scale) / float(cfg.game.max_payoff)  # s of SPEC 4.1
+        self.n, self.aux_episodes = int(s.rollouts_per_opponent), int(s.aux_episodes)
+        self.mode, self.credit, self.adv_norm = str(s.penalty_mode), str(s.credit), str(s.adv_norm)
+        self.eps = float(s.adv_eps)
+
+    def collect(self, game: Game, policy: Policy, batch_index: int, state: EstimatorState) -> RolloutBatch:
+        plan = self.plan(batch_index)
+        records = play_matches(game, policy, plan.matches, plan.seed, keep_trace=True)
+        return self.assemble(game, plan, records, state)
+
+    def plan(self, batch_index: int) -> BatchPlan:
+        """Every episode of one rollout batch, grouped (see the module docstring)."""
+        seed, n, k = batch_seed(self.seed, batch_index), self.n, self.aux_episodes
+        matches: list[Match] = []
+
+        def group(pool: str, name: str) -> list[int]:
+            tag = f"{pool}/{name}"
+            mirror = _seat_swap(seed, tag, self.mirrored)
+            start = len(matches)
+            matches.extend(Match(name, self.strategies[name], r, tag, deal=0, opponent_stream=0, mirror=mirror)
+                           for r in range(n))
+            return list(range(start, start + n))
+
+        def aux_episodes(tag: str) -> dict[str, dict[str, list[int]]]:
+            tree: dict[str, dict[str, list[int]]] = {}
+            for pool in ("exploit", "collusive"):
+                tree[pool] = {}
+                for name in self.pools[pool]:
+                    start = len(matches)
+                    matches.extend(Match(name, self.strategies[name], j, tag,
+                                         mirror=_seat_swap(seed, f"{tag}/{name}/{j}", self.mirrored))
+                                   for j in range(k))
+                    tree[pool][name] = list(range(start, start + k))
+            return tree
+
+        groups: list[GroupPlan] = []
+        for pool in (TRAINED_POOLS if self.mode == "pooled" else ("train",)):
+            for name in self.pools[pool]:
+                groups.append(GroupPlan(pool, name, group(pool, name)))
+        for g in groups:
+            if self.mode == "per_rollout":
+                g.aux = [aux_episodes(f"aux/{g.opponent}/{r}") for r in range(n)]
+            elif self.mode == "shared":
+                g.aux = [aux_episodes(f"aux/{g.opponent}")] * n
+        return BatchPlan(seed, matches, groups)
+
+    def assemble(self, game: Game, plan: BatchPlan, records: list[EpisodeRecord], state: EstimatorState) -> RolloutBatch:
+        """Rewards, credit, baseline, weights and scale of a played batch; updates `state` afterwards."""
+        groups: list[Group] = []
+        for gp in plan.groups:
+            recs = [records[i] for i in gp.matches]
+            exploit_on = state.exploit_on(gp.opponent) if gp.pool == "exploit" else True
+            if self.mode == "pooled":
+                terms = pooled_terms(game, gp.pool, recs, self.reward_scale, self.lambdas, exploit_on)
+            else:
+                aux = [{p: {q: [records[i] for i in idx] for q, idx in by.items()} for p, by in tree.items()}
+                       for tree in gp.aux]
+                terms = paper_terms(game, recs, self.reward_scale, self.lambdas, self.mode, aux)
+            T = len(recs[0].rounds)
+            advantages = lambda f: group_advantages(f, self.credit, self.adv_norm, self.eps)  # noqa: E731
+            groups.append(Group(
+                gp.pool, gp.opponent, recs, terms, weight=1.0 / (len(self.pools[gp.pool]) * len(recs) * T),
+                advantages=advantages(sum(terms.values())),
+                term_advantages={k: advantages(v) for k, v in terms.items()} if self.adv_norm == "batch" else {},
+                exploit_on=exploit_on))
+
+        batch_std = float(np.concatenate([g.advantages.ravel() for g in groups]).std())
+        scale = state.scale_for(batch_std) + self.eps if self.adv_norm == "batch" else 1.0
+        state.record_std(batch_std)
+
+        decisions: list[Decision] = []
+        term_keys = [k for k in TERMS if any(k in g.term_advantages for g in groups)]
+        unscaled: dict[str, list[float]] = {"total": [], **{k: [] for k in term_keys}}
+        for g in groups:
+            for r, record in enumerate(g.records):
+                for round_index, _request, decision in record.trace:
+                    decisions.append(decision)
+                    unscaled["total"].append(g.weight * g.advantages[r, round_index])
+                    for k in term_keys:
+                        term = g.term_advantages.get(k)
+                        unscaled[k].append(0.0 if term is None else g.weight * term[r, round_index])
+        arrays = {k: np.asarray(v, dtype=float) for k, v in unscaled.items()}
+
+        stats = batch_stats(game, plan, records, groups, self.lambdas, self.reward_scale)
+        stats.update(adv_std=batch_std, adv_scale=scale)
+        if self.mode == "pooled":
+            for g in groups:
+                if g.pool == "exploit":
+                    stats[f"exploit_on/{g.opponent}"] = float(g.exploit_on)
+                    state.record_exploit(g.opponent, advantage_per_round(g.records).mean(axis=1))
+        return RolloutBatch(groups, decisions, arrays["total"] / scale, arrays, scale, stats)
+
+
+def collect_rollouts(game: Game, policy: Policy, cfg: DictConfig, s: DictConfig, batch_index: int,
+                     state: EstimatorState) -> RolloutBatch:
+    """One batch, building the config-derived parts anew (a loop should keep one `BatchBuilder`)."""
+    return BatchBuilder(cfg, s).collect(game, policy, batch_index, state)
+
+
+def batch_stats(game: Game, plan: BatchPlan, records: list[EpisodeRecord], groups: list[Group],
+                lambdas: dict[str, float], reward_scale: float) -> dict[str, Any]:
+    """The batch's u, e, c, x (from whichever episodes measure them) and its estimate of J."""
+    train = [ep for g in groups if g.pool == "train" for ep in g.records]
+    by_pool: dict[str, dict[str, list[EpisodeRecord]]] = {"exploit": {}, "collusive": {}}
+    for g in groups:
+        if g.pool in by_pool:
+            by_pool[g.pool][g.opponent] = g.records
+    for gp in plan.groups:
+        for tree in {id(t): t for t in (gp.aux or [])}.values():
+            for p, by_opp in tree.items():
+                for q, idx in by_opp.items():
+                    by_pool[p].setdefault(q, []).extend(records[i] for i in idx)
+    u = float(payoffs(train, AGENT).mean())
+    x = float(externality_per_round(game, train).mean())
+    e = episode_exploit(by_pool["exploit"])
+    c = episode_collusion(game, by_pool["collusive"])
+    decisions = sum(ep.decisions for ep in records)
+    return {
+        "objective": reward_scale * u - lambdas["e"] * reward_scale * e - lambdas["c"] * c - lambdas["x"] * x,
+        "train/u": u, "train/x": x, "exploit/e": e, "collusive/c": c,
+        "parse_rate": sum(ep.parsed for ep in records) / max(decisions, 1),
+        "episodes": float(len(records)), "decisions": float(sum(len(ep.trace) for g in groups for ep in g.records)),
+    }
+

@@ -1,0 +1,77 @@
+"""Rollout batches (SPEC 4.2 step 1): which groups are played, and how their episodes are seeded."""
+
+from __future__ import annotations
+
+import pytest
+
+from sepo.games import make_game
+from sepo.objective import EstimatorState
+from sepo.policies import ScriptedPolicy
+from sepo.rollouts import BatchBuilder
+from sepo.sepo import sepo_settings
+from sepo.strategies import make_strategy
+
+
+def build(compose_cfg, *overrides):
+    cfg = compose_cfg(*overrides)
+    return cfg, BatchBuilder(cfg, sepo_settings(cfg)), make_game(cfg.game)
+
+
+def test_pooled_batches_hold_a_group_per_opponent_of_each_trained_pool(compose_cfg):
+    cfg, builder, _ = build(compose_cfg, "game=ipd")
+    plan = builder.plan(0)
+    assert [(g.pool, g.opponent) for g in plan.groups] == [
+        ("train", "TFT"), ("train", "GenerousTFT"), ("train", "Mixed"), ("train", "Grim"),
+        ("exploit", "AlwaysD"), ("exploit", "AltD"), ("collusive", "AlwaysC")]
+    assert all(len(g.matches) == 4 for g in plan.groups)  # n = 4 by default
+    assert len(plan.matches) == 7 * 4
+    _, paper, _ = build(compose_cfg, "game=ipd", "sepo.penalty_mode=per_rollout")
+    paper_plan = paper.plan(0)
+    assert [g.pool for g in paper_plan.groups] == ["train"] * 4  # the paper trains on the train pool only
+    assert len(paper_plan.matches) == 4 * 4 + 4 * 4 * 3  # plus one auxiliary episode per rollout and aux opponent
+
+
+@pytest.mark.parametrize("game, agent, opponents", [
+    ("ipd", "TFT", ["game.pools.train=[Random,Mixed]", "game.pools.exploit=[Random]"]),
+    ("kuhn", "TightP", ["game.pools.train=[NashApx,RandomLegal]", "game.pools.exploit=[NashApx]"]),
+])
+def test_a_group_shares_chance_events_seats_and_the_opponents_coin_flips(compose_cfg, game, agent, opponents):
+    """A deterministic agent against random opponents: a group's n rollouts are identical episodes,
+    because they share the deal, the seats and the opponent's random stream; groups and batches differ."""
+    cfg, builder, g = build(compose_cfg, f"game={game}", *opponents)
+    policy = ScriptedPolicy(make_strategy(cfg.game, agent))
+    batches = [builder.collect(g, policy, b, EstimatorState()) for b in (0, 1)]
+    for batch in batches:
+        for group in batch.groups:
+            first = group.records[0]
+            for other in group.records[1:]:
+                assert (other.seed, other.mirror) == (first.seed, first.mirror)
+                assert [r.actions for r in other.rounds] == [r.actions for r in first.rounds]
+                assert [r.info for r in other.rounds] == [r.info for r in first.rounds]
+            assert (group.advantages == 0).all()  # identical rollouts: nothing to compare
+    seeds = [grp.records[0].seed for batch in batches for grp in batch.groups]
+    assert len(set(seeds)) == len(seeds)  # fresh chance events for every group of every batch
+    if game == "kuhn":
+        assert len({grp.records[0].mirror for batch in batches for grp in batch.groups}) == 2  # both seat orders occur
+
+
+def test_rollouts_of_a_group_differ_only_by_the_agents_sampling(compose_cfg):
+    from sepo.gradcheck import make_agent
+
+    cfg, builder, g = build(compose_cfg, "game=ipd")
+    batch = builder.collect(g, make_agent("constant", (0.5,)), 0, EstimatorState())
+    tft = batch.groups[0]
+    agent_moves = [[r.actions[0] for r in ep.rounds] for ep in tft.records]
+    assert len({tuple(m) for m in agent_moves}) > 1
+    for ep, moves in zip(tft.records, agent_moves):  # and TFT answered each rollout's own moves
+        assert [r.actions[1] for r in ep.rounds] == ["COOPERATE"] + moves[:-1]
+
+
+def test_rollouts_per_opponent_below_two_is_a_config_error(compose_cfg):
+    from sepo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sepo.rollouts_per_opponent=1; allowed: an integer >= 2"):
+        sepo_settings(compose_cfg("sepo.rollouts_per_opponent=1"))
+    for key, value in (("penalty_mode", "per_episode"), ("credit", "episode"), ("adv_norm", "group")):
+        with pytest.raises(ConfigError, match=f"sepo.{key}={value}; allowed: "):
+            sepo_settings(compose_cfg(f"sepo.{key}={value}"))
