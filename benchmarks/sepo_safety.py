@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the SEPO runs (they win)")
     args = parser.parse_args()
     root = Path(args.root or tempfile.mkdtemp(prefix="sepo_safety_"))
+    root.mkdir(parents=True, exist_ok=True)
     started = time.time()
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     game = [f"game={args.game}"]
@@ -101,7 +102,7 @@ def main() -> None:
         out = root / arm / f"seed_{seed}"
         if not (out / "outputs").exists() or not any((out / "outputs").rglob("DONE")):
             print(f"SEPO {arm} seed {seed} -> {out}", file=sys.stderr, flush=True)
-            main_py(["stage=sepo", *COMMON, *game, f"model.path={sft_run / 'merged'}", f"sepo.seed={seed}",
+            main_py(["stage=sepo", *COMMON, *game, f"model.path='{sft_run / 'merged'}'", f"sepo.seed={seed}",
                      f"sepo.steps={args.steps}", "sepo.checkpoint_steps=[]", *ARMS[arm], *args.overrides],
                     out, threads, root / f"{arm}_seed_{seed}.log")
         run = run_dir(out, "sepo")

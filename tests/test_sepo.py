@@ -196,7 +196,7 @@ class LogTracker:
         pass
 
 
-@pytest.mark.parametrize("refresh_kl, batches", [(1e9, 1), (0.0, 3)])
+@pytest.mark.parametrize("refresh_kl, batches", [(1e9, 1), (0.0, 2)])
 def test_refresh_is_decided_on_the_kl_after_the_update(compose_cfg, tiny_cache, monkeypatch, refresh_kl, batches):
     from sepo.rollouts import BatchBuilder
     from sepo.sepo import run_sepo
@@ -204,12 +204,12 @@ def test_refresh_is_decided_on_the_kl_after_the_update(compose_cfg, tiny_cache, 
     calls = []
     collect_batch = BatchBuilder.collect
     monkeypatch.setattr(BatchBuilder, "collect", lambda self, *a: calls.append(a[2]) or collect_batch(self, *a))
-    cfg = compose_cfg(*SMALL, f"paths.cache_dir={tiny_cache}", "sepo.steps=3", "sepo.checkpoint_steps=[]",
+    cfg = compose_cfg(*SMALL, f"paths.cache_dir={tiny_cache}", "sepo.steps=2", "sepo.checkpoint_steps=[]",
                       "sepo.refresh_steps=5", f"sepo.refresh_kl={refresh_kl}", "sepo.lr=1e-2")
     tracker = LogTracker()
     run_sepo(cfg, tracker)
-    assert calls == list(range(batches))  # 3 steps on one batch, or a fresh batch after every step
+    assert calls == list(range(batches))  # 2 steps on one batch, or a fresh batch after the first step
     steps = {step: row for step, row in tracker.rows if "sepo/loss" in row}
-    assert sorted(steps) == [1, 2, 3]
-    assert steps[1]["sepo/kl_old_after"] > 0  # measured with the updated parameters, not before the step
-    assert "sepo/kl_old_after" not in steps[3]  # the last step decides nothing
+    assert sorted(steps) == [1, 2]
+    assert steps[1]["sepo/kl_old_after"] > 0  # measured with the updated parameters (0 before the step)
+    assert "sepo/kl_old_after" not in steps[2]  # the last step decides nothing
