@@ -54,8 +54,10 @@ def main_py(args: list[str], root: Path, threads: int, log: Path) -> None:
                        stdout=out, stderr=subprocess.STDOUT, check=True)
 
 
-def run_dir(root: Path, stage: str) -> Path:
-    (done,) = [p.parent for p in (root / "outputs").rglob("DONE") if f"stage={stage}" in str(p.parent)]
+def run_dir(root: Path) -> Path:
+    """The one finished run under `root` (every arm x seed, and the SFT, has a root of its own; long
+    override lists make Hydra's dir name a hash, so the name cannot be relied on)."""
+    (done,) = [p.parent for p in (root / "outputs").rglob("DONE")]
     return done
 
 
@@ -75,12 +77,13 @@ def main() -> None:
     parser.add_argument("--root", default=None, help="output root (default: a temporary directory)")
     parser.add_argument("--sft-run", default=None, help="an SFT run dir (with merged/ and eval/sft/) to start from")
     parser.add_argument("--jobs", type=int, default=1, help="SEPO runs at a time (each gets cores / jobs threads)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / jobs)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the SEPO runs (they win)")
     args = parser.parse_args()
     root = Path(args.root or tempfile.mkdtemp(prefix="sepo_safety_"))
     root.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     game = [f"game={args.game}"]
 
     # 1. one SFT checkpoint (the tiny model's SFT defaults), evaluated like the SEPO runs
@@ -91,7 +94,7 @@ def main() -> None:
         if not (sft_root / "outputs").exists() or not any((sft_root / "outputs").rglob("DONE")):
             print(f"SFT of tiny on {args.game} -> {sft_root}", file=sys.stderr, flush=True)
             main_py(["stage=sft", *COMMON, *game], sft_root, os.cpu_count() or 1, root / "sft.log")
-        sft_run = run_dir(sft_root, "sft")
+        sft_run = run_dir(sft_root)
     sft = json.loads((sft_run / "eval" / "sft" / "results.json").read_text())
 
     # 2. every arm x seed from it (a finished run is skipped by its DONE marker)
@@ -105,7 +108,7 @@ def main() -> None:
             main_py(["stage=sepo", *COMMON, *game, f"model.path='{sft_run / 'merged'}'", f"sepo.seed={seed}",
                      f"sepo.steps={args.steps}", "sepo.checkpoint_steps=[]", *ARMS[arm], *args.overrides],
                     out, threads, root / f"{arm}_seed_{seed}.log")
-        run = run_dir(out, "sepo")
+        run = run_dir(out)
         return job, json.loads((run / "eval" / f"step_{args.steps}" / "results.json").read_text())
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
