@@ -2,7 +2,7 @@
 
 A parametric scripted IPD agent (its action probabilities are sigmoids of its parameters; no
 language model) plays through exactly the code that builds training batches
-(`sepo.rollouts.collect_rollouts`: groups, shared chance events, term rewards, credit, baseline,
+(`sepo.rollouts.BatchBuilder`: groups, shared chance events, term rewards, credit, baseline,
 weights, the batch scale, the exploit switch). Each of its decisions records its score
 d log pi(a | s) / d theta, so a batch's estimated update (the ascent direction of the loss at
 importance ratio 1) is sum_d A_d * score_d, per term and in total, before and after the batch scale.
@@ -203,7 +203,7 @@ class Estimate:
 
 def estimate_update(agent: ParametricAgent, cfg: DictConfig, s: DictConfig, batches: int, burn_in: int = 0,
                     first_batch: int = 0) -> Estimate:
-    """Run `burn_in + batches` rollout batches through `collect_rollouts`; average the last `batches`.
+    """Run `burn_in + batches` rollout batches through `BatchBuilder.collect`; average the last `batches`.
 
     The burn-in fills the estimator's running statistics (exploit switch, advantage scale) from
     earlier batches, as in a training run that has been going for a while.

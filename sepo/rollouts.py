@@ -189,12 +189,6 @@ class BatchBuilder:
         return RolloutBatch(groups, decisions, arrays["total"] / scale, arrays, scale, stats)
 
 
-def collect_rollouts(game: Game, policy: Policy, cfg: DictConfig, s: DictConfig, batch_index: int,
-                     state: EstimatorState) -> RolloutBatch:
-    """One batch, building the config-derived parts anew (a loop should keep one `BatchBuilder`)."""
-    return BatchBuilder(cfg, s).collect(game, policy, batch_index, state)
-
-
 def batch_stats(game: Game, plan: BatchPlan, records: list[EpisodeRecord], groups: list[Group],
                 lambdas: dict[str, float], reward_scale: float) -> dict[str, Any]:
     """The batch's u, e, c, x (from whichever episodes measure them) and its estimate of J."""

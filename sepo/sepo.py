@@ -2,7 +2,7 @@
 
 `run_sepo` loads the merged SFT model and attaches a fresh LoRA adapter (dropout 0, so that the
 importance ratio is exactly 1 on a fresh batch). Every outer iteration plays one rollout batch
-(`sepo.rollouts.collect_rollouts`: every group of every pool in lockstep, one generate call per
+(`sepo.rollouts.BatchBuilder.collect`: every group of every pool in lockstep, one generate call per
 decision point), whose decisions carry the advantages of SPEC 4.2, and takes up to
 `sepo.refresh_steps` optimizer steps on it.
 

@@ -239,7 +239,7 @@ class LMPolicy:
 
         if failed:  # the action comes from the fallback; the record keeps the sampled answer
             forced = self._fallback([requests[i] for i in failed], [answers[i][2] for i in failed])
-            for i, (_prompt, _action_ids, action) in zip(failed, forced):
+            for i, action in zip(failed, forced):
                 decisions[i].action = action
 
         if return_logprobs:
@@ -293,10 +293,11 @@ class LMPolicy:
         return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
     # ----------------------------------------------------------------- constrained fallback
-    def _fallback(self, requests: list[DecisionRequest], answers: list[str]) -> list[tuple[list[int], list[int], str]]:
-        """SPEC section 5: re-ask for the action and choose among the legal ones only.
+    def _fallback(self, requests: list[DecisionRequest], answers: list[str]) -> list[str]:
+        """SPEC section 5: re-ask for the action and choose among the legal ones only; returns the actions.
 
-        Returns (elicitation prompt ids, the chosen action's token ids, action) per request.
+        Only the action is kept: the re-ask and the forced action were not sampled, so they are never
+        part of a decision's record (module docstring).
         """
         prompts = [self.render(r.messages + [{"role": "assistant", "content": a},
                                              {"role": "user", "content": fallback_question(r.game, r.legal)}],
@@ -322,7 +323,7 @@ class LMPolicy:
             scores = self.action_scores([prompts[i] for i in rest], [tokenised[i] for i in rest], 1.0)
             for i, s in zip(rest, scores):
                 choice[i] = int(torch.argmax(s))
-        return [(prompts[i], tokenised[i][c], requests[i].legal[c]) for i, c in enumerate(choice)]
+        return [requests[i].legal[c] for i, c in enumerate(choice)]
 
     # ----------------------------------------------------------------- scoring
     def sequence_logprobs(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
