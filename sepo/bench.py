@@ -3,6 +3,8 @@
     python -m sepo.bench rollout [--episodes 80] [--game ipd] [--max-new-tokens N]
     python -m sepo.bench logprob [--vocab 262144 --positions 512 --hidden 256 --chunk 32]
     python -m sepo.bench gradcheck [--batches 2000]
+    python -m sepo.bench step [--model-path DIR] [--steps 3] [overrides ...]
+    python -m sepo.bench gpu [--model gemma4|qwen|both]
 
 `rollout` builds the tiny model and plays the same episodes against the game's train pool twice:
 all in lockstep (`sepo.arena.play_matches`, one batched generate per decision point) and one
@@ -27,6 +29,17 @@ at once and RSS follows the live tensors.
 `gradcheck` runs SPEC 4.4's gradient check (`sepo.gradcheck`): a parametric scripted IPD agent
 through the training batch code, the mean estimated update of each term against finite differences
 of the exact J, for the default estimator and the paper's variants.
+
+`step` times SEPO steps of the tiny model (an SFT'd one with `--model-path <sft run>/merged`, else
+the untrained build) exactly as `run_sepo` takes them (fresh rollouts, reference pass, update), after
+one warm-up step, and splits each step's wall time into sections (`sepo.profiling`): prompt
+processing and decoding inside generate, sampling (which records the behaviour log-probs), stopping
+checks, fallback, rendering, reference log-probs, the update's forward pass, backward, optimizer, and
+`other` (arena, games, advantages). Extra arguments are Hydra overrides (e.g. the side-by-side
+setting `sepo.penalty_mode=per_rollout sepo.rollouts_per_opponent=2 sepo.refresh_steps=1`).
+
+`gpu` (`sepo.gpu_bench`) measures the full-size Gemma 4 and Qwen 3.5 architectures with random
+weights on a CUDA device; it exits with a message where there is none.
 
 Each command prints a JSON object as its last line.
 """
@@ -178,6 +191,61 @@ def gradcheck(args: argparse.Namespace) -> dict:
     return result
 
 
+# --------------------------------------------------------------------- SEPO step profile
+def step(args: argparse.Namespace) -> dict:
+    import torch
+
+    from sepo.games import make_game
+    from sepo.models import attach_lora, load_model_and_tokenizer
+    from sepo.profiling import profiled, section, time_model_forwards
+    from sepo.sepo import (RecordingPolicy, generated_tokens, optimisation_step, reference_logprobs, sepo_settings,
+                           training_parts)
+
+    overrides = [f"model={args.model}", f"game={args.game}", "logger=none", *args.overrides]
+    if args.model_path:
+        overrides.append(f"model.path='{Path(args.model_path).resolve()}'")
+    cfg = compose(overrides)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    s = sepo_settings(cfg)
+    torch.manual_seed(int(s.seed))
+    game = make_game(cfg.game)
+    base, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
+    model = attach_lora(base, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout))
+    policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
+    hooks = time_model_forwards(model)
+
+    def one_step(index: int) -> tuple[int, int]:
+        """Fresh rollouts and `refresh_steps` updates on them, as run_sepo takes them (no KL check)."""
+        with section("other"):
+            batch = builder.collect(game, RecordingPolicy(policy), index, estimator)
+            ref = reference_logprobs(model, policy, batch, s)
+            for _ in range(int(s.refresh_steps)):
+                optimisation_step(model, policy, optimizer, batch, ref, s)
+        return len(batch.decisions), generated_tokens(batch)
+
+    one_step(0)  # warm-up: first-call allocations and lazy imports are not a step's cost
+    decisions = tokens = 0
+    with profiled() as sections:
+        started = time.perf_counter()
+        for index in range(1, args.steps + 1):
+            d, t = one_step(index)
+            decisions, tokens = decisions + d, tokens + t
+        seconds = time.perf_counter() - started
+    for h in hooks:
+        h.remove()
+    per_step = seconds / args.steps
+    breakdown = {k: round(v / args.steps, 3) for k, v in sorted(sections.seconds.items(), key=lambda kv: -kv[1])}
+    print(f"{'section':<22}{'s/step':>9}{'share':>8}", file=sys.stderr)
+    for k, v in breakdown.items():
+        print(f"{k:<22}{v:>9.3f}{v / per_step:>8.1%}", file=sys.stderr)
+    print(f"{'total':<22}{per_step:>9.3f}   ({decisions / args.steps:.0f} decisions, "
+          f"{tokens / args.steps:.0f} generated tokens per step; {torch.get_num_threads()} threads)", file=sys.stderr)
+    return {"seconds_per_step": round(per_step, 3), "breakdown": breakdown,
+            "decisions": decisions // args.steps, "tokens": tokens // args.steps, "steps": args.steps,
+            "threads": torch.get_num_threads(), "overrides": overrides}
+
+
 # --------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sepo.bench", description=__doc__.split("\n\n")[0])
@@ -206,8 +274,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batches", type=int, default=2000, help="rollout batches averaged per point and variant")
     p.add_argument("--burn-in", type=int, default=20, help="batches that only fill the running statistics first")
 
+    p = sub.add_parser("step", help="seconds per SEPO step of the tiny model, with a breakdown by section")
+    p.add_argument("--model-path", default=None, help="a merged model dir (e.g. <sft run>/merged); default: the build")
+    p.add_argument("--model", default="tiny", help="model config group option")
+    p.add_argument("--game", default="ipd")
+    p.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up step)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. sepo.rollouts_per_opponent=2")
+
+    p = sub.add_parser("gpu", help="full-size Gemma 4 / Qwen 3.5 on CUDA: decode speed vs the bandwidth floor, "
+                                   "SEPO step time and memory, SFT tokens/s")
+    from sepo import gpu_bench
+    gpu_bench.add_arguments(p)
+
     args = parser.parse_args(argv)
-    run = {"rollout": rollout, "logprob": logprob, "_logprob_worker": logprob_worker, "gradcheck": gradcheck}[args.command]
+    run = {"rollout": rollout, "logprob": logprob, "_logprob_worker": logprob_worker, "gradcheck": gradcheck,
+           "step": step, "gpu": gpu_bench.run}[args.command]
     print(json.dumps(run(args)))
 
 

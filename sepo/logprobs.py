@@ -94,12 +94,17 @@ def forward_inputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
 
 def final_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        **forward_kwargs: Any) -> torch.Tensor:
+                        shared_prefix: int = 0, **forward_kwargs: Any) -> torch.Tensor:
     """The hidden states the output head would read, [B, T, H], without computing [B, T, V] logits.
 
     A pre-hook on the output embeddings records its input and hands the head a single position, so
     this works unchanged for any causal LM, multimodal wrapper or PEFT model whatever its final norm,
     KV sharing or adapters (and with `disable_adapter()` for a reference model).
+
+    `shared_prefix` = P > 0: the first P tokens are the same in every row (and unmasked), so they are
+    run once, as a batch of one, and their KV cache is repeated for the batch; the rows' own tokens
+    then attend to it. Gradients flow through the cache (the adapter acts on the prefix too).
+    Returns the states of positions P..T-1 only, [B, T - P, H].
     """
     head = model.get_output_embeddings()
     captured: list[torch.Tensor] = []
@@ -110,7 +115,21 @@ def final_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attenti
 
     handle = head.register_forward_pre_hook(grab)
     try:
-        model(**forward_inputs(model, input_ids, attention_mask, **forward_kwargs), use_cache=False)
+        if shared_prefix:
+            from transformers import DynamicCache
+
+            if forward_kwargs:
+                raise ValueError("shared_prefix works with plain input ids only (no extra model inputs)")
+            cache = DynamicCache(config=model.config)
+            model(input_ids=input_ids[:1, :shared_prefix], past_key_values=cache, use_cache=True)
+            cache.batch_repeat_interleave(input_ids.shape[0])
+            kwargs = forward_inputs(model, input_ids, attention_mask)
+            kwargs["input_ids"] = input_ids[:, shared_prefix:]
+            if "position_ids" in kwargs:
+                kwargs["position_ids"] = kwargs["position_ids"][:, shared_prefix:]
+            model(**kwargs, past_key_values=cache, use_cache=True)
+        else:
+            model(**forward_inputs(model, input_ids, attention_mask, **forward_kwargs), use_cache=False)
     finally:
         handle.remove()
     return captured[-1]
@@ -124,16 +143,19 @@ def next_token_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   start: int, chunk: int = 32, temperature: float = 1.0,
+                   start: int, chunk: int = 32, temperature: float = 1.0, shared_prefix: int = 0,
                    **forward_kwargs: Any) -> torch.Tensor:
     """log p(input_ids[:, t] | input_ids[:, <t]) for t in [start, T), as float32 [B, T - start].
 
     `start` >= 1 is the first scored position (the length of the left-padded prompt). Positions
     whose attention mask is 0 (right padding) get values that callers must mask out.
     `temperature` divides the logits first: the log-probs of the distribution sampled from.
+    `shared_prefix` (< `start`): tokens common to every row, run once (`final_hidden_states`).
     """
-    hidden = final_hidden_states(model, input_ids, attention_mask, **forward_kwargs)
-    return chunked_logprobs_from_hidden(hidden[:, start - 1:-1], model.get_output_embeddings(),
+    if shared_prefix >= start:
+        raise ValueError(f"shared_prefix={shared_prefix} must end before the first scored position ({start})")
+    hidden = final_hidden_states(model, input_ids, attention_mask, shared_prefix, **forward_kwargs)
+    return chunked_logprobs_from_hidden(hidden[:, start - 1 - shared_prefix:-1], model.get_output_embeddings(),
                                         input_ids[:, start:], chunk, temperature, _softcap(model))
 
 

@@ -13,6 +13,7 @@ from `model.path`, a local directory or a hub id already in the Hugging Face cac
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import json
@@ -293,3 +294,51 @@ def attach_lora(model: Any, target_regex: str, r: int, alpha: int, dropout: floa
         raise ModelLoadError(f"{key}={target_regex!r} matches vision/audio modules, e.g. {bad[:3]}; "
                              "restrict it to the language model's projections")
     return model
+
+
+def quantized_reference(model: Any, compute_dtype: Any = None, quant_type: str = "nf4") -> Any:
+    """A reference policy for `sepo.ref_4bit`: a copy of `model`'s base whose linear layers are
+    bitsandbytes 4-bit, sharing every other tensor (embeddings, norms, the output head: all frozen
+    under LoRA) with the policy, so only the quantized linears cost memory.
+
+    A LoRA layer is replaced by its quantized base layer (the reference never has an adapter);
+    the output head and the vision/audio towers are left as they are (text never runs the towers).
+    Quantization happens when a weight is moved to its device (bitsandbytes' Params4bit).
+    """
+    try:
+        import bitsandbytes as bnb
+    except ImportError as err:
+        raise ModelLoadError("sepo.ref_4bit=true needs bitsandbytes: pip install -e '.[gpu]'") from err
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # share every tensor: the copy duplicates the module tree only
+    memo = {id(t): t for t in list(base.parameters()) + list(base.buffers())}
+    ref = copy.deepcopy(base, memo)
+    head = ref.get_output_embeddings()
+
+    def quantize(linear: torch.nn.Linear) -> torch.nn.Module:
+        device = linear.weight.device
+        q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                              compute_dtype=compute_dtype or linear.weight.dtype, quant_type=quant_type, device="meta")
+        q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, quant_type=quant_type,
+                                     compress_statistics=True, module=q).to(device)
+        if linear.bias is not None:
+            q.bias = torch.nn.Parameter(linear.bias.data, requires_grad=False)
+        return q
+
+    def convert(module: torch.nn.Module) -> None:
+        for child_name, child in list(module.named_children()):
+            if any(word in child_name.lower() for word in FORBIDDEN_LORA) or child is head:
+                continue
+            base_layer = getattr(child, "base_layer", None) if hasattr(child, "lora_A") else None
+            if isinstance(base_layer, torch.nn.Linear):
+                setattr(module, child_name, quantize(base_layer))
+            elif type(child) is torch.nn.Linear:
+                setattr(module, child_name, quantize(child))
+            else:
+                convert(child)
+
+    convert(ref)
+    # no requires_grad_(False) here: the copy shares the policy's tensors, and freezing them through
+    # it would freeze the policy (the reference runs under no_grad anyway)
+    return ref.eval()

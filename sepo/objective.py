@@ -215,7 +215,7 @@ class EstimatorState:
 
 
 # --------------------------------------------------------------------------- the update
-def token_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor, advantage: torch.Tensor,
+def token_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None, advantage: torch.Tensor,
                mask: torch.Tensor, clip_eps: float, beta: float, kl_tokens: float | None = None
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clipped surrogate averaged over each decision's tokens and SUMMED over decisions, plus
@@ -226,12 +226,13 @@ def token_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tenso
     and the batch scale, so at ratio 1 the surrogate's gradient is -sum_d A_d * grad log pi (token
     mean). `kl_tokens` is the number of generated tokens of the whole batch (micro-batches add up to
     one mean); default: this call's tokens. Neither term depends on answer lengths or on how many
-    opponents there are.
+    opponents there are. `logp_ref=None` (beta = 0: the reference pass is skipped) drops the KL
+    term and its statistic.
     """
     ratio = torch.exp(logp - logp_old)
     adv = advantage[:, None]
     surrogate = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
-    kl_ref = torch.clamp(logp - logp_ref, min=0.0)
+    kl_ref = torch.clamp(logp - logp_ref, min=0.0) if logp_ref is not None else torch.zeros_like(logp)
     tokens = mask.sum(dim=1).clamp(min=1)
     denominator = float(kl_tokens) if kl_tokens else float(mask.sum().clamp(min=1))
     policy_loss = ((surrogate * mask).sum(dim=1) / tokens).sum()
@@ -241,7 +242,7 @@ def token_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tenso
         n_tok = mask.sum().clamp(min=1)
         stats = {
             "policy_loss": policy_loss.detach(),
-            "kl_ref": (kl_ref * mask).sum() / n_tok,
+            **({"kl_ref": (kl_ref * mask).sum() / n_tok} if logp_ref is not None else {}),
             "kl_old": (old_policy_kl(logp, logp_old) * mask).sum() / n_tok,
             "clip_fraction": ((((ratio - 1).abs() > clip_eps).float() * mask).sum() / n_tok),
         }

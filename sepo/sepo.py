@@ -3,7 +3,8 @@
 `run_sepo` loads the merged SFT model and attaches a fresh LoRA adapter (dropout 0, so that the
 importance ratio is exactly 1 on a fresh batch). Every outer iteration plays one rollout batch
 (`sepo.rollouts.BatchBuilder.collect`: every group of every pool in lockstep, one generate call per
-decision point), whose decisions carry the advantages of SPEC 4.2, and takes up to
+decision point, behaviour log-probs recorded while sampling), whose decisions carry the advantages
+of SPEC 4.2, and takes up to
 `sepo.refresh_steps` optimizer steps on it.
 
 Refresh ("5 steps or KL > 0.5"): a batch is reused for at most `refresh_steps` optimizer steps, and
@@ -12,15 +13,18 @@ the parameters AFTER the update, passes `refresh_kl`. A checkpoint step also end
 checkpoint never has to store rollouts; it stores the estimator's running statistics (the exploit
 switch and the advantage scale), so a resumed run continues exactly as the uninterrupted one.
 
-The reference policy is the same model with its adapter disabled (`model.disable_adapter()`);
-log-probs of the behaviour, current and reference policies are all taken at the sampling
-temperature, over generated tokens only, in chunks of `sepo.logprob_chunk` positions. A decision
+The reference policy is the same model with its adapter disabled (`model.disable_adapter()`), or
+with `sepo.ref_4bit` a 4-bit copy of the base (`sepo.models.quantized_reference`, CUDA only), and
+its pass is skipped when `sepo.beta` is 0; log-probs of the behaviour, current and reference policies
+are all taken at the sampling temperature, over generated tokens only, in chunks of
+`sepo.logprob_chunk` positions. A decision
 whose answer needed the constrained fallback is trained on the tokens the policy sampled, never on
 the fallback's action tokens (which it did not sample).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -37,10 +41,11 @@ from sepo.errors import ConfigError
 from sepo.evaluate import evaluate_policy, pools_of, write_results
 from sepo.games import Game, make_game
 from sepo.logprobs import token_logprobs
-from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer
+from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, quantized_reference
 from sepo.objective import ADV_NORMS, CREDITS, PENALTY_MODES, EstimatorState, old_policy_kl, token_loss
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
+from sepo.profiling import section
 from sepo.rollouts import BatchBuilder, RolloutBatch
 from sepo.tracking import NullTracker
 
@@ -79,8 +84,16 @@ class RecordingPolicy:
 
 
 # ------------------------------------------------------------------------------ log-probs
-def _micro_batches(n: int, size: int) -> list[range]:
-    return [range(i, min(i + size, n)) for i in range(0, n, size)]
+def _micro_batches(decisions: list[Decision], size: int) -> list[list[int]]:
+    """Decision indices in passes of `size`, grouped by length (prompt + answer tokens).
+
+    A pass is padded to its longest row, and a batch mixes every round of every episode (prompts
+    grow by a history line per round), so passes over similar lengths waste far less on padding.
+    Every quantity computed per pass is a sum over decisions, so the grouping changes nothing else.
+    """
+    order = sorted(range(len(decisions)),
+                   key=lambda i: len(decisions[i].extras["prompt_ids"]) + len(decisions[i].extras["gen_ids"]))
+    return [order[i:i + size] for i in range(0, len(order), size)]
 
 
 def _policy_logprobs(model: Any, policy: LMPolicy, decisions: list[Decision], s: DictConfig
@@ -88,9 +101,10 @@ def _policy_logprobs(model: Any, policy: LMPolicy, decisions: list[Decision], s:
     """[D, L] log-probs of the decisions' generated tokens under `model` as it is now, and their mask."""
     prompts = [d.extras["prompt_ids"].tolist() for d in decisions]
     gens = [d.extras["gen_ids"].tolist() for d in decisions]
-    ids, mask, start = policy.pack(prompts, gens)
+    shared = policy.shared_prefix_length(prompts)  # the rules, encoded once per pass (model.prefix_cache)
+    ids, mask, start = policy.pack_shared(prompts, shared, gens) if shared else policy.pack(prompts, gens)
     lp = token_logprobs(model, ids, mask, start, chunk=int(s.logprob_chunk), temperature=float(s.temperature),
-                        **forward_extras(model, policy.model_cfg, ids))
+                        shared_prefix=shared, **forward_extras(model, policy.model_cfg, ids))
     return lp, mask[:, start:].to(lp.dtype)
 
 
@@ -101,13 +115,23 @@ def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     return out
 
 
-def reference_logprobs(model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig) -> list[torch.Tensor]:
-    """log pi_ref of every decision's tokens: the same model with the adapter switched off."""
-    out: list[torch.Tensor] = []
-    with torch.no_grad(), model.disable_adapter():
-        for part in _micro_batches(len(batch.decisions), int(s.micro_batch)):
-            lp, mask = _policy_logprobs(model, policy, [batch.decisions[i] for i in part], s)
-            out += [row[m.bool()] for row, m in zip(lp, mask)]
+def reference_logprobs(model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig,
+                       ref_model: Any = None) -> list[torch.Tensor] | None:
+    """log pi_ref of every trained decision's tokens: the same model with the adapter switched off,
+    or `ref_model` (the 4-bit copy of `sepo.ref_4bit`) when given.
+
+    None when `sepo.beta` is 0: the KL term is then absent, so the pass would be wasted.
+    """
+    if float(s.beta) == 0.0:
+        return None
+    out: list[torch.Tensor] = [torch.zeros(0)] * len(batch.decisions)
+    scorer = ref_model if ref_model is not None else model
+    adapter_off = model.disable_adapter() if ref_model is None else contextlib.nullcontext()
+    with torch.no_grad(), adapter_off, section("reference_logprobs"):
+        for part in _micro_batches(batch.decisions, int(s.micro_batch)):
+            lp, mask = _policy_logprobs(scorer, policy, [batch.decisions[i] for i in part], s)
+            for i, row, m in zip(part, lp, mask):
+                out[i] = row[m.bool()]
     return out
 
 
@@ -116,7 +140,7 @@ def generated_tokens(batch: RolloutBatch) -> int:
 
 
 # ------------------------------------------------------------------------------ the update
-def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref: list[torch.Tensor],
+def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref: list[torch.Tensor] | None,
                          s: DictConfig) -> dict[str, float]:
     """Backward of the batch loss (SPEC 4.3) into `.grad`, micro-batch by micro-batch.
 
@@ -125,21 +149,24 @@ def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref:
     """
     model.train()
     tokens = generated_tokens(batch)
-    sums = {"loss": 0.0, "policy_loss": 0.0, "kl_ref": 0.0, "kl_old": 0.0, "clip_fraction": 0.0}
-    for part in _micro_batches(len(batch.decisions), int(s.micro_batch)):
+    sums = {"loss": 0.0, "policy_loss": 0.0, "kl_old": 0.0, "clip_fraction": 0.0, **({"kl_ref": 0.0} if ref is not None else {})}
+    for part in _micro_batches(batch.decisions, int(s.micro_batch)):
         decisions = [batch.decisions[i] for i in part]
-        lp, mask = _policy_logprobs(model, policy, decisions, s)
+        with section("update_forward"):
+            lp, mask = _policy_logprobs(model, policy, decisions, s)
         width = lp.shape[1]
         old = _pad([d.extras["logprobs"].float() for d in decisions], width).to(lp)
-        reference = _pad([ref[i] for i in part], width).to(lp)
+        reference = _pad([ref[i] for i in part], width).to(lp) if ref is not None else None
         adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=lp.dtype, device=lp.device)
         loss, stats = token_loss(lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens)
-        loss.backward()
+        with section("backward"):
+            loss.backward()
         share = float(mask.sum()) / max(tokens, 1)  # token-mean statistics: weight by this part's tokens
         sums["loss"] += loss.item()
         sums["policy_loss"] += float(stats["policy_loss"])
         for key in ("kl_ref", "kl_old", "clip_fraction"):
-            sums[key] += float(stats[key]) * share
+            if key in stats:
+                sums[key] += float(stats[key]) * share
     model.eval()
     return sums
 
@@ -147,8 +174,8 @@ def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref:
 def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig) -> float:
     """KL(pi_theta || pi_old) over the batch's tokens with the parameters as they are now (no gradient)."""
     total, tokens = 0.0, 0
-    with torch.no_grad():
-        for part in _micro_batches(len(batch.decisions), int(s.micro_batch)):
+    with torch.no_grad(), section("kl_after_update"):
+        for part in _micro_batches(batch.decisions, int(s.micro_batch)):
             decisions = [batch.decisions[i] for i in part]
             lp, mask = _policy_logprobs(model, policy, decisions, s)
             old = _pad([d.extras["logprobs"].float() for d in decisions], lp.shape[1]).to(lp)
@@ -158,15 +185,16 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
 
 
 def optimisation_step(model: Any, policy: LMPolicy, optimizer: torch.optim.Optimizer, batch: RolloutBatch,
-                      ref: list[torch.Tensor], s: DictConfig) -> dict[str, float]:
+                      ref: list[torch.Tensor] | None, s: DictConfig) -> dict[str, float]:
     """One optimizer step over the whole rollout batch; skipped when the loss or a gradient is not finite."""
     optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(model, policy, batch, ref, s)
     params = [p for p in model.parameters() if p.requires_grad]
     finite = math.isfinite(stats["loss"]) and all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
     if finite:
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, float(s.grad_clip)))
-        optimizer.step()
+        with section("optimizer"):
+            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, float(s.grad_clip)))
+            optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     stats["skipped"] = float(not finite)
     return stats
@@ -216,6 +244,19 @@ def evaluate_checkpoint(cfg: DictConfig, game: Game, model: Any, tokenizer: Any,
 
 
 # ------------------------------------------------------------------------------ the stage
+def training_parts(cfg: DictConfig, s: DictConfig, model: Any, tokenizer: Any
+                   ) -> tuple[LMPolicy, torch.optim.Optimizer, EstimatorState, BatchBuilder]:
+    """The rollout policy, optimizer, estimator statistics and batch builder of a SEPO run on `model`
+    (with its adapter attached); the benchmarks take their steps with the very same parts."""
+    policy = LMPolicy(model, tokenizer, cfg.model, temperature=float(s.temperature),
+                      max_new_tokens=int(s.max_new_tokens), seed=int(cfg.generation_seed),
+                      logprob_chunk=int(s.logprob_chunk))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=float(s.lr),
+                                  weight_decay=float(s.weight_decay))
+    estimator = EstimatorState(scale_decay=float(s.adv_scale_decay), switch_episodes=int(s.exploit_switch_episodes))
+    return policy, optimizer, estimator, BatchBuilder(cfg, s)
+
+
 def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
     s = sepo_settings(cfg)
     if s.ref_4bit and not torch.cuda.is_available():
@@ -226,22 +267,18 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
     game = make_game(cfg.game)
     base, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     model = attach_lora(base, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout))
-    policy = LMPolicy(model, tokenizer, cfg.model, temperature=float(s.temperature),
-                      max_new_tokens=int(s.max_new_tokens), seed=int(cfg.generation_seed),
-                      logprob_chunk=int(s.logprob_chunk))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=float(s.lr),
-                                  weight_decay=float(s.weight_decay))
-    estimator = EstimatorState(scale_decay=float(s.adv_scale_decay), switch_episodes=int(s.exploit_switch_episodes))
+    # sepo.ref_4bit: the paper's frozen 4-bit reference; by default the reference is the adapter switched off
+    ref_model = quantized_reference(model) if s.ref_4bit else None
+    policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
     step, batch_index = load_checkpoint(out, model, optimizer, policy, estimator) if cfg.resume == "auto" else (0, 0)
     checkpoints = set(int(k) for k in s.checkpoint_steps) | {int(s.steps)}
     kill_after = s.get("debug_kill_after_step")
-    builder = BatchBuilder(cfg, s)
 
     while step < int(s.steps):
         started = time.time()
         batch = builder.collect(game, RecordingPolicy(policy), batch_index, estimator)
         batch_index += 1
-        ref = reference_logprobs(model, policy, batch, s)
+        ref = reference_logprobs(model, policy, batch, s, ref_model)
         tokens = generated_tokens(batch)
         for reuse in range(int(s.refresh_steps)):
             stats = optimisation_step(model, policy, optimizer, batch, ref, s)
@@ -255,7 +292,7 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
                          "sepo/reuse": reuse, "sepo/tokens_generated": tokens,
                          "sepo/seconds_per_step": time.time() - started}, step=step)
             log.info("step %d  loss %.4f  objective %.3f  kl_ref %.4f  kl_after %s  clip %.3f", step, stats["loss"],
-                     batch.stats["objective"], stats["kl_ref"],
+                     batch.stats["objective"], stats.get("kl_ref", 0.0),
                      f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-", stats["clip_fraction"])
             started = time.time()
             if step in checkpoints:

@@ -23,7 +23,8 @@ from sepo.games import make_game
 from sepo.logprobs import next_token_logits, token_logprobs
 from sepo.models import load_model_and_tokenizer
 from sepo.policies.base import DecisionRequest
-from sepo.policies.lm import ActionStoppingCriteria, LMPolicy, fallback_question, holds_action
+from sepo.policies.lm import (ActionStoppingCriteria, IncrementalText, LMPolicy, RowSampler, counter_uniforms,
+                              fallback_question, holds_action)
 
 from .conftest import CONF, ROOT, read_results
 from .test_models import gemma4_dir, model_cfg, qwen_dir, tiny_dir  # noqa: F401  (fixtures: tiny real architectures)
@@ -280,9 +281,86 @@ def test_returned_logprobs_equal_a_fresh_teacher_forced_pass(which, request):
         with torch.no_grad():
             fresh = token_logprobs(bundle[0], ids, torch.ones_like(ids), len(prompt), temperature=0.8)[0]
         assert d.extras["logprob_temperature"] == 0.8 and len(d.extras["logprobs"]) == len(gen) > 0
-        torch.testing.assert_close(d.extras["logprobs"], fresh, atol=1e-4, rtol=0)
+        # recorded by the sampler while it drew the tokens: no second pass, the same numbers
+        torch.testing.assert_close(d.extras["logprobs"], fresh, atol=1e-5, rtol=0)
         if d.parsed:
             assert bundle[1].decode(gen.tolist(), skip_special_tokens=True) == d.text
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("prefix_cache,static_cache", [(True, True), (True, False), (False, True)])
+def test_the_shared_prefix_and_the_static_cache_change_nothing(taught, temperature, prefix_cache, static_cache):
+    """model.prefix_cache: the rules are encoded once and repeated; model.static_cache: the KV cache
+    is preallocated. Answers and log-probs are those of transformers' plain dynamic cache."""
+    model, tokenizer, cfg = taught
+    plain_cfg = OmegaConf.merge(cfg, {"prefix_cache": False, "static_cache": False})
+    cfg = OmegaConf.merge(cfg, {"prefix_cache": prefix_cache, "static_cache": static_cache})
+    cached = LMPolicy(model, tokenizer, cfg, temperature, 24, 0)
+    plain = LMPolicy(model, tokenizer, plain_cfg, temperature, 24, 0)
+    prompts = [cached.render(r.messages) for r in requests_with_streams()]
+    assert (cached.shared_prefix_length(prompts) >= 100) == prefix_cache and plain.shared_prefix_length(prompts) == 0
+    a = cached.act_batch(requests_with_streams(), return_logprobs=True)
+    b = plain.act_batch(requests_with_streams(), return_logprobs=True)
+    assert [d.text for d in a] == [d.text for d in b]
+    for x, y in zip(a, b):
+        assert torch.equal(x.extras["gen_ids"], y.extras["gen_ids"])
+        torch.testing.assert_close(x.extras["logprobs"], y.extras["logprobs"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_reusing_each_episodes_encoded_prompt_changes_nothing(taught, temperature):
+    """Whole IPD episodes in lockstep: from round 2 on, each row reuses its episode's previous prompt
+    encoding and encodes only the new history. Same games, answers and log-probs as encoding every
+    prompt in full, and the reuse really happens."""
+    from sepo.arena import Match, play_matches
+    from sepo.strategies import make_strategy
+
+    model, tokenizer, cfg = taught
+    matches = [Match(name, make_strategy(IPD.cfg, name), k) for name in ("TFT", "AlwaysD", "Random") for k in range(2)]
+    runs = {}
+    for reuse in (True, False):
+        agent = LMPolicy(model, tokenizer, OmegaConf.merge(cfg, {"prefix_cache": reuse, "static_cache": reuse}),
+                         temperature, 24, 0)
+        planned = []
+        plan = agent.reuse_plan
+        agent.reuse_plan = lambda requests, prompts: planned.append(plan(requests, prompts)[1]) or plan(requests, prompts)
+        recording = type("Recording", (), {"name": "lm", "act_batch": lambda self, r: agent.act_batch(r, return_logprobs=True)})()
+        records = play_matches(IPD, recording, matches, 0, keep_trace=True)
+        runs[reuse] = [[(d.text, d.extras["gen_ids"].tolist(), d.extras["logprobs"]) for _, _, d in r.trace] for r in records]
+        if reuse:
+            assert not any(planned[0]) and all(k > 100 for k in planned[-1])  # round 1 none, the last round all
+    for a, b in zip(runs[True], runs[False]):
+        assert [x[:2] for x in a] == [x[:2] for x in b]
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x[2], y[2], atol=1e-5, rtol=0)
+
+
+def test_incremental_text_equals_the_full_decode(tiny):
+    _, tokenizer, _ = tiny
+    rng = np.random.default_rng(0)
+    sample = tokenizer(f"Round 3: they played {D}.\nI think so.\n{C}\n", add_special_tokens=False)["input_ids"]
+    for ids in [sample] + [rng.integers(0, len(tokenizer), size=40).tolist() for _ in range(5)]:
+        text = IncrementalText(tokenizer)
+        for k, token in enumerate(ids):
+            text.push(token)
+            full = tokenizer.decode(ids[:k + 1], skip_special_tokens=True)
+            if not full.endswith("\ufffd"):
+                assert text.text == full
+
+
+def test_counter_sampler_draws_from_softmax_and_each_row_alone():
+    logits = torch.tensor([2.0, 1.0, 0.0, -float("inf"), 0.5]).repeat(4000, 1)
+    sampler = RowSampler(range(4000), temperature=1.0, logprob_temperature=1.0)
+    drawn = sampler(None, logits).argmax(dim=1)
+    freq = torch.bincount(drawn, minlength=5).double() / 4000
+    probs = torch.softmax(logits[0].double(), 0)
+    assert freq[3] == 0  # a token of probability 0 is never drawn
+    assert torch.all((freq - probs).abs() < 4 * (probs * (1 - probs) / 4000).sqrt() + 1e-9)
+    torch.testing.assert_close(sampler.logprobs[0], torch.log(probs[drawn]).float())
+    # row k's uniform depends on (key k, step) only: the same whatever the rows beside it
+    keys = np.arange(10, dtype=np.uint64)
+    assert np.array_equal(counter_uniforms(keys, 3)[4:6], counter_uniforms(keys[4:6], 3))
+    assert not np.array_equal(counter_uniforms(keys, 3), counter_uniforms(keys, 4))
 
 
 @pytest.mark.parametrize("name", ["ipd", "kuhn", "neg_v1", "neg_v2"])

@@ -86,6 +86,41 @@ def test_padding_does_not_change_a_row(tiny):
     torch.testing.assert_close(batch[row], alone[0], atol=1e-5, rtol=0)
 
 
+def test_a_shared_prefix_run_once_gives_the_same_values_and_gradients(tiny):
+    """shared_prefix: the common rules run as a batch of one, their KV cache repeated; rows laid out
+    [prefix][padding][rest] (LMPolicy.pack_shared). Same log-probs and parameter gradients as the
+    plain left-padded pass, and the gradient reaches the weights through the cached prefix."""
+    from sepo.policies.lm import LMPolicy
+
+    model, tokenizer = tiny
+    cfg = OmegaConf.merge(OmegaConf.load(CONF / "model" / "tiny.yaml"), {"prefix_cache": True})
+    policy = LMPolicy(model, tokenizer, cfg, 1.0, 8, 0)
+    rules = "You are playing an iterated prisoner's dilemma against one opponent for eight rounds. "
+    prompts = [tokenizer(rules + t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    g = torch.Generator().manual_seed(1)
+    gens = [torch.randint(3, len(tokenizer), (n,), generator=g).tolist() for n in (6, 11, 3)]
+    shared = policy.shared_prefix_length(prompts)
+    assert shared >= 16
+    values, grads = [], []
+    for layout in ("plain", "shared"):
+        model.zero_grad()
+        if layout == "plain":
+            ids, mask, start = policy.pack(prompts, gens)
+            lp = token_logprobs(model, ids, mask, start, chunk=4)
+        else:
+            ids, mask, start = policy.pack_shared(prompts, shared, gens)
+            lp = token_logprobs(model, ids, mask, start, chunk=4, shared_prefix=shared)
+        valid = mask[:, start:].bool()
+        lp[valid].sum().backward()
+        values.append(lp[valid].detach())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    model.zero_grad()
+    torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="shared_prefix"):
+        token_logprobs(model, ids, mask, shared, shared_prefix=shared)
+
+
 def test_next_token_logits_are_the_models(tiny):
     model, tokenizer = tiny
     ids, mask, _ = padded_batch(tokenizer, TEXTS, [0, 0, 0], len(tokenizer))

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from sepo.games import make_game
@@ -185,6 +186,24 @@ def test_fallback_decisions_are_trained_on_the_tokens_the_policy_sampled(setup):
         assert len(d.extras["logprobs"]) == len(d.extras["gen_ids"]) and not d.parsed
 
 
+def test_beta_zero_skips_the_reference_pass_and_changes_nothing_else(setup, monkeypatch):
+    """The reference log-probs only feed the KL term: with beta = 0 the pass is skipped and the
+    update is the same as with the reference present (its KL term weighs 0)."""
+    cfg, s, game, model, policy = setup("sepo.beta=0")
+    batch = collect(cfg, s, game, policy)
+    calls = []
+    monkeypatch.setattr(model, "disable_adapter", lambda: calls.append(1))
+    assert reference_logprobs(model, policy, batch, s) is None and not calls
+    monkeypatch.undo()
+    grads = []
+    for ref in (None, reference_logprobs(model, policy, batch, OmegaConf.merge(s, {"beta": 0.01}))):
+        model.zero_grad()
+        stats = accumulate_gradients(model, policy, batch, ref, s)
+        assert ("kl_ref" in stats) == (ref is not None)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad]))
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-7, rtol=1e-6)
+
+
 class LogTracker:
     def __init__(self):
         self.rows = []
@@ -213,3 +232,24 @@ def test_refresh_is_decided_on_the_kl_after_the_update(compose_cfg, tiny_cache, 
     assert sorted(steps) == [1, 2]
     assert steps[1]["sepo/kl_old_after"] > 0  # measured with the updated parameters (0 before the step)
     assert "sepo/kl_old_after" not in steps[2]  # the last step decides nothing
+
+
+def test_step_benchmark_reports_a_breakdown_that_adds_up(tmp_path):
+    """`python -m sepo.bench step`: the sections partition the measured wall time of a step."""
+    import os
+    import sys
+
+    from .conftest import ROOT
+
+    env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "sepo.bench", "step", "--steps", "1", "--threads", "1",
+                          "game.rounds=2", "game.pools.train=[TFT]", "game.pools.exploit=[AlwaysD]",
+                          "game.pools.collusive=[AlwaysC]", "sepo.max_new_tokens=4", "sepo.rollouts_per_opponent=2",
+                          "sepo.refresh_steps=1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["decisions"] == 3 * 2 * 2  # three pools of one opponent, n = 2, two rounds: all trained
+    assert result["tokens"] > 0 and result["seconds_per_step"] > 0
+    parts = result["breakdown"]
+    assert {"prompt_processing", "decoding", "sampling", "stopping", "reference_logprobs", "backward"} <= set(parts)
+    assert sum(parts.values()) == pytest.approx(result["seconds_per_step"], rel=0.05)

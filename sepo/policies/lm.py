@@ -5,7 +5,14 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
 1. Each request's chat messages are rendered with the tokenizer's chat template (generation prompt
    on), left-padded, and sampled with ONE `generate` call (or one per `batch_size` chunk). A
    per-sequence stopping criterion ends a row as soon as its last non-empty line holds a legal
-   action (never while a `<think>` block is open), so short answers do not wait for long ones.
+   action (never while a `<think>` block is open), so short answers do not wait for long ones; it
+   decodes only each row's newest token (`IncrementalText`). With `model.prefix_cache` on, prompt
+   tokens already encoded are not encoded again: in an episode's first decision the prefix shared
+   by every row (the game's rules) is encoded once, as a batch of one, and its KV cache repeated
+   (`shared_prefix_length`); at its later decisions each episode's previous prompt, kept with its
+   keys and values (`EncodedPrompt`), serves the part the new prompt shares with it (the rules and
+   the earlier history), so only the new history lines are encoded (`reuse_plan`, `pack_split`).
+   With `model.static_cache` the KV cache is preallocated (`start_cache`).
 2. Each answer is parsed with the game's `parse_action`. Rows that do not parse go through the
    constrained fallback: the answer becomes an assistant turn, a user turn asks
    "State your final action (A/B/...):", and one batched forward pass (`score_batch` rows at a
@@ -18,8 +25,9 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
    - `gen_ids` (1-D long tensor): the generated tokens, cut where the stopping criterion fired
      (or after the EOS the model wrote; padding dropped);
    - `logprobs` (1-D float32 tensor, one per `gen_ids` token): log p(token | prefix) under the
-     sampling distribution, i.e. of logits / `logprob_temperature`, recomputed after generation by
-     a chunked teacher-forced pass (`sepo.logprobs.token_logprobs`);
+     sampling distribution, i.e. of logits / `logprob_temperature`, recorded by the sampler while
+     it drew the token (`RowSampler`): no second pass. They agree with a teacher-forced pass
+     (`sequence_logprobs`) up to float rounding (tested within 1e-5);
    - `logprob_temperature` (float): the sampling temperature, or 1.0 for greedy decoding;
    - `fallback` (bool): True when the action came from the fallback. The record still holds the
      tokens the policy sampled (its real, unparseable answer): the fallback's re-ask and forced
@@ -28,8 +36,9 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
 
 Sampling is pure temperature sampling (no top-k/top-p, whatever the model's generation config
 suggests) so that the recorded log-probs are those of the distribution actually sampled from.
-Temperature 0 means greedy decoding. Each row samples with its own torch generator, seeded from
-`seed` and one draw of its episode's agent stream (`DecisionRequest.rng`): an episode's answers do
+Temperature 0 means greedy decoding. Each row samples from its own counter-based stream
+(`counter_uniforms`), keyed by `seed` and one draw of its episode's agent stream
+(`DecisionRequest.rng`), all rows in one vectorised draw per step: an episode's answers do
 not depend on which other episodes share the batch, on `batch_size` or on the order of calls, so
 adding episodes to a lockstep batch (SEPO's auxiliary episodes) leaves the others unchanged, and
 the global torch RNG is never touched.
@@ -37,6 +46,7 @@ the global torch RNG is never touched.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -47,6 +57,7 @@ from sepo.games.base import Game
 from sepo.logprobs import next_token_logits, token_logprobs
 from sepo.models import chat_template_kwargs, forward_extras
 from sepo.policies.base import Decision, DecisionRequest
+from sepo.profiling import section
 
 #: Logits processors a checkpoint's generation config may switch on (Qwen ships top_k 20, top_p 0.95),
 #: switched off: what is sampled is exactly softmax(logits / T), whose log-probs training records.
@@ -55,6 +66,43 @@ PLAIN_SAMPLING = dict(top_k=None, top_p=None, min_p=None, typical_p=None, repeti
 
 #: Above this many legal actions the fallback question shows the game's format hint instead.
 MAX_LISTED_ACTIONS = 10
+
+#: A prompt prefix shared by every row is computed once only when it is at least this long: below
+#: it the extra forward pass costs more than it saves.
+MIN_SHARED_PREFIX = 16
+
+
+@dataclass
+class EncodedPrompt:
+    """An episode's last prompt and its keys and values per layer ([heads, tokens, head dim]).
+
+    Holding the episode's state object keeps its id from being reused by another object while the
+    entry lives. The entry is valid only for the weights that computed it: the arena never changes
+    weights in the middle of an episode, and every new episode has a new state.
+    """
+
+    state: Any
+    ids: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    def common_prefix(self, prompt: Sequence[int]) -> int:
+        """How many leading tokens `prompt` shares with this entry's prompt."""
+        n = min(len(self.ids), len(prompt))
+        differ = np.flatnonzero(np.asarray(self.ids[:n]) != np.asarray(prompt[:n]))
+        return int(differ[0]) if len(differ) else n
+
+
+@dataclass
+class Answer:
+    """One generated answer: prompt ids, generated ids (cut at the stop), their behaviour
+    log-probs, the decoded text and the text as parsing sees it (`answer_view`)."""
+
+    prompt: list[int]
+    generated: list[int]
+    logprobs: torch.Tensor
+    text: str
+    view: str
 
 
 def think_open(text: str) -> bool:
@@ -77,12 +125,50 @@ def answer_view(prompt_text: str, answer: str) -> str:
     return "<think>" + answer if think_open(prompt_text) else answer
 
 
+class IncrementalText:
+    """The decoded text of a growing token sequence, decoding only a short window per new token.
+
+    Decoding the whole answer at every generation step costs O(length) per step, O(length^2) per
+    answer. This is the streaming detokenizer of text-generation servers: it decodes the tokens
+    since the last emitted boundary with and without the newest ones and appends the difference,
+    holding text back while it ends in an incomplete UTF-8 character. Decoding from a window that
+    starts one emitted piece earlier keeps tokenizers that drop a leading space (SentencePiece)
+    right. The accumulated text equals `tokenizer.decode(all tokens)` whenever that does not end
+    in an incomplete character.
+    """
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = []
+        self.text = ""
+        self._prefix = 0  # start of the window decoded for comparison
+        self._read = 0  # tokens already turned into text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def push(self, token: int) -> str:
+        """Append one token; returns the text it completed (may be empty)."""
+        self.ids.append(int(token))
+        before = self._decode(self.ids[self._prefix:self._read])
+        after = self._decode(self.ids[self._prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            piece = after[len(before):]
+            self.text += piece
+            self._prefix, self._read = self._read, len(self.ids)
+            return piece
+        return ""
+
+
 class ActionStoppingCriteria(StoppingCriteria):
     """Stops each row of a batch once its answer so far holds a legal action (transformers 5 API).
 
     Rows are independent: the returned bool tensor has one entry per row. `stop_at[i]` records how
     many tokens row i had generated when it first stopped, so the caller can cut what `generate`
-    appended afterwards (padding, or more tokens where no EOS criterion pads finished rows).
+    appended afterwards (padding, or more tokens where no EOS criterion pads finished rows). Each
+    open row's text grows by the tokens it did not see yet (`IncrementalText`: inside `generate`,
+    the newest one), and a row is checked only when they added text.
     """
 
     def __init__(self, tokenizer: Any, prompt_length: int, requests: Sequence[DecisionRequest],
@@ -93,36 +179,84 @@ class ActionStoppingCriteria(StoppingCriteria):
         #: rows whose prompt already opened a <think> block (see `answer_view`)
         self.think_prefix = list(think_prefix or [False] * len(self.requests))
         self.stop_at: list[int | None] = [None] * len(self.requests)
+        self.texts = [IncrementalText(tokenizer) for _ in self.requests]
+        self.seen = 0  # generated columns already pushed into `texts`
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
-        generated = input_ids[:, self.prompt_length:]
-        open_rows = [i for i, s in enumerate(self.stop_at) if s is None]
-        texts = self.tokenizer.batch_decode(generated[open_rows].tolist(), skip_special_tokens=True)
-        for i, text in zip(open_rows, texts):
-            request = self.requests[i]
-            if holds_action("<think>" + text if self.think_prefix[i] else text, request.game, request.legal):
-                self.stop_at[i] = generated.shape[1]
-        done = [s is not None for s in self.stop_at]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+        with section("stopping"):
+            length = input_ids.shape[1] - self.prompt_length
+            # the columns not seen yet: one per call inside generate, all of them on a first call
+            fresh = input_ids[:, self.prompt_length + self.seen:].tolist()
+            self.seen = length
+            for i, stop in enumerate(self.stop_at):
+                if stop is not None or not "".join([self.texts[i].push(t) for t in fresh[i]]):
+                    continue
+                text = self.texts[i].text
+                request = self.requests[i]
+                if holds_action("<think>" + text if self.think_prefix[i] else text, request.game, request.legal):
+                    self.stop_at[i] = length
+            done = [s is not None for s in self.stop_at]
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def counter_uniforms(keys: np.ndarray, step: int) -> np.ndarray:
+    """One uniform in [0, 1) per row, a function of (the row's key, the step) alone.
+
+    SplitMix64 of key + (step + 1) * golden ratio: a counter-based stream, so all rows draw in one
+    vectorised call and a row's draws never depend on the rows beside it or on the batch's order.
+    """
+    with np.errstate(over="ignore"):
+        z = keys + np.uint64(step + 1) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
 class RowSampler(LogitsProcessor):
-    """Temperature sampling with one generator per row, as a logits processor for greedy `generate`.
+    """Per-row temperature sampling as a logits processor for greedy `generate`, recording log-probs.
 
-    `generate`'s own sampling draws every row from the global RNG in one call, so a row's tokens
-    would depend on the rows beside it. Here each row draws from softmax(scores / T) with its own
-    generator and the scores become -inf except at the drawn token, which greedy decoding then picks.
+    `generate`'s own sampling draws every row from the global RNG, so a row's tokens would depend
+    on the rows beside it. Here row i draws from softmax(scores / T) by inverting its CDF at
+    `counter_uniforms(keys, step)[i]` (temperature 0: the argmax), and the scores become -inf
+    except at the drawn token, which greedy decoding then picks. The log-prob of each drawn token
+    under softmax(scores / `logprob_temperature`) is kept per step (`logprobs`), so training needs
+    no second teacher-forced pass to know what the behaviour policy's probabilities were.
     """
 
-    def __init__(self, seeds: Sequence[int], temperature: float, device: torch.device):
-        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-        self.temperature = temperature
+    def __init__(self, seeds: Sequence[int], temperature: float, logprob_temperature: float):
+        self.keys = np.array([int(s) for s in seeds], dtype=np.uint64)
+        self.temperature = float(temperature)
+        self.logprob_temperature = float(logprob_temperature)
+        self.step = 0
+        self.logprobs: list[torch.Tensor] = []  # one [B] tensor per generation step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        probs = torch.softmax(scores.float() / self.temperature, dim=-1)
-        drawn = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(1, drawn[:, None], 0.0)
+        with section("sampling"):
+            logits = scores.float()
+            if self.temperature > 0:
+                logp = torch.log_softmax(logits / self.temperature, dim=-1)
+                cdf = logp.exp().cumsum(dim=-1)
+                total = cdf[:, -1:]
+                u = torch.from_numpy(counter_uniforms(self.keys, self.step)).to(cdf.device)
+                target = (u[:, None] * total.double()).to(cdf.dtype)
+                target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+                drawn = torch.searchsorted(cdf, target, right=True).squeeze(1)
+                if self.logprob_temperature != self.temperature:
+                    logp = torch.log_softmax(logits / self.logprob_temperature, dim=-1)
+            else:
+                drawn = logits.argmax(dim=-1)
+                logp = torch.log_softmax(logits / self.logprob_temperature, dim=-1)
+            self.logprobs.append(logp.gather(1, drawn[:, None]).squeeze(1).cpu())
+            self.step += 1
+            out = torch.full_like(scores, float("-inf"))
+            return out.scatter_(1, drawn[:, None], 0.0)
+
+    def row_logprobs(self, row: int, count: int) -> torch.Tensor:
+        """float32 log-probs of row `row`'s first `count` generated tokens."""
+        if count == 0:
+            return torch.zeros(0)
+        return torch.stack([step[row] for step in self.logprobs[:count]]).float()
 
 
 def fallback_question(game: Game, legal: list[str]) -> str:
@@ -160,6 +294,13 @@ class LMPolicy:
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_ids = set(eos) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+        #: compute a prompt prefix shared by every row of a generate call once (`shared_prefix_length`)
+        self.prefix_cache = bool(model_cfg.get("prefix_cache", False))
+        #: preallocate the KV cache instead of growing it at every decoding step (`start_cache`)
+        self.static_cache = bool(model_cfg.get("static_cache", False))
+        #: the encoded prompt of each episode's last decision, by id of its state (`reuse_plan`)
+        self._encoded: dict[int, EncodedPrompt] = {}
+        self._encoded_next: dict[int, EncodedPrompt] = {}
 
     @property
     def device(self) -> torch.device:
@@ -222,54 +363,177 @@ class LMPolicy:
             self.model.train(was_training)
 
     def _act(self, requests: list[DecisionRequest], return_logprobs: bool) -> list[Decision]:
-        answers: list[tuple[list[int], list[int], str, str]] = []
+        answers: list[Answer] = []
+        self._encoded_next = {}
         for part in self._chunks(len(requests)):
             answers += self._generate([requests[i] for i in part])
+        # only the episodes that just acted can act next (the arena's lockstep): the rest are over
+        self._encoded = self._encoded_next
 
         decisions: list[Decision] = []
-        records: list[tuple[list[int], list[int]]] = []  # (prompt ids, generated ids) per decision
         failed: list[int] = []
-        for i, (request, (prompt, generated, text, view)) in enumerate(zip(requests, answers)):
-            action = request.game.parse_action(view, request.legal)
+        for i, (request, answer) in enumerate(zip(requests, answers)):
+            action = request.game.parse_action(answer.view, request.legal)
             if action is None:
                 failed.append(i)
             # request.legal[0] is a placeholder, replaced by the fallback below
-            decisions.append(Decision(action=action or request.legal[0], text=text, parsed=action is not None))
-            records.append((prompt, generated))
+            decisions.append(Decision(action=action or request.legal[0], text=answer.text, parsed=action is not None))
 
         if failed:  # the action comes from the fallback; the record keeps the sampled answer
-            forced = self._fallback([requests[i] for i in failed], [answers[i][2] for i in failed])
+            with section("fallback"):
+                forced = self._fallback([requests[i] for i in failed], [answers[i].text for i in failed])
             for i, action in zip(failed, forced):
                 decisions[i].action = action
 
         if return_logprobs:
-            logprobs = self.sequence_logprobs([r[0] for r in records], [r[1] for r in records],
-                                              self.logprob_temperature)
-            for decision, (prompt, generated), lp in zip(decisions, records, logprobs):
+            for decision, answer in zip(decisions, answers):
                 decision.extras.update(
-                    prompt_ids=torch.tensor(prompt, dtype=torch.long),
-                    gen_ids=torch.tensor(generated, dtype=torch.long),
-                    logprobs=lp,
+                    prompt_ids=torch.tensor(answer.prompt, dtype=torch.long),
+                    gen_ids=torch.tensor(answer.generated, dtype=torch.long),
+                    logprobs=answer.logprobs,
                     logprob_temperature=self.logprob_temperature,
                     fallback=not decision.parsed,
                 )
         return decisions
 
-    def _generate(self, requests: list[DecisionRequest]) -> list[tuple[list[int], list[int], str, str]]:
-        """One generate call. Per request: prompt ids, generated ids cut at the stop, the decoded
-        answer, and the answer as parsed (`answer_view`)."""
-        texts = [self.render_text(r.messages) for r in requests]
-        prompts = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        ids, mask, width_p = self.pack(prompts)
+    def shared_prefix_length(self, prompts: Sequence[Sequence[int]]) -> int:
+        """Tokens at the start of every prompt that one cached pass can serve for all rows (0: none).
+
+        Only with `model.prefix_cache` on, at least `MIN_SHARED_PREFIX` tokens long, and leaving
+        every row at least one token of its own (generate needs a new token per row to start from).
+        """
+        if not self.prefix_cache or len(prompts) < 2:
+            return 0
+        first, shortest = prompts[0], min(len(p) for p in prompts)
+        length = shortest - 1
+        for other in prompts[1:]:
+            k = 0
+            while k < length and other[k] == first[k]:
+                k += 1
+            length = k
+        return length if length >= MIN_SHARED_PREFIX else 0
+
+    def pack_split(self, prompts: Sequence[Sequence[int]], split: Sequence[int],
+                   continuations: Sequence[Sequence[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """Rows laid out as [padding][prompt[:split]] [padding][prompt[split:]][continuation][padding].
+
+        The first region (width A) holds what is served from a cache: a prefix shared by every row,
+        or each episode's earlier prompt; the second is encoded now. Position ids follow the
+        attention mask (`position_ids_from_mask`), so padding between the regions changes nothing,
+        and a continuation's token t sits at column P + t in every row, as in `pack`. Returns input
+        ids, attention mask, the prompts' width P and the first region's width A.
+        """
+        heads = [list(p[:k]) for p, k in zip(prompts, split)]
+        width_a = max(map(len, heads), default=0)
+        ids, mask, width = self.pack([list(p[k:]) for p, k in zip(prompts, split)], continuations)
+        if width_a == 0:
+            return ids, mask, width, 0
+        head_ids = torch.full((len(prompts), width_a), self.pad_id, dtype=torch.long)
+        head_mask = torch.zeros_like(head_ids)
+        for i, h in enumerate(heads):
+            if h:
+                head_ids[i, width_a - len(h):] = torch.tensor(h, dtype=torch.long)
+                head_mask[i, width_a - len(h):] = 1
+        return (torch.cat([head_ids.to(ids.device), ids], dim=1), torch.cat([head_mask.to(mask.device), mask], dim=1),
+                width_a + width, width_a)
+
+    def pack_shared(self, prompts: Sequence[Sequence[int]], shared: int,
+                    continuations: Sequence[Sequence[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """`pack_split` with the same split for every row: [shared prefix][padding][rest of the
+        prompt][continuation][padding]; the prefix sits in the same columns in every row, so one
+        pass over it serves the whole batch. Returns input ids, attention mask and P."""
+        return self.pack_split(prompts, [shared] * len(prompts), continuations)[:3]
+
+    def start_cache(self, ids: torch.Tensor, width_a: int, shared: int,
+                    reused: Sequence[EncodedPrompt | None], split: Sequence[int]) -> Any:
+        """The KV cache `generate` starts from, holding the first `width_a` columns; None: transformers'
+        default (a dynamic cache).
+
+        With a shared prefix (`shared` > 0), one pass over it (a batch of one) fills the cache for
+        every row; otherwise row i gets the first `split[i]` positions of its episode's earlier
+        prompt (`reused[i]`), right-aligned. With `model.static_cache` the cache is preallocated for
+        the prompt and the whole answer budget and written in place: a dynamic cache concatenates
+        (copies) every layer's keys and values at every decoding step.
+        """
+        from transformers import DynamicCache, StaticCache
+
+        if not (self.prefix_cache or self.static_cache):
+            return None
+        rows = ids.shape[0]
+        cache = (StaticCache(config=self.model.config, max_cache_len=ids.shape[1] + self.max_new_tokens)
+                 if self.static_cache else DynamicCache(config=self.model.config))
+        if shared:
+            prefix = DynamicCache(config=self.model.config)
+            with torch.no_grad():
+                self.model(input_ids=ids[:1, :shared], past_key_values=prefix, use_cache=True,
+                           **self.extra_inputs(ids[:1, :shared]))
+            for index, layer in enumerate(prefix.layers):
+                cache.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), index)
+        elif width_a:
+            first = next(e for e in reused if e is not None)
+            for index in range(len(first.keys)):
+                keys = first.keys[index].new_zeros((rows, first.keys[index].shape[0], width_a, first.keys[index].shape[2]))
+                values = first.values[index].new_zeros(
+                    (rows, first.values[index].shape[0], width_a, first.values[index].shape[2]))
+                for i, (entry, k) in enumerate(zip(reused, split)):
+                    if entry is not None and k:
+                        keys[i, :, width_a - k:] = entry.keys[index][:, :k]
+                        values[i, :, width_a - k:] = entry.values[index][:, :k]
+                cache.update(keys, values, index)
+        return cache
+
+    def reuse_plan(self, requests: Sequence[DecisionRequest], prompts: Sequence[Sequence[int]]
+                   ) -> tuple[list[EncodedPrompt | None], list[int]]:
+        """Per request: its episode's encoded earlier prompt and how many of its leading tokens the
+        new prompt shares (at least `MIN_SHARED_PREFIX`, leaving one token to encode), or (None, 0)."""
+        reused: list[EncodedPrompt | None] = []
+        split: list[int] = []
+        for request, prompt in zip(requests, prompts):
+            entry = self._encoded.get(id(request.state)) if self.prefix_cache else None
+            k = entry.common_prefix(prompt) if entry is not None and entry.state is request.state else 0
+            k = min(k, len(prompt) - 1)
+            reused.append(entry if k >= MIN_SHARED_PREFIX else None)
+            split.append(k if k >= MIN_SHARED_PREFIX else 0)
+        return reused, split
+
+    def remember(self, requests: Sequence[DecisionRequest], prompts: Sequence[Sequence[int]], cache: Any,
+                 split: Sequence[int], width_a: int, width_p: int) -> None:
+        """Keep each row's encoded prompt (its columns of the cache) for its episode's next decision."""
+        for i, (request, prompt) in enumerate(zip(requests, prompts)):
+            a, b = split[i], len(prompt) - split[i]
+
+            def columns(t: torch.Tensor) -> torch.Tensor:
+                return torch.cat([t[i, :, width_a - a:width_a], t[i, :, width_p - b:width_p]], dim=1)
+
+            self._encoded_next[id(request.state)] = EncodedPrompt(
+                request.state, list(prompt), [columns(layer.keys) for layer in cache.layers],
+                [columns(layer.values) for layer in cache.layers])
+
+    def _generate(self, requests: list[DecisionRequest]) -> list[Answer]:
+        """One generate call; per request its prompt ids, generated ids cut at the stop, their
+        behaviour log-probs, the decoded answer and the answer as parsed (`answer_view`)."""
+        with section("render"):
+            texts = [self.render_text(r.messages) for r in requests]
+            prompts = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        reused, split = self.reuse_plan(requests, prompts)
+        shared = 0 if any(split) else self.shared_prefix_length(prompts)
+        if shared:
+            split = [shared] * len(prompts)
+        ids, mask, width_p, width_a = self.pack_split(prompts, split)
+        with section("generate"), section("prompt_processing"):
+            cache = self.start_cache(ids, width_a, shared, reused, split)
+        cache_kwargs = {"past_key_values": cache} if cache is not None else {}
         stop = ActionStoppingCriteria(self.tokenizer, width_p, requests, [think_open(t) for t in texts])
-        seeds = [self.row_seed(r) for r in requests]
-        processors = LogitsProcessorList(
-            [RowSampler(seeds, self.temperature, ids.device)] if self.temperature > 0 else [])
-        with torch.no_grad():
+        sampler = RowSampler([self.row_seed(r) for r in requests], self.temperature, self.logprob_temperature)
+        with torch.no_grad(), section("generate"):
             out = self.model.generate(
-                input_ids=ids, attention_mask=mask, **self.extra_inputs(ids), do_sample=False, temperature=None,
-                **PLAIN_SAMPLING, logits_processor=processors, max_new_tokens=self.max_new_tokens,
-                stopping_criteria=StoppingCriteriaList([stop]), pad_token_id=self.pad_id)
+                input_ids=ids, attention_mask=mask, **self.extra_inputs(ids), **cache_kwargs, do_sample=False,
+                temperature=None, **PLAIN_SAMPLING, logits_processor=LogitsProcessorList([sampler]),
+                max_new_tokens=self.max_new_tokens, stopping_criteria=StoppingCriteriaList([stop]),
+                pad_token_id=self.pad_id)
+        if self.prefix_cache:
+            with section("remember"):
+                self.remember(requests, prompts, cache, split, width_a, width_p)
         results = []
         for i, prompt in enumerate(prompts):
             generated = out[i, width_p:].tolist()
@@ -279,8 +543,9 @@ class LMPolicy:
                     cut = j + 1
                     break
             generated = generated[:cut]
-            answer = self.tokenizer.decode(generated, skip_special_tokens=True)
-            results.append((prompt, generated, answer, answer_view(texts[i], answer)))
+            text = self.tokenizer.decode(generated, skip_special_tokens=True)
+            results.append(Answer(prompt, generated, sampler.row_logprobs(i, len(generated)), text,
+                                  answer_view(texts[i], text)))
         return results
 
     def row_seed(self, request: DecisionRequest) -> int:
@@ -332,13 +597,15 @@ class LMPolicy:
         `batch` (default `score_batch`) rows per pass."""
         out: list[torch.Tensor] = []
         for part in self._chunks(len(prompts), batch or self.score_batch):
-            ids, mask, width_p = self.pack([prompts[i] for i in part], [continuations[i] for i in part])
+            rows, conts = [prompts[i] for i in part], [continuations[i] for i in part]
+            shared = self.shared_prefix_length(rows)
+            ids, mask, width_p = self.pack_shared(rows, shared, conts) if shared else self.pack(rows, conts)
             if ids.shape[1] == width_p:  # nothing to score
                 out += [torch.zeros(0) for _ in part]
                 continue
             with torch.no_grad():
                 lp = token_logprobs(self.model, ids, mask, width_p, chunk=self.logprob_chunk,
-                                    temperature=temperature, **self.extra_inputs(ids))
+                                    temperature=temperature, shared_prefix=shared, **self.extra_inputs(ids))
             out += [lp[row, :len(continuations[i])].cpu() for row, i in enumerate(part)]
         return out
 

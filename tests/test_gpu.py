@@ -1,0 +1,261 @@
+"""The GPU benchmark (sepo/gpu_bench.py) and the real architectures in bfloat16 on CUDA.
+
+Without a GPU the benchmark cannot run, so the CPU tests check what does not need one: the
+one-line refusal, the bandwidth-floor arithmetic, the full-size configs against the published
+parameter counts (built on the `meta` device: no memory), and the tiny random models of both
+architectures through the project's log-prob code. The `gpu` tests run on a CUDA machine only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sepo import gpu_bench
+from sepo.logprobs import token_logprobs, token_logprobs_reference
+from sepo.models import forward_extras, quantized_reference
+
+from .conftest import CONF, ROOT
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+
+CUDA = torch.cuda.is_available()
+ARCHS = ("gemma4", "qwen")
+VOCAB = 256
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny models are all small ops: extra threads only contend on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def bench_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    gpu_bench.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def model_cfg(arch: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(CONF / "model" / f"{arch}.yaml")
+
+
+def left_padded(vocab: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of random tokens, the second left-padded by three: the layout of a generate batch."""
+    ids = torch.randint(3, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0
+    return ids.to(device), mask.to(device)
+
+
+# --------------------------------------------------------------------------- without a GPU
+def test_run_without_cuda_is_one_line_naming_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as err:
+        gpu_bench.run(bench_args())
+    message = str(err.value.code)
+    assert "CUDA" in message and "\n" not in message
+
+
+def test_command_line_without_cuda_exits_without_traceback():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no device visible, even on a GPU machine
+    proc = subprocess.run([sys.executable, "-m", "sepo.gpu_bench", "--model", "qwen"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "CUDA" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_bandwidth_floor_fraction():
+    # 8 GB of weights at 2 TB/s: a 4 ms floor; a step of 8 ms reaches half of it
+    assert gpu_bench.bandwidth_floor_fraction(8e9, 2e12, 8e-3) == pytest.approx(0.5)
+    assert gpu_bench.bandwidth_floor_fraction(8e9, 2e12, 4e-3) == pytest.approx(1.0)
+    assert gpu_bench.bandwidth_floor_fraction(0, 2e12, 1e-3) == 0.0
+    for bad in ((8e9, 0, 1e-3), (8e9, 2e12, 0), (-1, 2e12, 1e-3)):
+        with pytest.raises(ValueError):
+            gpu_bench.bandwidth_floor_fraction(*bad)
+
+
+def test_sizes_default_to_full_or_tiny_and_the_command_line_wins():
+    full = gpu_bench.resolved_sizes(bench_args())
+    assert full["batch_sizes"] == [32, 128, 256] and full["prompt_tokens"] == 600
+    tiny = gpu_bench.resolved_sizes(bench_args("--tiny", "--device", "cpu"))
+    assert max(tiny["batch_sizes"]) <= 8 and tiny["prompt_tokens"] < 100
+    assert gpu_bench.resolved_sizes(bench_args("--tiny", "--batch-sizes", "3"))["batch_sizes"] == [3]
+
+
+def test_full_size_configs_match_the_published_parameter_counts():
+    """Built on the meta device: the shapes are real, no memory is allocated."""
+    gemma = gpu_bench.build_model("gemma4", gpu_bench.gemma4_config("e4b"), "meta", torch.bfloat16)
+    text = gemma.config.text_config
+    assert (text.num_hidden_layers, text.hidden_size, text.num_kv_shared_layers) == (42, 2560, 18)
+    assert text.layer_types.count("full_attention") == 7 and text.final_logit_softcapping == 30.0
+    counts = gpu_bench.parameter_counts(gemma)
+    assert 7.5e9 <= counts["total"] <= 8.5e9, counts  # "8B with embeddings"
+    assert 3.5e9 <= counts["language_model_without_embeddings"] <= 4.6e9, counts  # "4.5B effective" incl. towers
+    assert counts["total"] - counts["language_model"] > 3e8  # the vision and audio towers are there
+    # a decode step reads the decoder layers and the (tied) head, not the per-layer embedding table
+    assert 8.5e9 <= gpu_bench.decode_weight_bytes(gemma) <= 1.0e10
+
+    qwen = gpu_bench.build_model("qwen", gpu_bench.qwen35_config(), "meta", torch.bfloat16)
+    assert type(qwen).__name__ == "Qwen3_5ForCausalLM"
+    assert qwen.config.layer_types.count("linear_attention") == 24
+    counts = gpu_bench.parameter_counts(qwen)
+    assert 3.8e9 <= counts["total"] <= 4.6e9, counts  # "4B"
+    assert gpu_bench.decode_weight_bytes(qwen) == 2 * counts["total"]  # tied head: every weight, once
+
+    default = gpu_bench.build_model("gemma4", gpu_bench.gemma4_config("default", towers=False), "meta")
+    assert default.config.text_config.num_hidden_layers != 42  # the other preset really is another shape
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_models_score_tokens_on_cpu(arch):
+    torch.manual_seed(0)
+    model = gpu_bench.build_model(arch, gpu_bench.tiny_config(arch, VOCAB), "cpu", torch.float32)
+    ids, mask = left_padded(VOCAB)
+    extras = forward_extras(model, model_cfg(arch), ids)
+    assert set(extras) == ({"mm_token_type_ids"} if arch == "gemma4" else set())
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, mask, start=6, chunk=4, **extras)
+        ref = token_logprobs_reference(model, ids, mask, start=6, **extras)
+    assert lp.shape == (2, 6) and torch.isfinite(lp).all()
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
+    assert gpu_bench.finite_logits(model, model_cfg(arch), "cpu")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decode_benchmark_and_cache_size_on_a_tiny_model(arch):
+    torch.manual_seed(0)
+    model = gpu_bench.build_model(arch, gpu_bench.tiny_config(arch, VOCAB), "cpu", torch.float32)
+    out = gpu_bench.decode_benchmark(model, model_cfg(arch), [2], prompt_tokens=8, decode_steps=2,
+                                     bandwidth=1e6, device="cpu", pad_id=0, eos_ids=[2, 0])
+    (row,) = out["batches"]
+    assert out["weight_bytes"] == gpu_bench.decode_weight_bytes(model) > 0
+    if "error" in row:  # a loaded CPU can swallow two tiny decode steps in its timing noise
+        assert "decode steps took no measurable time" in row["error"]
+    else:
+        assert row["steps_per_s"] > 0 and 0 < row["floor_fraction"] < row["floor_fraction_with_cache"]
+        assert row["floor_fraction"] == pytest.approx(
+            gpu_bench.bandwidth_floor_fraction(out["weight_bytes"], 1e6, 1 / row["steps_per_s"]), rel=0.02)
+    # the cache holds every layer kind: KV (and, in Qwen 3.5, the linear layers' conv/recurrent states)
+    ids, _ = left_padded(VOCAB)
+    _, result = gpu_bench._time_generate(model, ids, forward_extras(model, model_cfg(arch), ids), 3, 0, [2, 0], "cpu")
+    cache = result.past_key_values
+    kv_only = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
+                  if getattr(layer, "keys", None) is not None and layer.keys.numel())
+    assert gpu_bench.cache_bytes(cache) > (kv_only if arch == "qwen" else 0)
+
+
+def test_linear_attention_path_is_reported():
+    info = gpu_bench.linear_attention_kernels()
+    assert set(info["paths"]) == {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                                  "causal_conv1d_update"}
+    assert info["fast"] == all(p != "torch" for p in info["paths"].values())
+    if not info["fast"]:
+        assert info["missing"] and set(info["missing"]) <= {"flash-linear-attention", "causal-conv1d"}
+        assert "install" in info["note"]
+
+
+def test_bitsandbytes_status_says_why_when_missing():
+    status = gpu_bench.bitsandbytes_status()
+    assert status["available"] or "bitsandbytes" in status["reason"]
+
+
+def test_quantized_reference_shares_all_but_the_linears():
+    pytest.importorskip("bitsandbytes")
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = gpu_bench.build_model("qwen", gpu_bench.tiny_config("qwen", VOCAB), "cpu", torch.float32)
+    peft = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=r".*self_attn\.q_proj"))
+    ref = quantized_reference(peft)
+    kinds = {type(m).__name__ for m in ref.modules()}
+    assert "Linear4bit" in kinds and "Linear" not in {type(m).__name__ for m in ref.model.layers.modules()}
+    assert not any("lora" in n for n, _ in ref.named_modules())
+    assert ref.model.embed_tokens.weight is model.model.embed_tokens.weight  # shared, not copied
+    ids, mask = left_padded(VOCAB)
+    with torch.no_grad():
+        a = token_logprobs(ref, ids, mask, start=6)
+        b = token_logprobs(model, ids, mask, start=6)
+    assert (a - b).abs().max() < 0.5  # 4-bit weights, the same model
+
+
+@pytest.mark.slow
+def test_whole_flow_on_tiny_models_on_cpu(tmp_path):
+    out = gpu_bench.run(bench_args("--tiny", "--device", "cpu", "--cache-dir", str(tmp_path)))
+    assert set(out["models"]) == set(ARCHS) and out["bandwidth"]["bytes_per_s"] > 0
+    for arch, m in out["models"].items():
+        assert all("steps_per_s" in row for row in m["decode"]["batches"]), arch
+        assert m["sft"]["tokens_per_s"] > 0
+        plain, quantized = m["sepo_step"]
+        assert plain["decisions"] > 0 and not plain["skipped"]
+        assert "step_s" in quantized or "skipped" in quantized
+
+
+# --------------------------------------------------------------------------- on a GPU
+@pytest.fixture(scope="module")
+def cuda_models():
+    models = {}
+    for arch in ARCHS:
+        torch.manual_seed(0)
+        models[arch] = gpu_bench.build_model(arch, gpu_bench.tiny_config(arch, VOCAB), "cuda", torch.bfloat16)
+    return models
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_bf16_generation_on_cuda(arch, cuda_models):
+    model = cuda_models[arch]
+    assert model.dtype == torch.bfloat16 and next(model.parameters()).is_cuda
+    ids, mask = left_padded(VOCAB, "cuda")
+    extras = forward_extras(model, model_cfg(arch), ids)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
+                             do_sample=False, pad_token_id=0, eos_token_id=[2], **extras)
+        logits = model(input_ids=ids, attention_mask=mask, **extras).logits
+    assert out.shape == (2, ids.shape[1] + 6) and torch.equal(out[:, :ids.shape[1]], ids)
+    assert torch.isfinite(logits.float()).all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_bf16_logprobs_on_cuda_match_the_reference(arch, cuda_models):
+    model = cuda_models[arch]
+    ids, mask = left_padded(VOCAB, "cuda")
+    extras = forward_extras(model, model_cfg(arch), ids)
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, mask, start=6, chunk=4, **extras)
+        ref = token_logprobs_reference(model, ids, mask, start=6, **extras)
+    assert lp.dtype == torch.float32 and torch.isfinite(lp).all()
+    # bf16 logits: the chunked head and the model's own head round differently, within bf16 precision
+    torch.testing.assert_close(lp, ref, atol=0.1, rtol=0.02)
+    assert (lp - ref).abs().mean() < 0.02
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_sepo_step_and_whole_flow_on_cuda(tmp_path):
+    out = gpu_bench.run(bench_args("--tiny", "--cache-dir", str(tmp_path)))
+    assert out["device"] != "cpu" and out["bandwidth"]["gb_per_s"] > 10
+    for arch, m in out["models"].items():
+        assert m["dtype"] == "bfloat16" and m["logits_finite"], arch
+        assert all("steps_per_s" in row and row["peak_mib"] > 0 for row in m["decode"]["batches"]), arch
+        assert m["sft"]["tokens_per_s"] > 0 and m["sft"]["peak_mib"] > 0
+        plain, quantized = m["sepo_step"]
+        assert plain["decisions"] > 0 and plain["peak_mib"] > 0 and not plain["skipped"], plain
+        if gpu_bench.bitsandbytes_status()["available"]:
+            assert quantized["step_s"] > 0 and quantized["peak_mib"] > 0, quantized
+        else:
+            assert "bitsandbytes" in quantized["skipped"]
