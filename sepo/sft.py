@@ -26,6 +26,14 @@ with the generation prompt, then the assistant content and the end-of-turn token
 would generate them. Labels are -100 everywhere except on those answer tokens (end-of-turn
 included, so the model learns to stop). A sequence longer than `sft.max_length` loses the start of
 its prompt, never its answer. Gemma 4 gets all-zero token type ids (`model.token_type_ids`).
+
+Speed without changing what is learned (`sft.answer_logits_only`, `sft.prefix_sharing`;
+sepo/sft_batching.py): examples are encoded once, batches are left-padded and the vocabulary
+logits are computed on the trained positions only, and on models with plain full attention (tiny)
+the prompt prefix shared by a batch's rows of one game runs once per batch. The Trainer's sampler,
+batches, steps and loss normalisation are unchanged; tests/test_sft.py checks the loss and every
+gradient against transformers' plain path. The agreement's greedy answers are generated in batches
+of one prompt prefix sorted by length, the prefix run once (same answers, less padding).
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo.errors import ConfigError
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, lora_module_names, render_chat
+from sepo.sft_batching import (SFTBatchCollator, check_prefix_sharing, encode_examples, greedy_answers,
+                               sft_trainer_class)
 from sepo.tracking import NullTracker, flatten
 
 log = logging.getLogger(__name__)
@@ -93,9 +103,14 @@ def sft_settings(cfg: DictConfig) -> DictConfig:
     if not 0.0 <= float(s.warmup_ratio) < 1.0:
         raise ConfigError(f"sft.warmup_ratio={s.warmup_ratio} must be in [0, 1)")
     for key in ("per_device_batch_size", "grad_accum", "max_length", "eval_steps", "save_steps", "logging_steps",
-                "eval_batch_size", "agreement_batch_size", "agreement_max_new_tokens"):
+                "eval_batch_size", "agreement_batch_size", "agreement_max_new_tokens", "prefix_min_tokens"):
         if not isinstance(s[key], int) or s[key] < 1:
             raise ConfigError(f"sft.{key}={s[key]!r} must be a positive integer")
+    if s.prefix_sharing and not s.answer_logits_only:
+        raise ConfigError("sft.prefix_sharing=true needs sft.answer_logits_only=true (its batch layout)")
+    if s.prefix_sharing and s.gradient_checkpointing:
+        raise ConfigError("sft.prefix_sharing=true needs sft.gradient_checkpointing=false (checkpointed layers drop "
+                          "the KV cache the shared prefix lives in)")
     return s
 
 
@@ -346,50 +361,39 @@ def write_curve(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 # --------------------------------------------------------------------------- action agreement
-@torch.no_grad()
 def generate_answers(model: Any, tokenizer: Any, model_cfg: Any, prompts: list[list[dict[str, str]]],
-                     batch_size: int, max_new_tokens: int) -> list[str]:
-    """Greedy answers to chat prompts, batched (left padding), cut at the end of turn."""
-    device = next(model.parameters()).device
+                     batch_size: int, max_new_tokens: int, share_prefix: bool = False, min_shared: int = 16
+                     ) -> list[str]:
+    """Greedy answers to chat prompts, cut at the end of turn, in the prompts' order.
+
+    Batched by common prefix and length (sepo/sft_batching.py:prompt_batches: little padding); with
+    `share_prefix` (needs plain full attention) a batch's shared prefix, a game's rules, runs once.
+    """
     eos = end_of_turn_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = [tokenizer(render_chat(tokenizer, model_cfg, m, add_generation_prompt=True),
+                     add_special_tokens=False)["input_ids"] for m in prompts]
     was_training = model.training
     model.eval()
-    answers: list[str] = []
     try:
-        for start in range(0, len(prompts), batch_size):
-            part = prompts[start: start + batch_size]
-            ids = [tokenizer(render_chat(tokenizer, model_cfg, m, add_generation_prompt=True),
-                             add_special_tokens=False)["input_ids"] for m in part]
-            width = max(len(x) for x in ids)
-            input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(input_ids)
-            for row, x in enumerate(ids):
-                input_ids[row, width - len(x):] = torch.tensor(x)
-                mask[row, width - len(x):] = 1
-            input_ids, mask = input_ids.to(device), mask.to(device)
-            out = model.generate(input_ids=input_ids, attention_mask=mask,
-                                 **forward_extras(model, model_cfg, input_ids), do_sample=False, temperature=None,
-                                 top_k=None, top_p=None, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                 eos_token_id=sorted(eos))
-            for row in out[:, width:].tolist():
-                cut = next((i for i, t in enumerate(row) if t in eos), len(row))
-                answers.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
+        rows = greedy_answers(model, ids, eos, pad, batch_size, max_new_tokens, share_prefix, min_shared,
+                              extras=lambda x: forward_extras(model, model_cfg, x))
     finally:
         model.train(was_training)
-    return answers
+    return [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
 
 
 def action_agreement(model: Any, tokenizer: Any, model_cfg: Any, examples: list[dict[str, Any]],
                      actions_by_game: dict[str, list[str]], games: dict[str, Any], batch_size: int,
-                     max_new_tokens: int, samples: int = 10) -> dict[str, Any]:
+                     max_new_tokens: int, samples: int = 10, share_prefix: bool = False,
+                     min_shared: int = 16) -> dict[str, Any]:
     """Parse rate and agreement with the demonstrator of greedy answers to `examples`' prompts.
 
     An answer parses when the game's `parse_action` finds, on its last non-empty line, one of the
     actions seen for that game in the dataset; it agrees when that action is the demonstrator's.
     """
     answers = generate_answers(model, tokenizer, model_cfg, [ex["messages"][:-1] for ex in examples],
-                               batch_size, max_new_tokens)
+                               batch_size, max_new_tokens, share_prefix, min_shared)
     per_game: dict[str, dict[str, int]] = {}
     shown = []
     for ex, text in zip(examples, answers):
@@ -451,8 +455,37 @@ def training_arguments(s: DictConfig, out: Path, has_valid: bool, progress: bool
     )
 
 
+def training_data(s: DictConfig, model: Any, model_name: str, collator: ChatSFTCollator,
+                  train: list[dict[str, Any]], valid: list[dict[str, Any]]):
+    """(Trainer class, train dataset, eval dataset or None, data collator) for the settings.
+
+    `sft.answer_logits_only`: examples encoded once, left-padded batches whose vocabulary logits
+    cover the trained positions only, and with `sft.prefix_sharing` the rows' shared prefixes
+    computed once per batch (sepo/sft_batching.py; the same loss and gradients up to float rounding).
+    Otherwise transformers' plain path: the collator encodes and right-pads, the model computes
+    its own loss over every position.
+    """
+    from transformers import Trainer
+
+    if not s.answer_logits_only:
+        return Trainer, ListDataset(train), ListDataset(valid) if valid else None, collator
+    if s.prefix_sharing:
+        why = check_prefix_sharing(model)
+        if why:
+            raise ConfigError(f"sft.prefix_sharing=true is not exact for model={model_name}: {why}; "
+                              "set sft.prefix_sharing=false")
+    started = time.time()
+    train_items, valid_items = encode_examples(collator.encode, train), encode_examples(collator.encode, valid)
+    log.info("sft: %d examples encoded in %.1f s; logits on the answer positions only%s", len(train) + len(valid),
+             time.time() - started, ", shared prefixes computed once per batch" if s.prefix_sharing else "")
+    trainer_cls = sft_trainer_class()
+    trainer_cls.type_ids_key = collator.type_ids_key
+    batches = SFTBatchCollator(collator.pad_id, bool(s.prefix_sharing), int(s.prefix_min_tokens))
+    return trainer_cls, ListDataset(train_items), ListDataset(valid_items) if valid_items else None, batches
+
+
 def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
-    from transformers import Trainer, set_seed
+    from transformers import set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
     started = time.time()
@@ -486,8 +519,10 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
     log.info("sft: %s, %d trainable of %d parameters%s", "full fine-tune" if s.full_finetune else "LoRA",
              trainable, total_params, f" ({len(lora_modules)} LoRA modules)" if lora_modules else "")
 
+    type_ids_key = _type_ids_key(model, cfg.model)
     collator = ChatSFTCollator(tokenizer, cfg.model, int(s.max_length), end_of_turn_ids(model, tokenizer),
-                               _type_ids_key(model, cfg.model), bool(s.assistant_only_loss))
+                               type_ids_key, bool(s.assistant_only_loss))
+    trainer_cls, train_ds, valid_ds, data_collator = training_data(s, model, cfg.model.name, collator, train, valid)
 
     # ---- training (resume=auto continues from the last Trainer checkpoint)
     ckpt_dir = out / "checkpoints"
@@ -501,9 +536,9 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
         resumed_step = json.loads((Path(last) / "trainer_state.json").read_text())["global_step"]
         log.info("sft: resuming from %s (step %d)", last, resumed_step)
 
-    trainer = Trainer(model=model, args=training_arguments(s, out, bool(valid), bool(cfg.eval.get("progress", True))),
-                      train_dataset=ListDataset(train), eval_dataset=ListDataset(valid) if valid else None,
-                      data_collator=collator, callbacks=[tracker_callback(tracker)])
+    trainer = trainer_cls(model=model, args=training_arguments(s, out, bool(valid), bool(cfg.eval.get("progress", True))),
+                          train_dataset=train_ds, eval_dataset=valid_ds, data_collator=data_collator,
+                          callbacks=[tracker_callback(tracker)])
     train_output = trainer.train(resume_from_checkpoint=last)
     step = int(trainer.state.global_step)
     valid_loss = None
@@ -549,8 +584,10 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
     actions_by_game = {g: sorted(a) for g, a in seen.items()}
     games = {g: make_game(load_game_cfg(g, cfg.game)) for g in actions_by_game}
     agreement_set = valid_all[: int(s.agreement_examples)] if s.agreement_examples else []
+    share = bool(s.prefix_sharing) and check_prefix_sharing(model, training=False) is None
     agreement = action_agreement(model, tokenizer, merged_cfg, agreement_set, actions_by_game, games,
-                                 int(s.agreement_batch_size), int(s.agreement_max_new_tokens)) if agreement_set else {}
+                                 int(s.agreement_batch_size), int(s.agreement_max_new_tokens), share_prefix=share,
+                                 min_shared=int(s.prefix_min_tokens)) if agreement_set else {}
 
     metrics = {
         "dataset": str(s.dataset), "data_dir": str(ds_dir), "train_examples": len(train),

@@ -21,6 +21,8 @@ from sepo.errors import ConfigError
 from sepo.models import load_model_and_tokenizer
 from sepo.sft import (ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_jsonl, run_sft, sft_settings,
                       training_curve)
+from sepo.sft_batching import (SFTBatchCollator, check_prefix_sharing, encode_examples, first_predicted,
+                               prefix_groups, sft_logits, token_cross_entropy)
 from sepo.task import run_task
 
 from .conftest import ROOT
@@ -145,6 +147,127 @@ def test_training_curve_rows_merge_train_and_valid_losses():
                {"loss": 1.0, "learning_rate": 0.05, "epoch": 1.0, "step": 2}, {"train_runtime": 3.0, "step": 2}]
     rows = training_curve(history)
     assert [(r["step"], r["train_loss"], r["valid_loss"]) for r in rows] == [(1, 2.0, 1.5), (2, 1.0, None)]
+
+
+# --------------------------------------------------------------------------- fast batches (sepo/sft_batching.py)
+@pytest.fixture(scope="module")
+def mixed_examples(shared_cache):
+    """Validation examples of the three `multi` games, interleaved (a mixed batch, as the sampler makes them)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["paths.output_dir=/unused", f"paths.cache_dir={shared_cache}",
+                                            "datagen.episodes_per_opponent=3"])
+    examples = read_jsonl(ensure_dataset(cfg, "multi", shared_cache / "data" / "seed_42") / "valid.jsonl")
+    by_game = {}
+    for ex in examples:
+        by_game.setdefault(ex["game"], []).append(ex)
+    assert sorted(by_game) == ["auction", "ipd", "neg_v1"]
+    rows = [ex for group in zip(*(v[:4] for v in by_game.values())) for ex in group]  # 4 of each game
+    first_round = next(ex for ex in by_game["ipd"] if ex["round"] == 1)
+    return rows + [first_round, first_round, by_game["ipd"][-1]]  # a duplicate prompt, an odd one out
+
+
+def _loss_and_grads(model, fn):
+    model.zero_grad()
+    loss = fn()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name,share,min_shared", [("tiny", False, 16), ("tiny", True, 16), ("tiny", True, 150),
+                                                   ("gemma4", False, 16), ("qwen", False, 16)])
+def test_fast_batches_give_the_plain_loss_and_gradients(name, share, min_shared, arch_dirs, mixed_examples):
+    """Left padding, logits on the answer positions only and (tiny) shared prefixes change the work,
+    not the function: the loss and every gradient equal transformers' plain ones within float rounding,
+    normalised by a whole accumulated batch's token count (num_items_in_batch) as well as by the mean."""
+    # float32 (Gemma 4 and Qwen 3.5 load as bf16): bf16 rounds a sum differently in another order
+    model, tok = load_model_and_tokenizer(model_cfg(name, path=str(arch_dirs[name]), dtype="float32"), arch_dirs[name],
+                                          device="cpu")
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    key = "mm_token_type_ids" if name == "gemma4" else None
+    collator = ChatSFTCollator(tok, model_cfg(name), 512, end_of_turn_ids(model, tok), key)
+    plain = collator(mixed_examples)
+    # min_shared=150: the twin prompts share all but their last token; their group's rests (that token +
+    # the answer) are narrower than the batch's longest answer span
+    fast = SFTBatchCollator(collator.pad_id, share, min_shared)(encode_examples(collator.encode, mixed_examples))
+    trained = int(plain["labels"][:, 1:].ne(-100).sum())
+    assert int(fast["labels"].ne(-100).sum()) == trained  # the Trainer's token count is unchanged
+    if share and min_shared == 16:  # three games' rules: three shared groups (the odd row in a plain one)
+        assert len(fast["groups"]) >= 3 and sum("prefix_ids" in g for g in fast["groups"]) >= 3
+    if share and min_shared == 150:
+        assert min(g["input_ids"].shape[1] for g in fast["groups"]) < fast["labels"].shape[1]
+    assert sorted(torch.cat([g["rows"] for g in fast["groups"]]).tolist()) == list(range(len(mixed_examples)))
+    for count in (None, 2 * trained):  # mean; or a sum over a larger accumulated batch
+        extra = {} if count is None else {"num_items_in_batch": torch.tensor(count)}
+        loss0, grads0 = _loss_and_grads(model, lambda: model(**plain, **extra).loss)
+        loss1, grads1 = _loss_and_grads(
+            model, lambda: token_cross_entropy(sft_logits(model, fast, key), fast["labels"], extra.get("num_items_in_batch")))
+        assert loss1.item() == pytest.approx(loss0.item(), abs=1e-5, rel=1e-5)
+        assert grads1.keys() == grads0.keys()
+        for n, g in grads0.items():
+            assert torch.isfinite(grads1[n]).all(), n
+            torch.testing.assert_close(grads1[n], g, atol=1e-5, rtol=1e-4, msg=lambda m: f"{n}: {m}")
+
+
+def test_prefix_groups_cover_every_row_once_and_keep_its_answer_positions():
+    rows = [[1, 2, 3, 4, 5, 6], [9, 9, 9], [1, 2, 3, 7, 8], [1, 2, 3, 4, 5, 9], [1, 2, 4]]
+    limits = [4, 2, 3, 2, 2]  # the first predicted position of each row
+    groups = prefix_groups(rows, limits, 3)
+    assert sorted(r for members, _ in groups for r in members) == list(range(len(rows)))
+    assert groups == [([0, 2, 3], 2), ([1], 2), ([4], 2)]  # shares 3 tokens, capped at row 3's limit 2
+    for members, p in groups:
+        assert all(rows[m][:p] == rows[members[0]][:p] and p <= limits[m] for m in members)
+    assert prefix_groups(rows, limits, 4) == [([0, 3], 2), ([1], 2), ([2], 3), ([4], 2)]
+    assert first_predicted([-100, -100, 5, 6]) == 1 and first_predicted([-100, -100]) == 1
+    # the batch: targets of the kept logits are the labels shifted by one, rows aligned on the right
+    batch = SFTBatchCollator(0, True, 3)([{"ids": r, "labels": [-100] * (lim + 1) + r[lim + 1:]}
+                                         for r, lim in zip(rows, limits)])
+    assert batch["labels"].tolist() == [[-100, -100, 6, -100], [-100] * 4, [-100, -100, 8, -100], [4, 5, 9, -100],
+                                        [-100] * 4]
+    assert [g["rows"].tolist() for g in batch["groups"]] == [[0, 2, 3], [1, 4]]
+
+
+def test_prefix_sharing_is_refused_where_it_would_not_be_exact(arch_dirs, compose_cfg, tmp_path, shared_cache):
+    from peft import LoraConfig, get_peft_model
+
+    tiny, _ = load_model_and_tokenizer(model_cfg("tiny", path=str(arch_dirs["tiny"])), arch_dirs["tiny"], device="cpu")
+    assert check_prefix_sharing(tiny) is None
+    lora = get_peft_model(tiny, LoraConfig(r=2, lora_alpha=4, lora_dropout=0.1, target_modules=["q_proj"]))
+    assert "dropout" in check_prefix_sharing(lora)
+    for name in ("gemma4", "qwen"):  # sliding-window / shared-KV layers; linear attention
+        model, _ = load_model_and_tokenizer(model_cfg(name, path=str(arch_dirs[name])), arch_dirs[name], device="cpu")
+        assert check_prefix_sharing(model) is not None, name
+    with pytest.raises(ConfigError, match="sft.gradient_checkpointing=false"):
+        sft_settings(compose_cfg("stage=sft", "model=tiny", "sft.gradient_checkpointing=true"))
+    with pytest.raises(ConfigError, match="sft.answer_logits_only=true"):
+        sft_settings(compose_cfg("stage=sft", "model=tiny", "sft.answer_logits_only=false"))
+    cfg = compose_cfg("stage=sft", "model=qwen", f"model.path={arch_dirs['qwen']}", f"paths.cache_dir={shared_cache}",
+                      *QUICK, "sft.prefix_sharing=true")
+    with pytest.raises(ConfigError, match="sft.prefix_sharing=true is not exact for model=qwen"):
+        run_sft(cfg)
+
+
+def test_fast_and_plain_training_follow_the_same_curve(compose_cfg, tmp_path, shared_cache):
+    """The Trainer end to end: the same batches, steps, losses (gradient accumulation included) and
+    validation loss with the fast batches as with transformers' plain path."""
+    common = ["stage=sft", "model=tiny", f"paths.cache_dir={shared_cache}", *QUICK, "sft.max_steps=3",
+              "sft.max_examples=24", "sft.max_valid_examples=12", "sft.per_device_batch_size=4", "sft.grad_accum=2",
+              "sft.logging_steps=1", "sft.eval_batch_size=8"]
+    curves = {}
+    for mode in ("plain", "fast"):
+        flags = (["sft.answer_logits_only=false", "sft.prefix_sharing=false"] if mode == "plain" else
+                 ["sft.answer_logits_only=true", "sft.prefix_sharing=true"])
+        out = tmp_path / mode
+        run_sft(compose_cfg(*common, *flags, f"paths.output_dir={out}"))
+        metrics = json.loads((out / "sft_metrics.json").read_text())
+        rows = (out / "training_curve.csv").read_text().splitlines()[1:]
+        curves[mode] = ([float(r.split(",")[2]) for r in rows if r.split(",")[2]], metrics["valid_loss"])
+    (plain, valid0), (fast, valid1) = curves["plain"], curves["fast"]
+    assert len(plain) == len(fast) == 3
+    assert fast == pytest.approx(plain, abs=1e-4) and valid1 == pytest.approx(valid0, abs=1e-4)
 
 
 # --------------------------------------------------------------------------- LoRA on the real architectures

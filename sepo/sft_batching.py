@@ -1,0 +1,294 @@
+"""Fast SFT batches for stage `sft` (sepo/sft.py): the same examples, batches and loss, less compute.
+
+The plain way (transformers' default) right-pads a batch, runs the causal LM over every position,
+projects every position onto the vocabulary and averages the cross-entropy over the answer tokens.
+On the games' data most of that is waste: an answer is ~20 tokens of a ~240-token sequence, the
+rows of a batch have different lengths, and examples of one game start with the same long rules
+prompt. This module computes the same loss with less work, without changing what is learned:
+
+- **examples encoded once** (`encode_examples`): the chat template and the tokenizer run once per
+  example, not once per batch and epoch.
+- **logits on the answer positions only** (`sft_logits`): rows are left-padded, so every row's
+  predicted positions sit in the last `K` columns, and the model's own head runs on those only
+  (`logits_to_keep=K`; the head, softcapping included, is the model's). Position ids follow the
+  attention mask, so a token sees the same positions and keys as in the right-padded batch.
+- **shared prefixes computed once** (`prefix_groups`, opt-in per model: `sft.prefix_sharing`): rows
+  whose token ids start alike (the same game's rules) form a group; one forward pass over the
+  group's common prefix fills a KV cache, which is repeated for the group's rows (with gradients:
+  the repeat's backward sums the rows' contributions), and the rest of every row runs on top of it.
+  A causal model's states on a prefix do not depend on what follows, so this is the same function;
+  it needs plain full attention in every layer and no dropout (one pass means one dropout mask for
+  every row of the group), which `check_prefix_sharing` enforces.
+
+Batch layout (`SFTBatchCollator`): `labels` = `shift_labels` [rows, K], the target of each kept
+logit (-100 where none), so the Trainer counts the trained tokens exactly as for the plain batch;
+`groups`, one forward pass each: `rows` (their indices in the batch), `input_ids` and
+`position_ids` [group rows, R] (left-padded; each row's part after the prefix), `attention_mask`
+[group rows, P + R], and for a shared group `prefix_ids` [1, P]. One pass per group, not one for
+the whole batch: a group's rows are padded to the group's longest rest and attend to its own
+prefix only (measured: 8-16 % less time per step than one pass with every prefix padded to the
+longest). Batch composition and order are the Trainer's seeded sampler's; nothing here reorders data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+IGNORE = -100
+
+
+# --------------------------------------------------------------------------- encoding
+def encode_examples(encode: Callable[[Sequence[dict[str, str]]], tuple[list[int], list[int]]],
+                    examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each example's (input ids, labels), computed once: `{"ids": [...], "labels": [...]}`."""
+    out = []
+    for ex in examples:
+        ids, labels = encode(ex["messages"])
+        out.append({"ids": ids, "labels": labels})
+    return out
+
+
+def first_predicted(labels: Sequence[int]) -> int:
+    """The first position whose next token is trained (the last prompt token with an assistant-only
+    loss); len(labels) - 1 when none is. Positions before it need no logits."""
+    for t in range(1, len(labels)):
+        if labels[t] != IGNORE:
+            return t - 1
+    return len(labels) - 1
+
+
+def prefix_groups(rows: Sequence[Sequence[int]], limits: Sequence[int], min_shared: int
+                  ) -> list[tuple[list[int], int]]:
+    """Groups of rows that share a token prefix, as (row indices, prefix length).
+
+    Rows sorted by their ids; neighbours sharing at least `min_shared` leading tokens join a group,
+    whose prefix is the longest one common to all its rows, capped at each row's `limits` entry
+    (its first predicted position, so every predicted position stays in the row's own part). A
+    row that shares too little is a group of its own; its prefix is then just its own prompt.
+    Every row is in exactly one group; groups and members come in the rows' original order.
+    """
+    order = sorted(range(len(rows)), key=lambda i: list(rows[i]))
+
+    def common(a: Sequence[int], b: Sequence[int]) -> int:
+        n = min(len(a), len(b))
+        k = 0
+        while k < n and a[k] == b[k]:
+            k += 1
+        return k
+
+    groups: list[tuple[list[int], int]] = []
+    members, shared = [order[0]], len(rows[order[0]])
+    for prev, i in zip(order, order[1:]):
+        k = common(rows[prev], rows[i])
+        if k >= min_shared and min(shared, k) >= min_shared:
+            members.append(i)
+            shared = min(shared, k)
+        else:
+            groups.append((members, shared))
+            members, shared = [i], len(rows[i])
+    groups.append((members, shared))
+    out = [(sorted(m), min([p] + [int(limits[i]) for i in m])) for m, p in groups]
+    return sorted(out, key=lambda g: g[0][0])
+
+
+# --------------------------------------------------------------------------- collation
+def _left_pad(seqs: Sequence[Sequence[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        if s:
+            ids[r, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
+            mask[r, width - len(s):] = 1
+    return ids, mask
+
+
+def positions_from_mask(mask: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Position ids counting the attended tokens of each row from `start` (0 on padding)."""
+    return ((mask.cumsum(-1) - 1).clamp(min=0) + start) * mask
+
+
+class SFTBatchCollator:
+    """Collates pre-encoded examples (`encode_examples`) into the layout `sft_logits` reads.
+
+    `share_prefix` groups rows by common prefix (`prefix_groups`, at least `min_shared` tokens);
+    a group of two or more rows gets its prefix tensors, the rows sharing with no other row form
+    one plain group. (Token type ids, Gemma 4, are added by `sft_logits`.)
+    """
+
+    def __init__(self, pad_id: int, share_prefix: bool = False, min_shared: int = 1):
+        self.pad_id = int(pad_id)
+        self.share_prefix = bool(share_prefix)
+        self.min_shared = max(int(min_shared), 1)
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        ids = [list(it["ids"]) for it in items]
+        labels = [list(it["labels"]) for it in items]
+        first = [first_predicted(lab) for lab in labels]
+        keep = max(len(i) - f for i, f in zip(ids, first))  # kept logit columns, the last of each row included
+        targets = torch.full((len(items), keep), IGNORE, dtype=torch.long)
+        for r, (lab, n) in enumerate(zip(labels, map(len, ids))):
+            shifted = lab[1:] + [IGNORE]  # the target of position t is the label of t + 1
+            lo = max(0, n - keep)
+            targets[r, keep - n + lo:] = torch.tensor(shifted[lo:], dtype=torch.long)
+        found = prefix_groups(ids, first, self.min_shared) if self.share_prefix else [(list(range(len(ids))), 0)]
+        shared = [(m, p) for m, p in found if len(m) > 1 and p > 0]
+        alone = sorted(r for m, p in found if not (len(m) > 1 and p > 0) for r in m)
+        groups = []
+        for members, p in shared + ([(alone, 0)] if alone else []):
+            rests = [ids[r][p:] for r in members]
+            r_ids, r_mask = _left_pad(rests, max(map(len, rests)), self.pad_id)
+            group = {"rows": torch.tensor(members, dtype=torch.long), "input_ids": r_ids,
+                     "position_ids": positions_from_mask(r_mask, p)}
+            if p:
+                group["prefix_ids"] = torch.tensor([ids[members[0]][:p]], dtype=torch.long)
+                r_mask = torch.cat([torch.ones(len(members), p, dtype=torch.long), r_mask], dim=1)
+            group["attention_mask"] = r_mask
+            groups.append(group)
+        # `labels` first: the Trainer takes the batch size from the first tensor it finds
+        return {"labels": targets, "shift_labels": targets, "groups": groups}
+
+
+# --------------------------------------------------------------------------- the loss
+def _extras(type_ids_key: str | None, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {type_ids_key: torch.zeros_like(ids)} if type_ids_key else {}
+
+
+def sft_logits(model: Any, batch: dict[str, Any], type_ids_key: str | None = None) -> torch.Tensor:
+    """Logits [rows, K, vocab] of the kept (answer) positions of a `SFTBatchCollator` batch, one
+    forward pass per group (and one over each group's prefix), in the batch's row order."""
+    keep = batch["labels"].shape[1]
+    parts, rows = [], []
+    for group in batch["groups"]:
+        kwargs: dict[str, Any] = {"use_cache": False}
+        if "prefix_ids" in group:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=model.config)
+            model(input_ids=group["prefix_ids"], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                  **_extras(type_ids_key, group["prefix_ids"]))
+            cache.batch_repeat_interleave(len(group["rows"]))  # its backward sums the rows' gradients
+            kwargs = {"past_key_values": cache, "use_cache": True}
+        out = model(input_ids=group["input_ids"], attention_mask=group["attention_mask"],
+                    position_ids=group["position_ids"], logits_to_keep=keep, **kwargs,
+                    **_extras(type_ids_key, group["input_ids"]))
+        short = keep - out.logits.shape[1]  # a group's rests can be narrower than the batch's K (its
+        # rows' targets then start inside them anyway): the missing columns' targets are all -100
+        parts.append(torch.nn.functional.pad(out.logits, (0, 0, short, 0)) if short > 0 else out.logits)
+        rows.append(group["rows"])
+    logits = torch.cat(parts) if len(parts) > 1 else parts[0]
+    order = torch.cat(rows)
+    if len(parts) > 1 or not torch.equal(order, torch.arange(len(order), device=order.device)):
+        logits = logits[torch.argsort(order)]
+    return logits
+
+
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                        num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+    """transformers' causal-LM loss on already shifted targets: the summed cross-entropy divided by
+    `num_items_in_batch` (the trained tokens of the whole accumulated batch) when given, else the
+    mean over this batch's trained tokens."""
+    logits = logits.float()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).to(logits.device),
+                                             ignore_index=IGNORE,
+                                             reduction="sum" if num_items_in_batch is not None else "mean")
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss
+
+
+def check_prefix_sharing(model: Any, training: bool = True) -> str | None:
+    """Why sharing prefixes would not be exact for `model` (None: it is). In training, dropout would
+    draw one mask for a whole group's prefix; sliding-window, linear or shared-KV attention layers do
+    not keep a plain per-token KV cache that can be repeated and extended across padding."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if training:
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Dropout) and module.p > 0:
+                return f"{name or 'the model'} has dropout p={module.p}"
+        if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+            return f"attention dropout {config.attention_dropout}"
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"layer types {sorted(kinds)} (only full attention keeps a plain KV cache)"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return f"sliding window {config.sliding_window}"
+    if getattr(config, "num_kv_shared_layers", 0):
+        return "layers share KV states"
+    return None
+
+
+def sft_trainer_class():
+    """A transformers `Trainer` whose loss is `token_cross_entropy(sft_logits(...))`: transformers'
+    causal-LM loss, normalised by the same trained-token count, on the batches above."""
+    from transformers import Trainer
+
+    class SFTTrainer(Trainer):
+        type_ids_key: str | None = None
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            logits = sft_logits(model, inputs, self.type_ids_key)
+            loss = token_cross_entropy(logits, inputs["labels"], num_items_in_batch)
+            if (self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs
+                    and num_items_in_batch is not None):  # as Trainer.compute_loss does for the model's own loss
+                loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+            return (loss, {"logits": logits}) if return_outputs else loss
+
+    return SFTTrainer
+
+
+# --------------------------------------------------------------------------- greedy answers (the agreement)
+def prompt_batches(prompts: Sequence[Sequence[int]], batch_size: int, share_prefix: bool, min_shared: int
+                   ) -> list[tuple[list[int], int]]:
+    """Batches of prompt indices for generation and each batch's shared prefix length (0: none).
+
+    Prompts are grouped by common prefix (`prefix_groups`; every prompt keeps its last token, which
+    generation starts from) and sorted by length within a group, so a batch holds one game's
+    prompts with little padding; batches never cross groups, so each shares its group's prefix.
+    """
+    groups = prefix_groups(prompts, [len(p) - 1 for p in prompts], max(int(min_shared), 1))
+    out = []
+    for members, p in groups:
+        members = sorted(members, key=lambda i: (len(prompts[i]), i))
+        for start in range(0, len(members), batch_size):
+            chunk = members[start:start + batch_size]
+            out.append((chunk, p if share_prefix and len(chunk) > 1 and p >= min_shared else 0))
+    return out
+
+
+@torch.no_grad()
+def greedy_answers(model: Any, prompts: Sequence[Sequence[int]], eos: set[int], pad_id: int, batch_size: int,
+                   max_new_tokens: int, share_prefix: bool = False, min_shared: int = 1,
+                   extras: Callable[[torch.Tensor], dict[str, torch.Tensor]] = lambda ids: {}) -> list[list[int]]:
+    """Greedy continuations of token-id prompts, cut after the first end-of-turn token, in the
+    prompts' order. Batched by `prompt_batches`; a batch's shared prefix runs once and its KV cache
+    serves every row (rows laid out [prefix][padding][rest]; generate's position ids follow the
+    attention mask, so the padding in the middle changes nothing)."""
+    device = next(model.parameters()).device
+    answers: list[list[int]] = [[] for _ in prompts]
+    for chunk, shared in prompt_batches(prompts, batch_size, share_prefix, min_shared):
+        rests = [list(prompts[i][shared:]) for i in chunk]
+        ids, mask = _left_pad(rests, max(map(len, rests)), pad_id)
+        kwargs: dict[str, Any] = {}
+        if shared:
+            from transformers import DynamicCache
+
+            prefix = torch.tensor([list(prompts[chunk[0]][:shared])], dtype=torch.long)
+            ids = torch.cat([prefix.expand(len(chunk), -1), ids], dim=1)
+            mask = torch.cat([torch.ones(len(chunk), shared, dtype=torch.long), mask], dim=1)
+            cache = DynamicCache(config=model.config)
+            model(input_ids=prefix.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1,
+                  **extras(prefix.to(device)))
+            cache.batch_repeat_interleave(len(chunk))
+            kwargs["past_key_values"] = cache
+        ids, mask = ids.to(device), mask.to(device)
+        out = model.generate(input_ids=ids, attention_mask=mask, **extras(ids), **kwargs, do_sample=False,
+                             temperature=None, top_k=None, top_p=None, max_new_tokens=max_new_tokens,
+                             pad_token_id=pad_id, eos_token_id=sorted(eos))
+        for i, row in zip(chunk, out[:, ids.shape[1]:].tolist()):
+            cut = next((j for j, tok in enumerate(row) if tok in eos), len(row))
+            answers[i] = row[:cut]
+    return answers
