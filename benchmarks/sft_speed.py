@@ -10,6 +10,10 @@ unpadded tokens of the examples it trained on, steps x batch x their mean length
 figures of `sft_metrics.json`. Extra arguments are Hydra overrides for both sides, e.g.
 `sft.max_steps=60` for a shorter run.
 
+`--threads 1` runs single-threaded: on a shared machine the CPU seconds then barely depend on the
+other load (two threads spin-wait for each other when a core is taken), so their ratio is the
+robust figure; the default threads give the wall time of a quiet machine.
+
 `--compare DIR` times another checkout (e.g. a clone at an older commit) as well, alternately
 (other, this, other, this, ...: `--repeats` pairs), so both see the same drift of a shared
 machine, and reports the ratios this / other per pair and their median. Each checkout gets its
@@ -23,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -78,16 +83,23 @@ def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
     return sum(lengths) / len(lengths), int(s.per_device_batch_size) * int(s.grad_accum)
 
 
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_once(repo: Path, root: Path, cache_dir: Path, overrides: list[str], tokens_per_example: float,
-             batch: int, name: str) -> dict:
+             batch: int, name: str, threads: int | None = None) -> dict:
     """One timed SFT run in `repo`; its figures."""
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     run_dir = root / "runs" / f"{name}-{time.strftime('%H%M%S')}"
-    started = time.time()
+    started, cpu = time.time(), _child_cpu()
     proc = subprocess.run([sys.executable, "main.py", "stage=sft", "game=ipd", "model=tiny", "logger=none",
                            "eval.progress=false", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}",
                            *overrides], cwd=repo, env=env, capture_output=True, text=True)
-    wall = time.time() - started
+    wall, cpu = time.time() - started, _child_cpu() - cpu
     if proc.returncode != 0:
         raise RuntimeError(f"the SFT run in {repo} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     metrics = json.loads((run_dir / "sft_metrics.json").read_text())
@@ -97,7 +109,8 @@ def run_once(repo: Path, root: Path, cache_dir: Path, overrides: list[str], toke
     agreed = (stamps["agreed"] - stamps["start"]).total_seconds() if len(stamps) == 2 else float("nan")
     steps = int(metrics["global_step"])
     return {
-        "name": name, "repo": str(repo), "commit": _git_commit(repo), "seconds": round(wall, 1),
+        "name": name, "repo": str(repo), "commit": _git_commit(repo), "threads": threads or "default",
+        "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
         "stage_seconds": metrics.get("seconds"), "trainer_seconds": round(trainer, 1),
         "agreement_seconds": round(agreed - float(metrics["train_seconds"]), 1),
         "eval_seconds": round(float(metrics.get("seconds", float("nan"))) - agreed, 1),
@@ -114,6 +127,8 @@ def main() -> None:
     parser.add_argument("--repo", type=Path, default=ROOT, help="checkout to time (default: this one)")
     parser.add_argument("--compare", type=Path, help="a second checkout timed alternately with --repo")
     parser.add_argument("--repeats", type=int, default=1, help="runs per checkout")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of the runs (default: torch's choice); 1 makes "
+                        "CPU seconds a figure a busy machine hardly changes")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. sft.max_steps=60")
     args = parser.parse_args()
     root = args.root or Path(tempfile.mkdtemp(prefix="sft_speed-"))
@@ -132,9 +147,10 @@ def main() -> None:
     runs = []
     for i in range(args.repeats):
         for name, repo in sides:
-            run = run_once(repo, root, caches[name], args.overrides, tokens, batch, name)
+            run = run_once(repo, root, caches[name], args.overrides, tokens, batch, name, args.threads)
             runs.append(run)
-            print(f"{name} ({run['commit']}) run {i + 1}: {run['seconds']:.0f} s wall, Trainer {run['trainer_seconds']:.0f} s "
+            print(f"{name} ({run['commit']}) run {i + 1}: {run['seconds']:.0f} s wall ({run['cpu_seconds']:.0f} s CPU), "
+                  f"Trainer {run['trainer_seconds']:.0f} s "
                   f"({run['tokens_per_s']:.0f} tokens/s), agreement {run['agreement_seconds']:.0f} s, eval "
                   f"{run['eval_seconds']:.0f} s; valid loss {run['valid_loss']:.4f}, parse rate {run['parse_rate']}, "
                   f"agreement {run['action_agreement']}", file=sys.stderr, flush=True)
@@ -142,7 +158,7 @@ def main() -> None:
     if args.compare:
         ratios: dict[str, list[float]] = {}
         for other, this in zip(runs[0::2], runs[1::2]):
-            for key in ("seconds", "trainer_seconds", "agreement_seconds", "eval_seconds"):
+            for key in ("seconds", "cpu_seconds", "trainer_seconds", "agreement_seconds", "eval_seconds"):
                 if other[key] and other[key] == other[key]:
                     ratios.setdefault(key, []).append(round(this[key] / other[key], 3))
         result["ratios"] = {k: {"pairs": v, "median": statistics.median(v)} for k, v in ratios.items()}
