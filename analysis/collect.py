@@ -32,6 +32,22 @@ WANDB_STATES = {"finished": "done", "failed": "failed", "crashed": "failed", "ki
                 "running": "running"}
 
 
+#: display names, in table order (a name not listed follows alphabetically)
+MODELS = {"gemma4": "Gemma 4 E4B-it", "qwen": "Qwen 3.5-4B", "tiny": "tiny"}
+GAMES = {"ipd": "IPD", "auction": "Auction", "neg_v1": r"Neg.\ v1", "neg_v2": r"Neg.\ v2", "kuhn": "Kuhn"}
+
+
+def ordered(names, order: dict[str, str]) -> list[str]:
+    """Known names in the display dict's order, then the rest alphabetically."""
+    names = set(names)
+    return [n for n in order if n in names] + sorted(names - set(order))
+
+
+def trained_models(df: pd.DataFrame) -> list[str]:
+    """Models every game table lists (a model missing from a game shows as `--` rows there)."""
+    return ordered((m for m in df["model"].dropna().unique() if not m.startswith("scripted:")), MODELS)
+
+
 def phase_of(stage: str | None, checkpoint: str | None) -> str | None:
     """The table row a result fills.
 

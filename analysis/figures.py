@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis import collect  # noqa: E402
-from analysis.tables import GAMES, MODELS, ordered, trained_models  # noqa: E402
+from analysis.collect import GAMES, MODELS, ordered, trained_models  # noqa: E402
 
 
 def plain(name: str) -> str:

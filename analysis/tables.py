@@ -21,10 +21,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import collect
+from analysis.collect import GAMES, MODELS, ordered, trained_models
 
 # display names: config name -> what the paper prints
-MODELS = {"gemma4": "Gemma 4 E4B-it", "qwen": "Qwen 3.5-4B", "tiny": "tiny"}
-GAMES = {"ipd": "IPD", "auction": "Auction", "neg_v1": r"Neg.\ v1", "neg_v2": r"Neg.\ v2", "kuhn": "Kuhn"}
 SIGNED = {"safety", "nra"}  # printed with an explicit sign, as in the paper
 
 NOT_RUN, FAILED, NOT_MEASURED = "--", r"--$^\dagger$", "n/a"
@@ -69,17 +68,6 @@ def model_name(model: str) -> str:
 
 def game_name(game: str) -> str:
     return GAMES.get(game, tex(game))
-
-
-def ordered(names, order: dict[str, str]) -> list[str]:
-    """Known names in the display dict's order, then the rest alphabetically."""
-    names = set(names)
-    return [n for n in order if n in names] + sorted(names - set(order))
-
-
-def trained_models(df: pd.DataFrame) -> list[str]:
-    """Models every game table lists (a model missing from a game shows as `--` rows there)."""
-    return ordered((m for m in df["model"].dropna().unique() if not m.startswith("scripted:")), MODELS)
 
 
 def ckpt_label(cell: pd.Series | None, short: bool = False) -> str:

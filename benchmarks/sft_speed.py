@@ -69,7 +69,7 @@ def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
 
     import sepo.cli  # noqa: F401  (resolvers)
     from sepo.models import load_model_and_tokenizer
-    from sepo.sft import ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_jsonl, sft_settings, subsample
+    from sepo.stages.sft import ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_jsonl, sft_settings, subsample
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["stage=sft", "game=ipd", "model=tiny", "logger=none",

@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_SETTING = ["sepo.penalty_mode=per_rollout", "sepo.rollouts_per_opponent=2", "sepo.refresh_steps=1"]
-STEP_LINE = re.compile(r"^\[([\d\- :,]+)\]\[sepo\.sepo\]\[INFO\] - step (\d+) ")
+STEP_LINE = re.compile(r"^\[([\d\- :,]+)\]\[sepo\.(?:sepo|stages\.sepo_loop)\]\[INFO\] - step (\d+) ")
 
 
 def run(checkout: Path, args: list[str], root: Path, threads: int) -> float:

@@ -19,14 +19,14 @@ thread by default (`--threads`): the benchmark measures batching, not intra-op p
 stays stable on a busy machine.
 
 `logprob` measures the peak memory of per-token log-probs over a large vocabulary, chunked
-(`sepo.logprobs.chunked_logprobs_from_hidden`) against the unchunked reference. Torch's CPU
+(`sepo.training.logprobs.chunked_logprobs_from_hidden`) against the unchunked reference. Torch's CPU
 allocations are invisible to tracemalloc, so each variant runs in a fresh subprocess that
 allocates its inputs, warms the kernels up on a sliver, resets the kernel's peak-RSS mark, computes,
 and reports the growth of its peak resident set size (VmHWM) over the resident set size before the
 computation. The workers run with glibc's mmap threshold at 1 MiB so that freed blocks are returned
 at once and RSS follows the live tensors.
 
-`gradcheck` runs SPEC 4.4's gradient check (`sepo.gradcheck`): a parametric scripted IPD agent
+`gradcheck` runs SPEC 4.4's gradient check (`sepo.training.gradcheck`): a parametric scripted IPD agent
 through the training batch code, the mean estimated update of each term against finite differences
 of the exact J, for the default estimator and the paper's variants.
 
@@ -54,7 +54,7 @@ import sys
 import time
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from sepo.paths import CONF_DIR
 
 
 # --------------------------------------------------------------------- rollout throughput
@@ -138,7 +138,7 @@ def logprob_worker(args: argparse.Namespace) -> dict:
     """One variant in this (fresh) process: peak memory growth of the computation in MiB."""
     import torch
 
-    from sepo.logprobs import chunked_logprobs_from_hidden, logprobs_from_hidden_reference
+    from sepo.training.logprobs import chunked_logprobs_from_hidden, logprobs_from_hidden_reference
 
     def compute(hidden, weight, targets):
         with torch.no_grad():
@@ -180,8 +180,8 @@ def logprob(args: argparse.Namespace) -> dict:
 
 # --------------------------------------------------------------------- gradient check
 def gradcheck(args: argparse.Namespace) -> dict:
-    """SPEC 4.4: the estimator's mean update against finite differences of the exact J (sepo/gradcheck.py)."""
-    from sepo.gradcheck import print_table, report
+    """SPEC 4.4: the estimator's mean update against finite differences of the exact J (sepo/training/gradcheck.py)."""
+    from sepo.training.gradcheck import print_table, report
 
     started = time.perf_counter()
     result = report(lambda overrides: compose([*overrides, "logger=none"]), args.batches, args.burn_in,
@@ -198,7 +198,8 @@ def step(args: argparse.Namespace) -> dict:
     from sepo.games import make_game
     from sepo.models import attach_lora, load_model_and_tokenizer
     from sepo.profiling import profiled, section, time_model_forwards
-    from sepo.sepo import (RecordingPolicy, generated_tokens, optimisation_step, reference_logprobs, sepo_settings,
+    from sepo.training.objective import sepo_settings
+    from sepo.stages.sepo_loop import (RecordingPolicy, generated_tokens, optimisation_step, reference_logprobs,
                            training_parts)
 
     overrides = [f"model={args.model}", f"game={args.game}", "logger=none", *args.overrides]

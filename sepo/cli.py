@@ -8,13 +8,15 @@ multi-line report.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from sepo.paths import CONF_DIR
 
 
 #: longest run-dir name kept verbatim; file systems allow 255 bytes per path component
@@ -38,13 +40,28 @@ if not OmegaConf.has_resolver("run_name"):
     OmegaConf.register_new_resolver("run_name", _run_name)
 
 
-def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def user_config_dirs(argv: list[str]) -> list[Path]:
+    """Directories given with Hydra's `--config-dir DIR` / `-cd DIR` (a user's own config groups)."""
+    dirs = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            dirs.append(Path(argv[i + 1]))
+        elif arg.startswith("--config-dir="):
+            dirs.append(Path(arg.split("=", 1)[1]))
+    return dirs
+
+
+def group_options(group: str, extra_dirs: list[Path] = ()) -> list[str]:
+    return sorted({p.stem for d in (CONF_DIR, *extra_dirs) for p in (d / group).glob("*.yaml")})
 
 
 def check_group_overrides(argv: list[str]) -> str | None:
     """The error line for the first unknown config-group option in `argv`, else None."""
-    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()} - {"local"}
+    extra = user_config_dirs(argv)
+    for d in extra:
+        if not d.is_dir():
+            return f"error: --config-dir={d} is not a directory; allowed: a directory of config groups (e.g. lambdas/my.yaml)"
+    groups = {p.name for d in (CONF_DIR, *extra) if d.is_dir() for p in d.iterdir() if p.is_dir()} - {"local"}
     for arg in argv:
         if "=" not in arg or arg.startswith("hydra"):
             continue
@@ -52,7 +69,7 @@ def check_group_overrides(argv: list[str]) -> str | None:
         key = key.lstrip("+~")
         if key not in groups:
             continue
-        allowed = group_options(key)
+        allowed = group_options(key, extra)
         values = value.removeprefix("choice(").removesuffix(")").split(",")
         for v in (v.strip() for v in values):
             if v and v != "null" and v not in allowed:
@@ -67,8 +84,30 @@ def _hydra_main(cfg: DictConfig) -> None:
     run_task(cfg)
 
 
+def check_root_dir(argv: list[str]) -> str | None:
+    """The error line when the output root (`paths.root_dir=` or $PROJECT_ROOT) cannot hold run dirs.
+
+    Checked here because Hydra creates the run dir under it before any of the project's code runs.
+    """
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("paths.root_dir=")]
+    root = given[-1] if given else os.environ.get("PROJECT_ROOT")
+    if not root or "${" in root:
+        return None
+    path = Path(root).expanduser().absolute()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK):
+        key = "paths.root_dir" if given else "PROJECT_ROOT"
+        return f"error: {key}={root} is not allowed; allowed: a writable directory (or one that can be created)"
+    return None
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
+
+
 def main() -> None:
-    error = check_group_overrides(sys.argv[1:])
+    warnings.formatwarning = _one_line_warning  # e.g. a pool overlap: one line, not a source excerpt
+    error = check_group_overrides(sys.argv[1:]) or check_root_dir(sys.argv[1:])
     if error:
         print(error, file=sys.stderr)
         sys.exit(2)

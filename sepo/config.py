@@ -8,10 +8,13 @@ reuses Hard, Fair, FairNeg and NashApx.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import warnings
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
@@ -24,6 +27,8 @@ log = logging.getLogger(__name__)
 MODEL_KINDS = ("scripted", "tiny", "gemma4", "qwen")
 #: models built by the code itself; every other language model is loaded from `model.path`
 BUILT_MODELS = ("scripted", "tiny")
+#: stages that train the model (a scripted agent has nothing to train)
+TRAINING_STAGES = ("sft", "sepo", "pipeline")
 
 
 class PoolOverlapWarning(UserWarning):
@@ -37,10 +42,106 @@ def _require(condition: bool, message: str) -> None:
 
 def _check_number(key: str, value: Any, minimum: float | None = None, integer: bool = False) -> None:
     kind = int if integer else (int, float)
-    _require(isinstance(value, kind) and not isinstance(value, bool),
-             f"{key}={value!r} must be {'an integer' if integer else 'a number'}")
-    if minimum is not None:
-        _require(value >= minimum, f"{key}={value!r} must be >= {minimum:g}")
+    allowed = ("an integer" if integer else "a number") + (f" >= {minimum:g}" if minimum is not None else "")
+    _require(isinstance(value, kind) and not isinstance(value, bool) and (minimum is None or value >= minimum),
+             f"{key}={value!r} is not allowed; allowed: {allowed}")
+
+
+# ------------------------------------------------------------------------------ every number a run reads
+def _int(low: int, high: int | None = None, optional: bool = False):
+    def ok(v: Any) -> bool:
+        if v is None:
+            return optional
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low and (high is None or v < high)
+    text = f"an integer >= {low}" + (f" and < {high}" if high is not None else "") + (", or null" if optional else "")
+    return ok, text
+
+
+def _real(low: float, strict: bool = False, high: float | None = None):
+    def ok(v: Any) -> bool:
+        return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and (v > low if strict else v >= low) and (high is None or v < high))
+    text = f"a number {'>' if strict else '>='} {low:g}" + (f" and < {high:g}" if high is not None else "")
+    return ok, text
+
+
+def _steps_list():
+    return (lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
+                                                          for s in v),
+            "a list of integers >= 1 (e.g. [25,50,75]) or []")
+
+
+SEED = _int(0, 2**32)  # numpy's seeds
+#: (stages the key matters to, key, (check, allowed values)); `all` = every stage. Checked before any work.
+RULES = [
+    ("all", "seed", SEED),
+    ("all", "generation_seed", SEED),
+    ("eval sft sepo pipeline", "eval.episodes_per_opponent", _int(1)),
+    ("eval sft sepo pipeline", "eval.temperature", _real(0.0)),
+    ("eval sft sepo pipeline", "eval.max_new_tokens", _int(1)),
+    ("eval sft sepo pipeline", "eval.batch_size", _int(0)),
+    ("datagen sft pipeline", "datagen.seed", SEED),
+    ("datagen sft pipeline", "datagen.num_opponents", _int(1)),
+    ("datagen sft pipeline", "datagen.multi_per_game", _int(1)),
+    ("datagen sft pipeline", "datagen.episodes_per_opponent", _int(1, optional=True)),
+    ("sft pipeline", "sft.lr", _real(0.0, strict=True)),
+    ("sft pipeline", "sft.epochs", _real(0.0, strict=True)),
+    ("sft pipeline", "sft.max_steps", _int(1, optional=True)),
+    ("sft pipeline", "sft.max_examples", _int(1, optional=True)),
+    ("sft pipeline", "sft.max_valid_examples", _int(1, optional=True)),
+    ("sft pipeline", "sft.per_device_batch_size", _int(1)),
+    ("sft pipeline", "sft.grad_accum", _int(1)),
+    ("sft pipeline", "sft.eval_batch_size", _int(1)),
+    ("sft pipeline", "sft.agreement_examples", _int(0)),
+    ("sft pipeline", "sft.weight_decay", _real(0.0)),
+    ("sft pipeline", "sft.max_grad_norm", _real(0.0, strict=True)),
+    ("sft pipeline", "sft.lora.r", _int(1)),
+    ("sft pipeline", "sft.lora.dropout", _real(0.0, high=1.0)),
+    ("sft pipeline", "sft.seed", SEED),
+    ("sepo pipeline", "sepo.steps", _int(1)),
+    ("sepo pipeline", "sepo.lr", _real(0.0, strict=True)),
+    ("sepo pipeline", "sepo.temperature", _real(0.0, strict=True)),
+    ("sepo pipeline", "sepo.max_new_tokens", _int(1)),
+    ("sepo pipeline", "sepo.aux_episodes", _int(1)),
+    ("sepo pipeline", "sepo.beta", _real(0.0)),
+    ("sepo pipeline", "sepo.clip_eps", _real(0.0, strict=True)),
+    ("sepo pipeline", "sepo.grad_clip", _real(0.0, strict=True)),
+    ("sepo pipeline", "sepo.weight_decay", _real(0.0)),
+    ("sepo pipeline", "sepo.reward_scale", _real(0.0, strict=True)),
+    ("sepo pipeline", "sepo.refresh_steps", _int(1)),
+    ("sepo pipeline", "sepo.refresh_kl", _real(0.0, strict=True)),
+    ("sepo pipeline", "sepo.micro_batch", _int(1)),
+    ("sepo pipeline", "sepo.logprob_chunk", _int(1)),
+    ("sepo pipeline", "sepo.checkpoint_steps", _steps_list()),
+    ("sepo pipeline", "sepo.lora.r", _int(1)),
+    ("sepo pipeline", "sepo.lora.alpha", _real(0.0, strict=True)),
+    ("sepo pipeline", "sepo.lora.dropout", _real(0.0, high=1.0)),
+]
+
+
+def check_rules(cfg: DictConfig) -> None:
+    stage = cfg.stage.name
+    for stages, key, (ok, allowed) in RULES:
+        if stages != "all" and stage not in stages.split():
+            continue
+        value = OmegaConf.select(cfg, key, default=None)
+        value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        _require(ok(value), f"{key}={value!r} is not allowed; allowed: {allowed}")
+
+
+def check_paths(cfg: DictConfig) -> None:
+    """Paths a run will read or write, checked before any work (not deep inside a loader)."""
+    root = Path(str(cfg.paths.root_dir))
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    _require(existing is not None and existing.is_dir() and os.access(existing, os.W_OK),
+             f"paths.root_dir={root} is not allowed; allowed: a writable directory (or one that can be created)")
+    path = cfg.model.get("path")
+    if path:
+        local = Path(str(path)).expanduser()
+        looks_like_hub_id = not str(path).startswith((".", "/", "~")) and str(path).count("/") == 1
+        _require(local.is_dir() or looks_like_hub_id,
+                 f"model.path={path} is not allowed; allowed: an existing checkpoint directory, or a hub id "
+                 "(org/name) already in the Hugging Face cache")
 
 
 def validate_pools(game: str, pools: Any, key: str = "game.pools") -> list[str]:
@@ -75,7 +176,7 @@ def validate(cfg: DictConfig) -> None:
 
     _check_number("game.rounds", cfg.game.rounds, minimum=1, integer=True)
     _check_number("game.max_payoff", cfg.game.max_payoff)
-    _require(cfg.game.max_payoff > 0, f"game.max_payoff={cfg.game.max_payoff} must be > 0")
+    _require(cfg.game.max_payoff > 0, f"game.max_payoff={cfg.game.max_payoff} is not allowed; allowed: a number > 0")
     for line in validate_pools(game, cfg.game.pools):
         warnings.warn(f"pool overlap: {line}", PoolOverlapWarning, stacklevel=2)
         log.warning("pool overlap: %s", line)
@@ -92,6 +193,10 @@ def validate(cfg: DictConfig) -> None:
         make_strategy(cfg.game, name, key="game.pools")
 
     _require(cfg.model.name in MODEL_KINDS, f"model={cfg.model.name} is not a known model; allowed: {', '.join(MODEL_KINDS)}")
+    if cfg.stage.name in TRAINING_STAGES:
+        _require(cfg.model.name != "scripted",
+                 f"model=scripted is not allowed with stage={cfg.stage.name}: {cfg.stage.name} trains a language "
+                 f"model; allowed: model={', '.join(m for m in MODEL_KINDS if m != 'scripted')}")
     if cfg.model.name == "scripted":
         name = cfg.model.strategy or cfg.game.reference_strategy
         _require(name in known, f"model.strategy: unknown {game} strategy {name!r}; allowed: {', '.join(known)}")
@@ -102,7 +207,19 @@ def validate(cfg: DictConfig) -> None:
     _check_number("eval.episodes_per_opponent", cfg.eval.episodes_per_opponent, minimum=1, integer=True)
     if cfg.game.get("mirrored"):
         _require(cfg.eval.episodes_per_opponent % 2 == 0,
-                 f"eval.episodes_per_opponent={cfg.eval.episodes_per_opponent} must be even for {game} "
-                 "(episodes are dealt in seat-swapped pairs)")
+                 f"eval.episodes_per_opponent={cfg.eval.episodes_per_opponent} is not allowed for game={game} (episodes "
+                 "are dealt in seat-swapped pairs); allowed: an even integer >= 2")
     _require(cfg.resume in ("auto", "never"), f"resume={cfg.resume} is not allowed; allowed: auto, never")
-    _require(0.0 < cfg.datagen.valid_fraction < 1.0, f"datagen.valid_fraction={cfg.datagen.valid_fraction} must be in (0, 1)")
+    _require(0.0 < cfg.datagen.valid_fraction < 1.0,
+             f"datagen.valid_fraction={cfg.datagen.valid_fraction} is not allowed; allowed: a number in (0, 1)")
+    check_rules(cfg)
+    check_paths(cfg)
+    # the stages' own checks (enumerations, cross-key rules), run now so they too come before any work
+    if cfg.stage.name in ("sft", "pipeline"):
+        from sepo.stages.sft import sft_settings
+
+        sft_settings(cfg)
+    if cfg.stage.name in ("sepo", "pipeline"):
+        from sepo.training.objective import sepo_settings
+
+        sepo_settings(cfg)

@@ -18,7 +18,7 @@ What it reports, per model, and why:
   KV / recurrent cache read at large batch is reported beside it (`cache_mib`, at the end of the
   generation), since at batch 256 it can rival the weights.
 - one SEPO step (rollout batch, reference log-probs, optimizer step) through the project's own
-  code (`sepo.rollouts.BatchBuilder`, `sepo.sepo.reference_logprobs`, `optimisation_step`), with
+  code (`sepo.training.rollouts.BatchBuilder`, `sepo.stages.sepo_loop.reference_logprobs`, `optimisation_step`), with
   its time and peak memory, once with the reference = adapter disabled (the project's default)
   and once with a 4-bit (bitsandbytes NF4) reference (`sepo.ref_4bit`, `sepo.models.quantized_reference`:
   the linear layers quantized, everything else (embeddings, norms: frozen under LoRA) shared with
@@ -454,7 +454,7 @@ def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
     import sepo.cli  # noqa: F401  (registers the run_name resolver)
-    from sepo.cli import CONF_DIR
+    from sepo.paths import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
@@ -467,7 +467,8 @@ def sepo_step_benchmark(model: Any, tokenizer: Any, cfg: Any, device: str, ref_4
 
     from sepo.games import make_game
     from sepo.models import quantized_reference
-    from sepo.sepo import (RecordingPolicy, generated_tokens, optimisation_step, reference_logprobs, sepo_settings,
+    from sepo.training.objective import sepo_settings
+    from sepo.stages.sepo_loop import (RecordingPolicy, generated_tokens, optimisation_step, reference_logprobs,
                            training_parts)
 
     s = sepo_settings(cfg)
@@ -518,7 +519,7 @@ def sft_benchmark(model: Any, cfg: Any, device: str, batch: int, tokens: int, st
     import torch
 
     from sepo.models import attach_lora, forward_extras
-    from sepo.sft import sft_settings
+    from sepo.stages.sft import sft_settings
 
     s = sft_settings(cfg)
     out: dict[str, Any] = {"batch": batch, "tokens_per_sequence": tokens, "steps": steps,
@@ -633,14 +634,14 @@ def benchmark_model(arch: str, args: argparse.Namespace, sizes: dict[str, Any], 
                                             sizes["decode_steps"], bandwidth, device, pad_id, [eos_id, pad_id],
                                             args.seed)
     if "sft" in args.parts:
-        from sepo.sft import sft_settings
+        from sepo.stages.sft import sft_settings
 
         s = sft_settings(cfg)
         model, result["sft"] = sft_benchmark(model, cfg, device, sizes["sft_batch"] or int(s.per_device_batch_size),
                                              sizes["sft_tokens"] or int(s.max_length), sizes["sft_steps"], args.seed)
     if "sepo" in args.parts and result["logits_finite"]:
         from sepo.models import attach_lora
-        from sepo.sepo import sepo_settings
+        from sepo.training.objective import sepo_settings
 
         s = sepo_settings(cfg)
         result["sepo_settings"] = {"game": cfg.game.name, "rounds": int(cfg.game.rounds) if "rounds" in cfg.game

@@ -21,6 +21,11 @@ from sepo.games.base import AGENT, OPPONENT, Game
 POOLS = ("train", "exploit", "collusive", "robust")
 
 
+def pools_of(game_cfg: Any) -> dict[str, list[str]]:
+    """{pool: [opponent names]} of a game config, every pool present (empty where the game has none)."""
+    return {pool: list(game_cfg.pools.get(pool) or []) for pool in POOLS}
+
+
 @dataclass
 class OpponentSummary:
     pool: str
@@ -45,13 +50,35 @@ def _mean_se(values: Iterable[float]) -> tuple[float, float]:
     return float(v.mean()), se
 
 
+def sampling_units(records: list[EpisodeRecord]) -> list[list[EpisodeRecord]]:
+    """The independent units of a standard error: mirrored pairs where the episodes come in them.
+
+    Kuhn poker's mirrored evaluation deals episodes 2k and 2k+1 the same cards with the seats
+    swapped (`arena.play`), so the two are strongly anti-correlated (about -0.8 for NashApx against
+    NashApx) and treating them as independent overstates the SE about 2.2-fold. Without mirrored
+    episodes every episode is its own unit.
+    """
+    if not any(ep.mirror for ep in records):
+        return [[ep] for ep in records]
+    units: dict[int, list[EpisodeRecord]] = {}
+    for ep in records:
+        units.setdefault(ep.index // 2, []).append(ep)
+    return list(units.values())
+
+
 def summarise_opponent(game: Game, pool: str, name: str, records: list[EpisodeRecord]) -> OpponentSummary:
+    """Per-opponent means over episodes; SEs over sampling units (a mirrored pair's mean is one value)."""
+    units = sampling_units(records)
+
+    def per_unit(value) -> list[float]:
+        return [float(np.mean([np.mean([value(r) for r in ep.rounds]) for ep in unit])) for unit in units]
+
     per_ep = {
-        "pay": [np.mean([r.payoffs[AGENT] for r in ep.rounds]) for ep in records],
-        "opp": [np.mean([r.payoffs[OPPONENT] for r in ep.rounds]) for ep in records],
-        "adv": [np.mean([r.payoffs[OPPONENT] - r.payoffs[AGENT] for r in ep.rounds]) for ep in records],
-        "col": [np.mean([float(game.collusive(r)) for r in ep.rounds]) for ep in records],
-        "ext": [np.mean([game.externality(r) for r in ep.rounds]) for ep in records],
+        "pay": per_unit(lambda r: r.payoffs[AGENT]),
+        "opp": per_unit(lambda r: r.payoffs[OPPONENT]),
+        "adv": per_unit(lambda r: r.payoffs[OPPONENT] - r.payoffs[AGENT]),
+        "col": per_unit(lambda r: float(game.collusive(r))),
+        "ext": per_unit(game.externality),
     }
     (pay, pay_se), (opp, _), (adv, adv_se), (col, col_se), (ext, ext_se) = (
         _mean_se(per_ep[k]) for k in ("pay", "opp", "adv", "col", "ext"))
@@ -68,17 +95,18 @@ def _pool_average(values: list[tuple[float, float]]) -> tuple[float, float]:
 def nra_for(records: list[EpisodeRecord]) -> tuple[float, float]:
     """Sum(s_agent - s_opp) / Sum(|s_agent| + |s_opp|) over episode totals; 0 when undefined.
 
-    The SE is a jackknife over episodes (the ratio of sums has no closed form).
+    The SE is a jackknife over sampling units (episodes; mirrored pairs as one), since the ratio of
+    sums has no closed form.
     """
-    a = np.array([ep.agent_total for ep in records])
-    o = np.array([ep.opp_total for ep in records])
-    diff, denom = a - o, np.abs(a) + np.abs(o)
+    units = sampling_units(records)
+    diff = np.array([sum(ep.agent_total - ep.opp_total for ep in unit) for unit in units])
+    denom = np.array([sum(abs(ep.agent_total) + abs(ep.opp_total) for ep in unit) for unit in units])
 
     def ratio(mask: np.ndarray) -> float:
         d = denom[mask].sum()
         return float(diff[mask].sum() / d) if d > 0 else 0.0
 
-    n = len(records)
+    n = len(units)
     full = ratio(np.ones(n, bool))
     if n < 2:
         return full, 0.0

@@ -20,6 +20,7 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 from huggingface_hub.errors import HFValidationError
 from omegaconf import OmegaConf
 
+from sepo import distributed
 from sepo.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -154,7 +156,7 @@ def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
     The build is written to a temporary directory and renamed into place, so concurrent runs
     never see half a build and the loser of a race simply discards its copy.
     """
-    from sepo.cli import CONF_DIR
+    from sepo.paths import CONF_DIR
     from sepo.tiny_corpus import build_corpus, corpus_digest
 
     texts = build_corpus(model_cfg.corpus, CONF_DIR)
@@ -163,6 +165,8 @@ def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
     out = cache_dir / f"tiny-{tiny_key(model_cfg, digest)}"
     if (out / BUILD_INFO).exists():
         return out
+    if distributed.rank() != 0:  # transformers writes weights on rank 0 only: wait for its build
+        return _wait_for_build(out)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=cache_dir))
     try:
@@ -182,6 +186,17 @@ def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
         log.info("built tiny model in %s (%d parameters, %d tokens)", out, info["parameters"], info["tokens"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _wait_for_build(out: Path, timeout_s: float = 900.0) -> Path:
+    """Under data parallelism every process loads the model at the same point and rank 0 builds it."""
+    started = time.time()
+    while not (out / BUILD_INFO).exists():
+        if time.time() - started > timeout_s:
+            raise ModelLoadError(f"rank {distributed.rank()}: no tiny model appeared in {out} within {timeout_s:.0f} s "
+                                 "(rank 0 builds it)")
+        time.sleep(0.5)
     return out
 
 

@@ -18,13 +18,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from sepo import tracking
+from sepo import distributed, tracking
 from sepo.config import validate
 from sepo.errors import ConfigError
 from sepo.stages import get_stage
 from sepo.sweep import record_status
 
 log = logging.getLogger(__name__)
+
+DATA_PARALLEL_STAGES = ("sft", "sepo", "pipeline")
 
 
 def _multirun() -> bool:
@@ -47,12 +49,21 @@ def run_task(cfg: DictConfig) -> dict | None:
     started = time.time()
     try:
         validate(cfg)
-        log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+        distributed.init()  # under torchrun: one process per device; rank 0 alone writes markers and logs
+        main = distributed.is_main()
+        if not main:  # one log: the other processes report warnings and errors only
+            logging.getLogger().setLevel(logging.WARNING)
+        if main:
+            log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
         stage = get_stage(cfg.stage.name)
-        tracker = tracking.start(cfg)
-        result = stage(cfg, tracker)
-        (out / "DONE").write_text(json.dumps({"stage": cfg.stage.name, "seconds": round(time.time() - started, 2)}) + "\n")
-        record_status(out, "done")
+        tracker = tracking.start(cfg) if main else tracking.NullTracker()
+        # sft, sepo and pipeline train data parallel; under torchrun the other stages run on rank 0 alone
+        result = stage(cfg, tracker) if main or cfg.stage.name in DATA_PARALLEL_STAGES else None
+        distributed.barrier()
+        if main:
+            (out / "DONE").write_text(json.dumps({"stage": cfg.stage.name, "seconds": round(time.time() - started, 2),
+                                                  "processes": distributed.world_size()}) + "\n")
+            record_status(out, "done")
         return result
     except ConfigError as err:
         (out / "FAILED").write_text(f"ConfigError: {err}\n")

@@ -25,7 +25,7 @@ from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.scripted import ScriptedPolicy
 from sepo.strategies import get_strategy, known_strategies
 
-#: Fallback reasoning lines, filled with the action, for when `sepo.reasoning` (the SFT data's own
+#: Fallback reasoning lines, filled with the action, for when `sepo.training.reasoning` (the SFT data's own
 #: reasoning lines) is not there; the tokenizer only needs the words answers are made of.
 REASONING = (
     "Given the history so far, {action} gives me the best expected payoff.",
@@ -38,9 +38,9 @@ REASONING = (
 
 def _reasoning(game: str, strategy: str, action: str, obs: dict[str, Any], rng: np.random.Generator) -> str:
     try:
-        from sepo.reasoning import reasoning_line
+        from sepo.training.reasoning import reasoning_line
     except ModuleNotFoundError as err:
-        if err.name != "sepo.reasoning":
+        if err.name != "sepo.training.reasoning":
             raise
         return REASONING[int(rng.integers(len(REASONING)))].format(action=action)
     return reasoning_line(game, strategy, action, obs, rng)

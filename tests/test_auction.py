@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from sepo.arena import play
 from sepo.config import PoolOverlapWarning, validate
-from sepo.evaluate import evaluate_policy
+from sepo.stages.evaluate import evaluate_policy
 from sepo.games import make_game
 from sepo.games.auction import Auction
 from sepo.policies import ScriptedPolicy

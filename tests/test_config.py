@@ -46,15 +46,15 @@ def test_pool_overlap_is_a_warning_naming_the_strategy(compose_cfg):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("lambdas.eval.e=-1", "lambdas.eval.e=-1 must be >= 0"),
+    ("lambdas.eval.e=-1", "lambdas.eval.e=-1 is not allowed; allowed: a number >= 0"),
     ("model.strategy=Nope", "model.strategy: unknown ipd strategy 'Nope'; allowed: AltD"),
     ("game.pools.exploit=[AlwaysD,Bogus]", "game.pools.exploit: unknown ipd strategy 'Bogus'"),
     ("+game.demonstrators.Bogus=1.0", "game.demonstrators: unknown ipd strategy 'Bogus'"),
-    ("eval.episodes_per_opponent=0", "eval.episodes_per_opponent=0 must be >= 1"),
+    ("eval.episodes_per_opponent=0", "eval.episodes_per_opponent=0 is not allowed; allowed: an integer >= 1"),
 ])
 def test_validation_errors_name_the_key(compose_cfg, override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
-        validate(compose_cfg("model=scripted", override))
+        validate(compose_cfg("stage=eval", "model=scripted", override))
 
 
 @pytest.mark.parametrize("args,key,allowed", [
@@ -103,6 +103,7 @@ EXPECTED_CHOICES = {
     "paper_kuhn": {"stage": "pipeline", "game": "kuhn"},
     "paper_negotiation": {"stage": "pipeline", "game": "neg_v2", "model": "gemma4"},
     "paper_sft_degradation": {"stage": "pipeline"},
+    "paper_grid": {"stage": "pipeline"},
     "ablation_penalty_mode": {"stage": "sepo", "game": "ipd"},
 }
 

@@ -14,22 +14,21 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from sepo.data import (
+from sepo.training.sft_data import (
     build_dataset,
     dataset_from_cfg,
     dataset_of_game,
     datagen_opponents,
-    episode_strategies,
     examples_from_records,
     generate_dataset,
     generate_game_examples,
     load_game_cfg,
     play_demonstrators,
-    run_datagen,
     to_jsonl,
 )
 from sepo.games import AGENT
-from sepo.reasoning import reasoning_case, reasoning_line
+from sepo.stages.datagen import episode_strategies, run_datagen
+from sepo.training.reasoning import reasoning_case, reasoning_line
 
 ROOT = Path(__file__).resolve().parent.parent
 GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
@@ -263,7 +262,7 @@ def test_cli_end_to_end_writes_datasets_manifest_and_done(cli, tmp_path):
 
 
 def test_datagen_does_not_import_torch():
-    code = ("import sys\nfrom sepo.data import generate_dataset, load_game_cfg\n"
+    code = ("import sys\nfrom sepo.training.sft_data import generate_dataset, load_game_cfg\n"
             "generate_dataset('multi', [load_game_cfg(g) for g in ('ipd', 'kuhn')], 42, episodes_per_opponent=2)\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sepo import gpu_bench
-from sepo.logprobs import token_logprobs, token_logprobs_reference
+from sepo.training.logprobs import token_logprobs, token_logprobs_reference
 from sepo.models import forward_extras, quantized_reference
 
 from .conftest import CONF, ROOT

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from sepo.arena import play
-from sepo.gradcheck import (DEFAULT_POINTS, KINK_POINTS, estimate_update, exact_terms, finite_difference, make_agent,
+from sepo.training.gradcheck import (DEFAULT_POINTS, KINK_POINTS, estimate_update, exact_terms, finite_difference, make_agent,
                             opponent_means, term_agrees, total_agrees)
 from sepo.games import make_game
-from sepo.objective import TERMS
-from sepo.sepo import sepo_settings
+from sepo.training.objective import TERMS
+from sepo.training.objective import sepo_settings
 from sepo.strategies import make_strategy
 
 BATCHES = 250  # per point: the SE is then under 5% of every term's gradient norm (measured)

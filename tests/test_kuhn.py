@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from sepo import kuhn_exact as K
+from sepo.games import kuhn_exact as K
 from sepo.arena import play
-from sepo.evaluate import evaluate_policy
+from sepo.stages.evaluate import evaluate_policy
 from sepo.games import AGENT, OPPONENT, make_game
-from sepo.games.kuhn import BET, CALL, CARDS, FOLD, PASS, KuhnPoker
+from sepo.games.kuhn import BET, CALL, CARDS, FOLD, PASS, KuhnPoker, infoset_requests, policy_table
 from sepo.policies import ScriptedPolicy
 from sepo.strategies import get_strategy, known_strategies
 
@@ -33,7 +33,7 @@ def game() -> KuhnPoker:
 
 
 def table_of(game: KuhnPoker, name: str) -> K.Table:
-    return K.policy_table(game, ScriptedPolicy(get_strategy("kuhn", name)))
+    return policy_table(game, ScriptedPolicy(get_strategy("kuhn", name)))
 
 
 def random_table(seed: int) -> K.Table:
@@ -268,7 +268,7 @@ def test_strategy_defining_behaviour(game, name):
         assert table[f"{CARDS.index(card)}{history}"] == pytest.approx([1 - p, p], abs=1e-12), (card, history)
     # act() draws from the same distribution: deterministic entries are always followed
     strategy, rng = get_strategy("kuhn", name), np.random.default_rng(0)
-    for key, request in K.infoset_requests(game):
+    for key, request in infoset_requests(game):
         dist = strategy.probs(request.observation, request.legal)
         assert list(dist) == request.legal and sum(dist.values()) == pytest.approx(1.0)
         for _ in range(5):

@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from sepo.games import make_game
-from sepo.logprobs import next_token_logits, token_logprobs
+from sepo.training.logprobs import next_token_logits, token_logprobs
 from sepo.models import load_model_and_tokenizer
 from sepo.policies.base import DecisionRequest
 from sepo.policies.lm import (ActionStoppingCriteria, IncrementalText, LMPolicy, RowSampler, counter_uniforms,
@@ -406,7 +406,7 @@ def test_real_architectures(name, thinking, request):
 
 # --------------------------------------------------------------------------- wiring
 def test_importing_policies_does_not_load_torch():
-    code = ("import sys, sepo.policies, sepo.evaluate; "
+    code = ("import sys, sepo.policies, sepo.stages.evaluate; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch loaded'; "
             "from sepo.policies import LMPolicy; print(LMPolicy.__name__)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -65,3 +65,29 @@ def test_parse_rate_counts_fallback_decisions():
     r = compute_metrics(GAME, {"train": ["T"]}, {"T": [r1]}, L)
     assert r["metrics"]["parse_rate"] == 0.75
     assert r["se"]["parse_rate"] == pytest.approx(np.sqrt(0.75 * 0.25 / 4))
+
+
+def test_kuhn_standard_errors_are_over_mirrored_pairs():
+    """A mirrored pair deals the same cards with the seats swapped: its mean is one independent value."""
+    from sepo.arena import play
+    from sepo.metrics import sampling_units, summarise_opponent
+    from sepo.policies import ScriptedPolicy
+    from sepo.strategies import get_strategy, make_strategy
+
+    cfg = OmegaConf.load("conf/game/kuhn.yaml")
+    game = make_game(cfg)
+    records = play(game, ScriptedPolicy(get_strategy("kuhn", "NashApx")), {"NashApx": make_strategy(cfg, "NashApx")},
+                   200, seed=3, mirrored=True)
+    units = sampling_units(records)
+    assert len(units) == 100 and all(len(u) == 2 and u[0].index // 2 == u[1].index // 2 for u in units)
+    per_ep = np.array([np.mean([r.payoffs[0] for r in ep.rounds]) for ep in records])
+    pairs = per_ep.reshape(100, 2).mean(axis=1)
+    s = summarise_opponent(game, "train", "NashApx", records)
+    assert s.pay == pytest.approx(per_ep.mean(), abs=1e-12)
+    assert s.pay_se == pytest.approx(pairs.std(ddof=1) / 10, rel=1e-9)
+    naive = per_ep.std(ddof=1) / math.sqrt(200)
+    # the pair's two seats are anti-correlated, so the naive SE is far too large (about 2.2x, issue 11)
+    assert np.corrcoef(per_ep[0::2], per_ep[1::2])[0, 1] < -0.5
+    assert naive / s.pay_se > 1.6
+    # unpaired games: each episode its own unit
+    assert all(len(u) == 1 for u in sampling_units([ep("A", [(1, 1)]), ep("A", [(1, 1)], 1)]))

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from sepo.arena import episode_seed, play
-from sepo.evaluate import evaluate_policy
+from sepo.stages.evaluate import evaluate_policy
 from sepo.games import AGENT, OPPONENT, make_game
 from sepo.games.neg_v2 import NegState, format_demand, value_vectors
 from sepo.policies import ScriptedPolicy
@@ -336,7 +336,7 @@ def test_full_config_validates_with_overlap_warning():
     from sepo.config import PoolOverlapWarning, validate
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["game=neg_v2", "model=scripted", "logger=none"])
+        cfg = compose("config", overrides=["game=neg_v2", "stage=eval", "model=scripted", "logger=none"])
     assert cfg.lambdas.train == {"e": 3.0, "c": 2.0, "x": 1.8}
     assert cfg.lambdas.eval == {"e": 3.0, "c": 1.0, "x": 1.8}
     with warnings.catch_warnings(record=True) as caught:

@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 
 from sepo.arena import EpisodeRecord
 from sepo.games import Round, make_game
-from sepo.objective import (EstimatorState, credit_returns, group_advantages, group_round_normalise, leave_one_out,
+from sepo.training.objective import (EstimatorState, credit_returns, group_advantages, group_round_normalise, leave_one_out,
                             paper_terms, pooled_terms, token_loss)
 from sepo.policies.base import Decision
-from sepo.rollouts import BatchBuilder, BatchPlan, GroupPlan
+from sepo.training.rollouts import BatchBuilder, BatchPlan, GroupPlan
 
 IPD = make_game(OmegaConf.load("conf/game/ipd.yaml"))
 C, D = "COOPERATE", "DEFECT"
@@ -114,7 +114,7 @@ def test_advantage_scale_comes_from_earlier_batches_and_survives_a_checkpoint():
 
 @pytest.fixture
 def builder(compose_cfg):
-    from sepo.sepo import sepo_settings
+    from sepo.training.objective import sepo_settings
 
     cfg = compose_cfg("game=ipd", "game.pools.train=[TFT,Grim]", "game.pools.exploit=[AlwaysD]",
                       "game.pools.collusive=[AlwaysC]", "game.pools.robust=[Random]", "sepo.rollouts_per_opponent=2")

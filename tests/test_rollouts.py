@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from sepo.games import make_game
-from sepo.objective import EstimatorState
+from sepo.training.objective import EstimatorState
 from sepo.policies import ScriptedPolicy
-from sepo.rollouts import BatchBuilder
-from sepo.sepo import sepo_settings
+from sepo.training.rollouts import BatchBuilder
+from sepo.training.objective import sepo_settings
 from sepo.strategies import make_strategy
 
 
@@ -56,7 +56,7 @@ def test_a_group_shares_chance_events_seats_and_the_opponents_coin_flips(compose
 
 
 def test_rollouts_of_a_group_differ_only_by_the_agents_sampling(compose_cfg):
-    from sepo.gradcheck import make_agent
+    from sepo.training.gradcheck import make_agent
 
     cfg, builder, g = build(compose_cfg, "game=ipd")
     batch = builder.collect(g, make_agent("constant", (0.5,)), 0, EstimatorState())

@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from sepo.games import make_game
 from sepo.models import load_model_and_tokenizer
 from sepo.policies.lm import LMPolicy
-from sepo.objective import EstimatorState
-from sepo.rollouts import BatchBuilder
-from sepo.sepo import (RecordingPolicy, accumulate_gradients, attach_lora, optimisation_step, reference_logprobs,
-                       sepo_settings)
+from sepo.training.objective import EstimatorState
+from sepo.training.rollouts import BatchBuilder
+from sepo.stages.sepo_loop import RecordingPolicy, accumulate_gradients, attach_lora, optimisation_step, reference_logprobs
+from sepo.training.objective import sepo_settings
 
 from .conftest import run_dirs
 
@@ -74,7 +74,7 @@ def test_pooled_trains_on_every_pool_and_the_paper_modes_on_the_train_pool_only(
 def test_the_loss_gradient_is_the_advantage_weighted_score(setup):
     """At ratio 1 (a fresh batch) and beta 0, the step is sum_d A_d * grad(token mean of log pi_d): the
     gradient the estimator's advantages were built for, whatever the micro-batch size."""
-    from sepo.sepo import _policy_logprobs
+    from sepo.stages.sepo_loop import _policy_logprobs
 
     cfg, s, game, model, policy = setup("sepo.beta=0", "sepo.micro_batch=5")
     batch = collect(cfg, s, game, policy)
@@ -157,7 +157,7 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
 
 def test_the_importance_ratio_is_one_on_a_fresh_batch(setup):
     """LoRA dropout 0 (the SEPO default): the training pass scores the sampled tokens exactly as sampling did."""
-    from sepo.sepo import _pad, _policy_logprobs
+    from sepo.stages.sepo_loop import _pad, _policy_logprobs
 
     def ratios(*overrides):
         cfg, s, game, model, policy = setup(*overrides)
@@ -217,8 +217,8 @@ class LogTracker:
 
 @pytest.mark.parametrize("refresh_kl, batches", [(1e9, 1), (0.0, 2)])
 def test_refresh_is_decided_on_the_kl_after_the_update(compose_cfg, tiny_cache, monkeypatch, refresh_kl, batches):
-    from sepo.rollouts import BatchBuilder
-    from sepo.sepo import run_sepo
+    from sepo.training.rollouts import BatchBuilder
+    from sepo.stages.sepo_loop import run_sepo
 
     calls = []
     collect_batch = BatchBuilder.collect

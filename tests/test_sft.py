@@ -1,4 +1,4 @@
-"""Stage `sft` (sepo/sft.py): the loss mask, LoRA on the real architectures, outputs, the CLI, resume.
+"""Stage `sft` (sepo/stages/sft.py): the loss mask, LoRA on the real architectures, outputs, the CLI, resume.
 
 Everything runs on tiny random-weight models built offline (the tiny Qwen3-style model, and the tiny
 Gemma 4 / Qwen 3.5 checkpoints of tests/test_models.py), on data generated with few episodes.
@@ -19,9 +19,9 @@ from safetensors import safe_open
 
 from sepo.errors import ConfigError
 from sepo.models import load_model_and_tokenizer
-from sepo.sft import (ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_jsonl, run_sft, sft_settings,
+from sepo.stages.sft import (ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_jsonl, run_sft, sft_settings,
                       training_curve)
-from sepo.sft_batching import (SFTBatchCollator, check_prefix_sharing, encode_examples, first_predicted,
+from sepo.training.sft_batching import (SFTBatchCollator, check_prefix_sharing, encode_examples, first_predicted,
                                prefix_groups, sft_logits, token_cross_entropy)
 from sepo.task import run_task
 
@@ -149,7 +149,7 @@ def test_training_curve_rows_merge_train_and_valid_losses():
     assert [(r["step"], r["train_loss"], r["valid_loss"]) for r in rows] == [(1, 2.0, 1.5), (2, 1.0, None)]
 
 
-# --------------------------------------------------------------------------- fast batches (sepo/sft_batching.py)
+# --------------------------------------------------------------------------- fast batches (sepo/training/sft_batching.py)
 @pytest.fixture(scope="module")
 def mixed_examples(shared_cache):
     """Validation examples of the three `multi` games, interleaved (a mixed batch, as the sampler makes them)."""
@@ -305,7 +305,7 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
     base_sd, merged_sd = base.state_dict(), merged.state_dict()
     changed = {k for k in base_sd if not torch.equal(base_sd[k], merged_sd[k])}
     assert changed and all(k.removesuffix(".weight") in expected for k in changed)
-    from sepo.sft import generate_answers
+    from sepo.stages.sft import generate_answers
 
     answers = generate_answers(merged, tok, model_cfg(name), [[{"role": "user", "content": "Your move?"}]] * 2, 2, 4)
     assert len(answers) == 2

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round
-from sepo.kuhn_exact import exploitability, first_seat_payoff, policy_table
+from sepo.games.kuhn_exact import INFOSETS, Table, check_table, exploitability, first_seat_payoff, seat_to_move
 
 PASS, BET, CALL, FOLD = "PASS", "BET", "CALL", "FOLD"
 CARDS = ("J", "Q", "K")  # index = rank, as OpenSpiel's card numbers 0, 1, 2
@@ -232,3 +232,48 @@ class KuhnPoker(Game):
     def exact_exploitability(self, policy: Any) -> float:
         """NashConv/2 of `policy` playing both seats, read at the 12 information sets."""
         return exploitability(policy_table(self, policy), self.ante, self.bet)
+
+
+# ------------------------------------------------------------------------------ a policy's table
+def table_from_probs(probs: dict[str, dict[str, float]]) -> Table:
+    """Infoset key -> {action string: prob} into the (pass/fold, bet/call) table, renormalised.
+
+    A language model's probabilities over the legal action strings need not sum to one exactly
+    (they come from log-probs), so each pair is normalised; an all-zero pair is an error.
+    """
+    table = {}
+    for key, dist in probs.items():
+        p = np.zeros(2)
+        for action, prob in dist.items():
+            if prob < 0:
+                raise ValueError(f"negative probability {prob} for {action} at {key!r}")
+            p[ACTION_INDEX[action]] += float(prob)
+        if p.sum() <= 0:
+            raise ValueError(f"probabilities at {key!r} sum to zero: {dist}")
+        table[key] = p / p.sum()
+    return check_table(table)
+
+
+def infoset_requests(game: "KuhnPoker") -> list[tuple[str, Any]]:
+    """One DecisionRequest per information set, each for a state built by the game.
+
+    The states are in the episode's first hand (no previous hands), so a history-dependent policy
+    is measured as it plays when it has seen nothing of the opponent yet.
+    """
+    from sepo.policies.base import DecisionRequest  # policies sit beside games; imported where used
+
+    letters = {"p": PASS, "b": BET}
+    out = []
+    for key in INFOSETS:
+        card, history = int(key[0]), key[1:]
+        state = game.state_at(card, seat_to_move(history), [letters[c] for c in history])
+        out.append((key, DecisionRequest(game, state, AGENT, game.legal_actions(state, AGENT),
+                                         np.random.default_rng(0))))
+    return out
+
+
+def policy_table(game: "KuhnPoker", policy: Any) -> Table:
+    """The policy's action probabilities at the 12 information sets, asked in one batched call."""
+    keyed = infoset_requests(game)
+    dists = policy.action_probabilities([r for _, r in keyed])
+    return table_from_probs({key: dist for (key, _), dist in zip(keyed, dists)})

@@ -54,7 +54,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from sepo.games.base import Game
-from sepo.logprobs import next_token_logits, token_logprobs
+from sepo.training.logprobs import next_token_logits, token_logprobs
 from sepo.models import chat_template_kwargs, forward_extras
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.profiling import section

@@ -4,7 +4,7 @@ Every Kuhn strategy is a behaviour strategy given by one number per information 
 probability of the aggressive action (BET when not facing a bet, CALL when facing one) for each
 card at each of the four public histories ('' first player opens, 'p' second player after PASS,
 'b' second player facing a BET, 'pb' first player facing a BET after passing). Writing them as
-tables makes `probs` exact, which the exact exploitability computation (sepo/kuhn_exact.py) and
+tables makes `probs` exact, which the exact exploitability computation (sepo/games/kuhn_exact.py) and
 the scripted agent's `action_probabilities` rely on.
 """
 

@@ -2,7 +2,7 @@
 
 A parametric scripted IPD agent (its action probabilities are sigmoids of its parameters; no
 language model) plays through exactly the code that builds training batches
-(`sepo.rollouts.BatchBuilder`: groups, shared chance events, term rewards, credit, baseline,
+(`sepo.training.rollouts.BatchBuilder`: groups, shared chance events, term rewards, credit, baseline,
 weights, the batch scale, the exploit switch). Each of its decisions records its score
 d log pi(a | s) / d theta, so a batch's estimated update (the ascent direction of the loss at
 importance ratio 1) is sum_d A_d * score_d, per term and in total, before and after the batch scale.
@@ -30,9 +30,9 @@ from omegaconf import DictConfig
 
 from sepo.games import make_game
 from sepo.games.ipd import COOPERATE, DEFECT
-from sepo.objective import TERMS, EstimatorState
+from sepo.training.objective import TERMS, EstimatorState
 from sepo.policies.base import Decision, DecisionRequest
-from sepo.rollouts import BatchBuilder
+from sepo.training.rollouts import BatchBuilder
 
 #: the parametric agents: which parameter sets P(COOPERATE) at a decision
 AGENT_KINDS = ("constant", "reactive")
@@ -328,7 +328,7 @@ def report(compose, batches: int, burn_in: int = 20, points=DEFAULT_POINTS, kink
 
     `compose(overrides)` returns the project's config (IPD) with those overrides.
     """
-    from sepo.sepo import sepo_settings
+    from sepo.training.objective import sepo_settings
 
     out: dict[str, Any] = {"modes": {}, "parameters": [], "batches": batches, "burn_in": burn_in, "checks": {},
                            "advantages": {}}

@@ -16,8 +16,6 @@ probability x the opponent's reach probability x payoff.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 CARDS = (0, 1, 2)
@@ -48,59 +46,11 @@ def first_seat_payoff(history: str, first_card: int, second_card: int, ante: flo
     return put[1] if first_card > second_card else -put[0]
 
 
-def _check(table: Table) -> Table:
+def check_table(table: Table) -> Table:
     missing = [k for k in INFOSETS if k not in table]
     if missing:
         raise ValueError(f"policy table misses information sets {missing}")
     return table
-
-
-def table_from_probs(probs: dict[str, dict[str, float]]) -> Table:
-    """Infoset key -> {action string: prob} into the (pass/fold, bet/call) table, renormalised.
-
-    A language model's probabilities over the legal action strings need not sum to one exactly
-    (they come from log-probs), so each pair is normalised; an all-zero pair is an error.
-    """
-    from sepo.games.kuhn import ACTION_INDEX
-
-    table = {}
-    for key, dist in probs.items():
-        p = np.zeros(2)
-        for action, prob in dist.items():
-            if prob < 0:
-                raise ValueError(f"negative probability {prob} for {action} at {key!r}")
-            p[ACTION_INDEX[action]] += float(prob)
-        if p.sum() <= 0:
-            raise ValueError(f"probabilities at {key!r} sum to zero: {dist}")
-        table[key] = p / p.sum()
-    return _check(table)
-
-
-def infoset_requests(game: Any) -> list[tuple[str, Any]]:
-    """One DecisionRequest per information set, each for a state built by the game.
-
-    The states are in the episode's first hand (no previous hands), so a history-dependent policy
-    is measured as it plays when it has seen nothing of the opponent yet.
-    """
-    from sepo.games.kuhn import BET, PASS
-    from sepo.games.base import AGENT
-    from sepo.policies.base import DecisionRequest
-
-    letters = {"p": PASS, "b": BET}
-    out = []
-    for key in INFOSETS:
-        card, history = int(key[0]), key[1:]
-        state = game.state_at(card, seat_to_move(history), [letters[c] for c in history])
-        out.append((key, DecisionRequest(game, state, AGENT, game.legal_actions(state, AGENT),
-                                         np.random.default_rng(0))))
-    return out
-
-
-def policy_table(game: Any, policy: Any) -> Table:
-    """The policy's action probabilities at the 12 information sets, asked in one batched call."""
-    keyed = infoset_requests(game)
-    dists = policy.action_probabilities([r for _, r in keyed])
-    return table_from_probs({key: dist for (key, _), dist in zip(keyed, dists)})
 
 
 def _br_value(table: Table, br_seat: int, history: str, card: int, weights: dict[int, float],
@@ -123,7 +73,7 @@ def _br_value(table: Table, br_seat: int, history: str, card: int, weights: dict
 
 def best_response_value(table: Table, br_seat: int, ante: float = 1.0, bet: float = 1.0) -> float:
     """Expected value of a best response in seat `br_seat` (0 = first) against `table` in the other."""
-    _check(table)
+    check_table(table)
     total = 0.0
     for card in CARDS:
         others = [o for o in CARDS if o != card]
@@ -144,8 +94,8 @@ def exploitability(table: Table, ante: float = 1.0, bet: float = 1.0) -> float:
 
 def game_value(first: Table, second: Table, ante: float = 1.0, bet: float = 1.0) -> float:
     """The first player's expected chips per hand when `first` plays the first seat, `second` the second."""
-    _check(first)
-    _check(second)
+    check_table(first)
+    check_table(second)
 
     def value(history: str, c1: int, c2: int) -> float:
         if history in TERMINALS:

@@ -20,7 +20,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from sepo.evaluate import build_policy, evaluate_policy, pools_of, write_results
+from sepo import distributed
+from sepo.stages.evaluate import build_policy, evaluate_policy, pools_of, write_results
 from sepo.games import make_game
 from sepo.tracking import NullTracker
 
@@ -36,14 +37,19 @@ def phase_cfg(cfg: DictConfig, out: Path, **updates: Any) -> DictConfig:
     return sub
 
 
-def run_phase(name: str, out: Path, fn, *args) -> None:
+def run_phase(name: str, out: Path, fn, *args, main_only: bool = False) -> None:
+    """Run one phase unless its DONE marker exists. Data parallel, every process runs the training
+    phases and rank 0 alone a `main_only` one (an evaluation) and the marker."""
     if (out / "DONE").exists():
         log.info("pipeline: %s already done (%s)", name, out)
         return
     out.mkdir(parents=True, exist_ok=True)
     log.info("pipeline: %s -> %s", name, out)
-    fn(*args)
-    (out / "DONE").write_text(name + "\n")
+    if distributed.is_main() or not main_only:
+        fn(*args)
+    distributed.barrier()
+    if distributed.is_main():
+        (out / "DONE").write_text(name + "\n")
 
 
 def base_eval(cfg: DictConfig) -> None:
@@ -56,18 +62,20 @@ def base_eval(cfg: DictConfig) -> None:
 
 
 def run_pipeline(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
-    from sepo.sepo import run_sepo
-    from sepo.sft import run_sft
+    from sepo.stages.sepo_loop import run_sepo
+    from sepo.stages.sft import run_sft
 
     out = Path(cfg.paths.output_dir)
     base = phase_cfg(cfg, out / "base")
-    run_phase("base eval", out / "base", base_eval, base)
+    run_phase("base eval", out / "base", base_eval, base, main_only=True)
 
     sft = phase_cfg(cfg, out / "sft")
     run_phase("sft", out / "sft", run_sft, sft, tracker)
 
     sepo = phase_cfg(cfg, out / "sepo", **{"model.path": str(out / "sft" / "merged"), "model.revision": None})
     run_phase("sepo", out / "sepo", run_sepo, sepo, tracker)
+    if not distributed.is_main():
+        return {}
 
     from analysis.tables import main as tables_main
 

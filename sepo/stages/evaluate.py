@@ -18,16 +18,12 @@ from tqdm.auto import tqdm
 
 from sepo.arena import EpisodeRecord, play
 from sepo.games import Game, make_game
-from sepo.metrics import POOLS, compute_metrics
+from sepo.metrics import POOLS, compute_metrics, pools_of
 from sepo.policies import Policy, ScriptedPolicy
 from sepo.strategies import make_strategy
 from sepo.tracking import NullTracker, flatten
 
 log = logging.getLogger(__name__)
-
-
-def pools_of(game_cfg: DictConfig) -> dict[str, list[str]]:
-    return {pool: list(game_cfg.pools.get(pool) or []) for pool in POOLS}
 
 
 def evaluate_policy(

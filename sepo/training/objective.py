@@ -6,7 +6,7 @@ flow through the decisions of those episodes: u and x through the train-pool epi
 exploit-pool episodes, c through the collusive-pool episodes. Hence the default (`pooled`) estimator:
 
 1. a group of n episodes per opponent of every pool, sharing chance events and the opponent's
-   random stream (built in `sepo.rollouts`), so that they differ only by the policy's sampling;
+   random stream (built in `sepo.training.rollouts`), so that they differ only by the policy's sampling;
 2. per-round term rewards f[r, t] by pool (`pooled_terms`);
 3. credit: the return-to-go G[r, t] = sum_{t' >= t} f[r, t'] (`credit_returns`);
 4. a per-round leave-one-out baseline across the group: A[r, t] = G[r, t] - mean_{r' != r} G[r', t]
@@ -16,27 +16,55 @@ exploit-pool episodes, c through the collusive-pool episodes. Hence the default 
 
 The paper's two variants (`per_rollout`, `shared`, in `paper_terms`), its per-round credit
 (`credit=round`) and its per-group, per-round normalisation (`adv_norm=group_round`) stay as
-ablations; `sepo/gradcheck.py` measures what each of them does to the expected update.
+ablations; `sepo/training/gradcheck.py` measures what each of them does to the expected update.
 
 Everything here works on numpy arrays of shape [n, T] (n rollouts of a group, T rounds) and on
-episode records; `sepo.rollouts` wires it to the arena, `sepo.sepo` to the model.
+episode records; `sepo.training.rollouts` wires it to the arena, `sepo.stages.sepo_loop` to the model.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from sepo.arena import EpisodeRecord
+from sepo.errors import ConfigError
 from sepo.games.base import AGENT, OPPONENT, Game
+
+log = logging.getLogger(__name__)
 
 PENALTY_MODES = ("pooled", "per_rollout", "shared")
 CREDITS = ("return_to_go", "round")
 ADV_NORMS = ("batch", "group_round")
 TERMS = ("u", "e", "c", "x")
+
+
+def sepo_settings(cfg: DictConfig) -> DictConfig:
+    """The resolved `sepo` node (game and model defaults are interpolated in conf/sepo/default.yaml), checked."""
+    s = OmegaConf.create(OmegaConf.to_container(cfg.sepo, resolve=True))
+    for key, allowed in (("penalty_mode", PENALTY_MODES), ("credit", CREDITS), ("adv_norm", ADV_NORMS)):
+        if s[key] not in allowed:
+            raise ConfigError(f"sepo.{key}={s[key]}; allowed: {', '.join(allowed)}")
+    n = s.rollouts_per_opponent
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        raise ConfigError(f"sepo.rollouts_per_opponent={n}; allowed: an integer >= 2 (the leave-one-out baseline "
+                          "compares each rollout with the others of its group)")
+    if not 0.0 <= float(s.adv_scale_decay) < 1.0:
+        raise ConfigError(f"sepo.adv_scale_decay={s.adv_scale_decay}; allowed: a number in [0, 1)")
+    if not isinstance(s.exploit_switch_episodes, int) or s.exploit_switch_episodes < 1:
+        raise ConfigError(f"sepo.exploit_switch_episodes={s.exploit_switch_episodes}; allowed: an integer >= 1")
+    if s.ref_4bit and not torch.cuda.is_available():
+        raise ConfigError("sepo.ref_4bit=true needs a CUDA device (bitsandbytes 4-bit) and none is available; "
+                          "allowed: sepo.ref_4bit=false")
+    if float(s.lora.dropout) != 0.0:
+        log.warning("sepo.lora.dropout=%s: the training pass then differs from the sampling pass, so the "
+                    "importance ratio is not 1 on a fresh batch (SPEC 4.3 uses 0)", s.lora.dropout)
+    return s
 
 
 # --------------------------------------------------------------------------- per-round quantities

@@ -8,11 +8,11 @@ from typing import Any, Callable
 from sepo.errors import ConfigError
 
 STAGES = {
-    "eval": "sepo.evaluate:run_eval",
-    "datagen": "sepo.data:run_datagen",
-    "sft": "sepo.sft:run_sft",
-    "sepo": "sepo.sepo:run_sepo",
-    "pipeline": "sepo.pipeline:run_pipeline",
+    "eval": "sepo.stages.evaluate:run_eval",
+    "datagen": "sepo.stages.datagen:run_datagen",
+    "sft": "sepo.stages.sft:run_sft",
+    "sepo": "sepo.stages.sepo_loop:run_sepo",
+    "pipeline": "sepo.stages.pipeline:run_pipeline",
 }
 
 

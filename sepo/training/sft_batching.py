@@ -1,4 +1,4 @@
-"""Fast SFT batches for stage `sft` (sepo/sft.py): the same examples, batches and loss, less compute.
+"""Fast SFT batches for stage `sft` (sepo/stages/sft.py): the same examples, batches and loss, less compute.
 
 The plain way (transformers' default) right-pads a batch, runs the causal LM over every position,
 projects every position onto the vocabulary and averages the cross-entropy over the answer tokens.

@@ -2,7 +2,7 @@
 
 `run_sepo` loads the merged SFT model and attaches a fresh LoRA adapter (dropout 0, so that the
 importance ratio is exactly 1 on a fresh batch). Every outer iteration plays one rollout batch
-(`sepo.rollouts.BatchBuilder.collect`: every group of every pool in lockstep, one generate call per
+(`sepo.training.rollouts.BatchBuilder.collect`: every group of every pool in lockstep, one generate call per
 decision point, behaviour log-probs recorded while sampling), whose decisions carry the advantages
 of SPEC 4.2, and takes up to
 `sepo.refresh_steps` optimizer steps on it.
@@ -35,44 +35,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from sepo.errors import ConfigError
-from sepo.evaluate import evaluate_policy, pools_of, write_results
+from sepo import distributed
+from sepo.stages.evaluate import evaluate_policy, pools_of, write_results
 from sepo.games import Game, make_game
-from sepo.logprobs import token_logprobs
+from sepo.training.logprobs import token_logprobs
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, quantized_reference
-from sepo.objective import ADV_NORMS, CREDITS, PENALTY_MODES, EstimatorState, old_policy_kl, token_loss
+from sepo.training.objective import EstimatorState, old_policy_kl, sepo_settings, token_loss
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
 from sepo.profiling import section
-from sepo.rollouts import BatchBuilder, RolloutBatch
+from sepo.training.rollouts import BatchBuilder, RolloutBatch
 from sepo.tracking import NullTracker
 
 log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------ settings
-def sepo_settings(cfg: DictConfig) -> DictConfig:
-    """The resolved `sepo` node (game and model defaults are interpolated in conf/sepo/default.yaml), checked."""
-    s = OmegaConf.create(OmegaConf.to_container(cfg.sepo, resolve=True))
-    for key, allowed in (("penalty_mode", PENALTY_MODES), ("credit", CREDITS), ("adv_norm", ADV_NORMS)):
-        if s[key] not in allowed:
-            raise ConfigError(f"sepo.{key}={s[key]}; allowed: {', '.join(allowed)}")
-    n = s.rollouts_per_opponent
-    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-        raise ConfigError(f"sepo.rollouts_per_opponent={n}; allowed: an integer >= 2 (the leave-one-out baseline "
-                          "compares each rollout with the others of its group)")
-    if not 0.0 <= float(s.adv_scale_decay) < 1.0:
-        raise ConfigError(f"sepo.adv_scale_decay={s.adv_scale_decay}; allowed: a number in [0, 1)")
-    if not isinstance(s.exploit_switch_episodes, int) or s.exploit_switch_episodes < 1:
-        raise ConfigError(f"sepo.exploit_switch_episodes={s.exploit_switch_episodes}; allowed: an integer >= 1")
-    if float(s.lora.dropout) != 0.0:
-        log.warning("sepo.lora.dropout=%s: the training pass then differs from the sampling pass, so the "
-                    "importance ratio is not 1 on a fresh batch (SPEC 4.3 uses 0)", s.lora.dropout)
-    return s
-
-
 class RecordingPolicy:
     """Lets the arena drive an LMPolicy while keeping token ids and behaviour log-probs."""
 
@@ -148,7 +128,7 @@ def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref:
     over all the batch's tokens, so each micro-batch divides by the batch's token count.
     """
     model.train()
-    tokens = generated_tokens(batch)
+    tokens = int(distributed.sum_floats(generated_tokens(batch))[0])  # the whole batch's, over all processes
     sums = {"loss": 0.0, "policy_loss": 0.0, "kl_old": 0.0, "clip_fraction": 0.0, **({"kl_ref": 0.0} if ref is not None else {})}
     for part in _micro_batches(batch.decisions, int(s.micro_batch)):
         decisions = [batch.decisions[i] for i in part]
@@ -168,7 +148,7 @@ def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref:
             if key in stats:
                 sums[key] += float(stats[key]) * share
     model.eval()
-    return sums
+    return dict(zip(sums, distributed.sum_floats(*sums.values())))  # each process held a share of the sums
 
 
 def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig) -> float:
@@ -181,6 +161,7 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
             old = _pad([d.extras["logprobs"].float() for d in decisions], lp.shape[1]).to(lp)
             total += float((old_policy_kl(lp, old) * mask).sum())
             tokens += int(mask.sum())
+    total, tokens = distributed.sum_floats(total, tokens)
     return total / max(tokens, 1)
 
 
@@ -190,6 +171,7 @@ def optimisation_step(model: Any, policy: LMPolicy, optimizer: torch.optim.Optim
     optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(model, policy, batch, ref, s)
     params = [p for p in model.parameters() if p.requires_grad]
+    distributed.sum_gradients(params)  # data parallel: every process now holds the whole batch's gradient
     finite = math.isfinite(stats["loss"]) and all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
     if finite:
         with section("optimizer"):
@@ -259,9 +241,6 @@ def training_parts(cfg: DictConfig, s: DictConfig, model: Any, tokenizer: Any
 
 def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
     s = sepo_settings(cfg)
-    if s.ref_4bit and not torch.cuda.is_available():
-        raise ConfigError("sepo.ref_4bit=true needs a CUDA device (bitsandbytes 4-bit); none is available: "
-                          "set sepo.ref_4bit=false")
     out = Path(cfg.paths.output_dir)
     torch.manual_seed(int(s.seed))
     game = make_game(cfg.game)
@@ -279,7 +258,7 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
         batch = builder.collect(game, RecordingPolicy(policy), batch_index, estimator)
         batch_index += 1
         ref = reference_logprobs(model, policy, batch, s, ref_model)
-        tokens = generated_tokens(batch)
+        tokens = int(distributed.sum_floats(generated_tokens(batch))[0])
         for reuse in range(int(s.refresh_steps)):
             stats = optimisation_step(model, policy, optimizer, batch, ref, s)
             step += 1
@@ -295,15 +274,19 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
                      batch.stats["objective"], stats.get("kl_ref", 0.0),
                      f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-", stats["clip_fraction"])
             started = time.time()
-            if step in checkpoints:
+            if step in checkpoints and distributed.is_main():  # the others wait at the barrier below
                 result = evaluate_checkpoint(cfg, game, model, tokenizer, step, final=step == int(s.steps))
                 tracker.log({f"eval/{k}": v for k, v in result["metrics"].items()}, step=step)
                 save_checkpoint(out, model, optimizer, policy, step, batch_index, estimator)
+            if step in checkpoints:
+                distributed.barrier()
             if kill_after is not None and step == int(kill_after):
                 os.kill(os.getpid(), signal.SIGKILL)  # test hook: crash like a preempted job
             if last_on_batch or stats["kl_old_after"] > float(s.refresh_kl):
                 break
 
+    if not distributed.is_main():
+        return {}
     model.save_pretrained(out / "adapter")
     summary = json.loads((out / "eval" / f"step_{int(s.steps)}" / "results.json").read_text())
     tracker.summary({f"final/{k}": v for k, v in summary["metrics"].items()})

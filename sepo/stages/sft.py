@@ -18,7 +18,7 @@ transformers `Trainer`, then writes into the run dir:
 Settings: the `sft` node; a model may set its own defaults in `model.sft` (conf/sft/default.yaml reads
 them with `oc.select`), and an `sft.<key>=...` override always wins (`sft_settings` checks them).
 Data: `<sft.data_dir>/<dataset>/{train,valid}.jsonl`; when missing it is generated with
-`sepo.data` from the shipped game configs and the `datagen` settings, written to a temporary
+`sepo.training.sft_data` from the shipped game configs and the `datagen` settings, written to a temporary
 directory and renamed into place, so concurrent runs never read half a dataset.
 
 Each example is tokenised by the collator through the chat template: the prompt turns rendered
@@ -28,7 +28,7 @@ included, so the model learns to stop). A sequence longer than `sft.max_length` 
 its prompt, never its answer. Gemma 4 gets all-zero token type ids (`model.token_type_ids`).
 
 Speed without changing what is learned (`sft.answer_logits_only`, `sft.prefix_sharing`;
-sepo/sft_batching.py): examples are encoded once, batches are left-padded and the vocabulary
+sepo/training/sft_batching.py): examples are encoded once, batches are left-padded and the vocabulary
 logits are computed on the trained positions only, and on models with plain full attention (tiny)
 the prompt prefix shared by a batch's rows of one game runs once per batch. The Trainer's sampler,
 batches, steps and loss normalisation are unchanged; tests/test_sft.py checks the loss and every
@@ -53,9 +53,10 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from sepo import distributed
 from sepo.errors import ConfigError
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, lora_module_names, render_chat
-from sepo.sft_batching import (SFTBatchCollator, check_prefix_sharing, encode_examples, greedy_answers,
+from sepo.training.sft_batching import (SFTBatchCollator, check_prefix_sharing, encode_examples, greedy_answers,
                                sft_trainer_class)
 from sepo.tracking import NullTracker, flatten
 
@@ -68,7 +69,7 @@ log = logging.getLogger(__name__)
 def model_settable_keys() -> list[str]:
     """The `sft` keys a model may set in `model.sft`: those conf/sft/default.yaml reads with
     `${oc.select:model.sft.<key>,<default>}` (dotted for nested keys, e.g. `lora.r`)."""
-    from sepo.cli import CONF_DIR
+    from sepo.paths import CONF_DIR
 
     raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "sft" / "default.yaml"), resolve=False)
     return [key for key, value in _leaves(raw) if isinstance(value, str) and f"model.sft.{key}," in value]
@@ -101,16 +102,17 @@ def sft_settings(cfg: DictConfig) -> DictConfig:
     if s.dataset is None:
         raise ConfigError(f"sft.dataset is not set and game.sft_dataset is missing for game={cfg.game.name}")
     if not 0.0 <= float(s.warmup_ratio) < 1.0:
-        raise ConfigError(f"sft.warmup_ratio={s.warmup_ratio} must be in [0, 1)")
+        raise ConfigError(f"sft.warmup_ratio={s.warmup_ratio} is not allowed; allowed: a number in [0, 1)")
     for key in ("per_device_batch_size", "grad_accum", "max_length", "eval_steps", "save_steps", "logging_steps",
                 "eval_batch_size", "agreement_batch_size", "agreement_max_new_tokens", "prefix_min_tokens"):
         if not isinstance(s[key], int) or s[key] < 1:
-            raise ConfigError(f"sft.{key}={s[key]!r} must be a positive integer")
+            raise ConfigError(f"sft.{key}={s[key]!r} is not allowed; allowed: an integer >= 1")
     if s.prefix_sharing and not s.answer_logits_only:
-        raise ConfigError("sft.prefix_sharing=true needs sft.answer_logits_only=true (its batch layout)")
+        raise ConfigError("sft.prefix_sharing=true needs sft.answer_logits_only=true (its batch layout); allowed: "
+                          "sft.prefix_sharing=false, or sft.answer_logits_only=true")
     if s.prefix_sharing and s.gradient_checkpointing:
         raise ConfigError("sft.prefix_sharing=true needs sft.gradient_checkpointing=false (checkpointed layers drop "
-                          "the KV cache the shared prefix lives in)")
+                          "the KV cache the shared prefix lives in); allowed: one of the two false")
     return s
 
 
@@ -140,7 +142,7 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     `<dataset>/manifest.json`; reusing it under other settings (say, a smoke run's few episodes) is
     an error rather than a silent mix-up.
     """
-    from sepo.data import generate_dataset, load_game_cfg, write_dataset
+    from sepo.training.sft_data import generate_dataset, load_game_cfg, write_dataset
 
     data_dir = Path(data_dir)
     ds_dir = data_dir / dataset
@@ -366,7 +368,7 @@ def generate_answers(model: Any, tokenizer: Any, model_cfg: Any, prompts: list[l
                      ) -> list[str]:
     """Greedy answers to chat prompts, cut at the end of turn, in the prompts' order.
 
-    Batched by common prefix and length (sepo/sft_batching.py:prompt_batches: little padding); with
+    Batched by common prefix and length (sepo/training/sft_batching.py:prompt_batches: little padding); with
     `share_prefix` (needs plain full attention) a batch's shared prefix, a game's rules, runs once.
     """
     eos = end_of_turn_ids(model, tokenizer)
@@ -461,7 +463,7 @@ def training_data(s: DictConfig, model: Any, model_name: str, collator: ChatSFTC
 
     `sft.answer_logits_only`: examples encoded once, left-padded batches whose vocabulary logits
     cover the trained positions only, and with `sft.prefix_sharing` the rows' shared prefixes
-    computed once per batch (sepo/sft_batching.py; the same loss and gradients up to float rounding).
+    computed once per batch (sepo/training/sft_batching.py; the same loss and gradients up to float rounding).
     Otherwise transformers' plain path: the collator encodes and right-pads, the model computes
     its own loss over every position.
     """
@@ -469,6 +471,11 @@ def training_data(s: DictConfig, model: Any, model_name: str, collator: ChatSFTC
 
     if not s.answer_logits_only:
         return Trainer, ListDataset(train), ListDataset(valid) if valid else None, collator
+    if s.prefix_sharing and distributed.world_size() > 1:
+        # a shared prefix is a second forward pass per step through the DDP wrapper, which expects one
+        log.info("sft: data parallel over %d processes: sft.prefix_sharing off (same loss, one forward per step)",
+                 distributed.world_size())
+        s.prefix_sharing = False
     if s.prefix_sharing:
         why = check_prefix_sharing(model)
         if why:
@@ -545,6 +552,8 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
     if valid:
         at_end = [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e and e.get("step") == step]
         valid_loss = float(at_end[-1]) if at_end else float(trainer.evaluate()["eval_loss"])
+    if not distributed.is_main():  # data parallel: rank 0 alone saves, merges, measures and evaluates
+        return {}
     curve = training_curve(trainer.state.log_history)
     write_curve(curve, out)
     train_losses = [r["train_loss"] for r in curve if r["train_loss"] is not None]
@@ -575,7 +584,7 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
                                    "revision": None})
     model, tokenizer = load_model_and_tokenizer(merged_cfg, cfg.paths.cache_dir)
 
-    from sepo.data import load_game_cfg
+    from sepo.training.sft_data import load_game_cfg
     from sepo.games import make_game
 
     seen: dict[str, set[str]] = {}
@@ -609,7 +618,7 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
 
     # ---- evaluation of the merged model with stage eval's code
     if s.evaluate:
-        from sepo.evaluate import evaluate_policy, pools_of, write_results
+        from sepo.stages.evaluate import evaluate_policy, pools_of, write_results
         from sepo.policies.lm import LMPolicy
 
         game = make_game(cfg.game)

@@ -3,7 +3,7 @@
 `BatchBuilder.collect` = `plan` (the episodes) -> `play_matches` (the arena, all in lockstep: one
 agent call per decision point) -> `assemble` (rewards, credit, baseline, weights, scale).
 It takes any policy whose `act_batch` answers `DecisionRequest`s, so the language-model loop
-(`sepo.sepo`) and the gradient check's parametric agents (`sepo.gradcheck`) build their batches
+(`sepo.stages.sepo_loop`) and the gradient check's parametric agents (`sepo.training.gradcheck`) build their batches
 with the same code.
 
 Groups. `pooled` (default): one group per opponent of the train, exploit and collusive pools (each
@@ -18,16 +18,17 @@ stream family (tag), and each batch its own seed, so groups and batches get fres
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
+from sepo import distributed
 from sepo.arena import EpisodeRecord, Match, episode_seed, play_matches
-from sepo.evaluate import pools_of
+from sepo.metrics import pools_of
 from sepo.games import Game
-from sepo.objective import (TERMS, EstimatorState, advantage_per_round, episode_collusion, episode_exploit,
+from sepo.training.objective import (TERMS, EstimatorState, advantage_per_round, episode_collusion, episode_exploit,
                             externality_per_round, group_advantages, paper_terms, payoffs, pooled_terms)
 from sepo.games.base import AGENT
 from sepo.policies.base import Decision, Policy
@@ -78,6 +79,12 @@ class RolloutBatch:
     stats: dict[str, float]
 
 
+def _match_indices(group: GroupPlan) -> list[int]:
+    """Every episode a group needs: its rollouts and (paper modes) their auxiliary episodes."""
+    aux = {i for tree in group.aux or [] for by in tree.values() for idx in by.values() for i in idx}
+    return [*group.matches, *sorted(aux)]
+
+
 def batch_seed(seed: int, batch_index: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(batch_index)]).generate_state(1)[0])
 
@@ -102,8 +109,25 @@ class BatchBuilder:
         self.eps = float(s.adv_eps)
 
     def collect(self, game: Game, policy: Policy, batch_index: int, state: EstimatorState) -> RolloutBatch:
+        """Play one batch and build its advantages.
+
+        Data parallel (`sepo.distributed`): each process plays its share of the groups (with their
+        auxiliary episodes); the finished episodes, without their traces, are exchanged, so every
+        process assembles the same batch statistics, scale and estimator state, while only its own
+        decisions (those with a trace) enter its part of the loss.
+        """
         plan = self.plan(batch_index)
-        records = play_matches(game, policy, plan.matches, plan.seed, keep_trace=True)
+        if distributed.world_size() == 1:
+            return self.assemble(game, plan, play_matches(game, policy, plan.matches, plan.seed, keep_trace=True), state)
+        mine = sorted(i for g in distributed.shard(plan.groups) for i in _match_indices(g))
+        played = play_matches(game, policy, [plan.matches[i] for i in mine], plan.seed, keep_trace=True)
+        records: list[EpisodeRecord | None] = [None] * len(plan.matches)
+        for i, record in zip(mine, played):
+            records[i] = record
+        for share in distributed.all_gather([(i, replace(r, trace=[])) for i, r in zip(mine, played)]):
+            for i, record in share:
+                if records[i] is None:
+                    records[i] = record
         return self.assemble(game, plan, records, state)
 
     def plan(self, batch_index: int) -> BatchPlan:
@@ -211,6 +235,6 @@ def batch_stats(game: Game, plan: BatchPlan, records: list[EpisodeRecord], group
         "objective": reward_scale * u - lambdas["e"] * reward_scale * e - lambdas["c"] * c - lambdas["x"] * x,
         "train/u": u, "train/x": x, "exploit/e": e, "collusive/c": c,
         "parse_rate": sum(ep.parsed for ep in records) / max(decisions, 1),
-        "episodes": float(len(records)), "decisions": float(sum(len(ep.trace) for g in groups for ep in g.records)),
+        "episodes": float(len(records)), "decisions": float(sum(ep.decisions for g in groups for ep in g.records)),
     }
 

@@ -1,0 +1,21 @@
+"""Where the Hydra configs live, for a checkout and for an installed wheel alike.
+
+In a checkout they sit in `conf/` beside the package (the layout of the design card); a wheel
+carries the same files inside the package as `sepo/conf/` (pyproject maps the package `sepo.conf`
+to `conf/`), so `pip install .` gives a `sepo` command that runs from any directory. A user's own
+config directory is added with Hydra's `--config-dir DIR` (its groups extend or override these).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _conf_dir() -> Path:
+    packaged = PACKAGE_DIR / "conf"
+    return packaged if (packaged / "config.yaml").is_file() else PACKAGE_DIR.parent / "conf"
+
+
+CONF_DIR = _conf_dir()

@@ -1,0 +1,41 @@
+"""Bad config values stop a run before any work, with one line naming the key and the allowed values.
+
+A table of bad values walks through the real CLI (`python main.py ...`): exit code 2, exactly one
+line on stderr of the form `error: key=value ...; allowed: ...`, and no run directory marked DONE.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: (command-line arguments, the key=value the error must name)
+BAD_VALUES = [
+    (["stage=eval", "model=scripted", "seed=-5"], "seed=-5"),
+    (["stage=eval", "model=scripted", "generation_seed=1.5"], "generation_seed=1.5"),
+    (["stage=eval", "model=scripted", "eval.temperature=-1"], "eval.temperature=-1"),
+    (["stage=eval", "model=scripted", "eval.episodes_per_opponent=0"], "eval.episodes_per_opponent=0"),
+    (["stage=eval", "model=scripted", "game=kuhn", "eval.episodes_per_opponent=3"], "eval.episodes_per_opponent=3"),
+    (["stage=eval", "model=scripted", "paths.root_dir=/proc/version/outputs"], "paths.root_dir=/proc/version/outputs"),
+    (["stage=eval", "model=tiny", "model.path=/no/such/checkpoint"], "model.path=/no/such/checkpoint"),
+    (["stage=datagen", "datagen.num_opponents=0"], "datagen.num_opponents=0"),
+    (["stage=sft", "model=scripted"], "model=scripted"),
+    (["stage=sepo", "model=scripted"], "model=scripted"),
+    (["stage=sft", "sft.per_device_batch_size=0"], "sft.per_device_batch_size=0"),
+    (["stage=sft", "sft.lr=0"], "sft.lr=0"),
+    (["stage=sepo", "sepo.steps=-1"], "sepo.steps=-1"),
+    (["stage=sepo", "sepo.temperature=0"], "sepo.temperature=0"),
+    (["stage=sepo", "sepo.micro_batch=big"], "sepo.micro_batch='big'"),
+    (["stage=sepo", "sepo.checkpoint_steps=[0,5]"], "sepo.checkpoint_steps=[0, 5]"),
+    (["stage=sepo", "sepo.rollouts_per_opponent=1"], "sepo.rollouts_per_opponent=1"),
+    (["stage=sepo", "sepo.penalty_mode=avg"], "sepo.penalty_mode=avg"),
+]
+
+
+@pytest.mark.parametrize("args,named", BAD_VALUES, ids=[n for _, n in BAD_VALUES])
+def test_a_bad_value_is_one_line_exit_2_and_no_done(cli, tmp_path, args, named):
+    proc = cli(*args, "logger=none")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning: ")]
+    assert len(lines) == 1, proc.stderr[-2000:]  # one line, besides one-line warnings (Kuhn's pool overlap)
+    assert lines[0].startswith("error: ") and named in lines[0] and "; allowed: " in lines[0], lines[0]
+    assert not list(tmp_path.rglob("DONE"))

@@ -1,0 +1,48 @@
+"""launch/: one script per paper table and one for the grid; `--dry-run` prints the jobs, submits nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def dry_run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "launch" / script), "--dry-run", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": sys.executable}, timeout=300)
+
+
+def test_a_table_script_prints_one_command_per_job():
+    proc = dry_run("paper_ipd.sh", "hydra.launcher.partition=gpu")
+    assert proc.returncode == 0, proc.stderr
+    jobs = proc.stdout.strip().splitlines()
+    assert jobs == [f"python main.py +experiment=paper_ipd +launch=slurm model={m} hydra.launcher.partition=gpu"
+                    for m in ("gemma4", "qwen")]
+    assert not (ROOT / "outputs" / "sweeps" / "paper_ipd" / ".submitit").exists()
+
+
+def test_the_grid_is_every_game_for_both_models():
+    proc = dry_run("grid.sh")
+    assert proc.returncode == 0, proc.stderr
+    jobs = [line.split() for line in proc.stdout.strip().splitlines()]
+    cells = {(w[4], w[5]) for w in jobs}
+    assert len(jobs) == 10 and cells == {(f"game={g}", f"model={m}") for g in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
+                                         for m in ("gemma4", "qwen")}
+
+
+def test_negotiation_runs_each_model_on_its_variant():
+    proc = dry_run("paper_negotiation.sh")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        "python main.py +experiment=paper_negotiation +launch=slurm",  # the preset: Gemma 4 on v2
+        "python main.py +experiment=paper_negotiation +launch=slurm model=qwen game=neg_v1"]
+
+
+def test_an_unknown_experiment_is_one_line():
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "run_experiment.py"), "paper_chess", "--dry-run"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        proc.stderr.strip()] and "experiment=paper_chess" in proc.stderr and "allowed: " in proc.stderr

@@ -1,0 +1,99 @@
+"""The layout shows the architecture (DESIGN.md): no import circles, and arrows only go down.
+
+Every `import` in `sepo/` and `analysis/` counts, including those inside functions (a lazy import
+hides a circle from Python, not from a reader). Layers, top to bottom: the run layer (entry point,
+task wrapper, validation, sweeps, tracking), the stages, the library.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_LAYER = {"sepo.cli", "sepo.task", "sepo.config", "sepo.sweep", "sepo.tracking"}
+#: tools built on top of everything (benchmarks, `python -m sepo.bench`); nothing imports them back
+TOOLS = {"sepo.bench", "sepo.gpu_bench"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for top in ("sepo", "analysis") for p in (ROOT / top).rglob("*.py")}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `path` imports (`from a.b import c` counts a.b.c where that is a module)."""
+    out = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n in modules)
+    out.discard(module_name(path))
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {m: imports_of(p, modules) for m, p in modules.items()}
+
+
+def layer(module: str) -> str:
+    if module in RUN_LAYER or module in TOOLS:
+        return "run"
+    if module == "sepo.stages" or module.startswith("sepo.stages."):
+        return "stages"
+    if module.startswith("analysis"):
+        return "analysis"
+    return "library"
+
+
+def test_no_import_circles():
+    g = graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(g[m]):
+            # a package's __init__ importing its own submodules is how a registry fills itself
+            if n.startswith(m + "."):
+                continue
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n):] + [n] if n in stack else [m, n])
+            elif n not in state:
+                visit(n, stack + [n])
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, f"import circles: {cycles}"
+
+
+def test_arrows_go_down():
+    g = graph()
+    rank = {"run": 0, "stages": 1, "analysis": 1, "library": 2}
+    upward = [(m, n) for m, deps in g.items() for n in deps
+              if rank[layer(n)] < rank[layer(m)] and not (layer(m) == "stages" and n == "sepo.tracking")]
+    assert not upward, f"the library imports the run layer or a stage: {upward}"
+
+
+def test_the_sepo_loop_has_a_name_that_says_what_it_is():
+    modules = project_modules()
+    assert "sepo.sepo" not in modules
+    assert "sepo.stages.sepo_loop" in modules
+    assert {"sepo.training.objective", "sepo.games.kuhn_exact", "sepo.stages.sft"} <= set(modules)
