@@ -68,6 +68,7 @@ def test_two_processes_take_the_one_process_update_and_write_everything_once(tmp
     assert r1 == pytest.approx(r2, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_sft_runs_data_parallel_and_rank_zero_writes_the_outputs(tmp_path):
     args = ["stage=sft", "model=tiny", "game=ipd", "logger=none", "sft.max_steps=2", "sft.max_examples=64",
             "sft.max_valid_examples=16", "sft.agreement_examples=8", "sft.eval_steps=2", "sft.save_steps=2",
@@ -93,6 +94,7 @@ def training_history(run) -> list[dict]:
     return [h for h in history if "sepo/loss" in h]
 
 
+@pytest.mark.slow
 def test_a_submitit_job_of_two_tasks_is_one_data_parallel_run(tmp_path):
     """The SLURM preset's code path (`+launch=slurm_ddp`: one task per GPU, torch's variables from
     submitit's TorchDistributedEnvironment), tried with the local executor and two CPU tasks."""
