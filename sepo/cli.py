@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sepo.paths import CONF_DIR
+from sepo.paths import CONF_DIR, can_hold_outputs
 
 
 #: longest run-dir name kept verbatim; file systems allow 255 bytes per path component
@@ -93,9 +93,7 @@ def check_root_dir(argv: list[str]) -> str | None:
     root = given[-1] if given else os.environ.get("PROJECT_ROOT")
     if not root or "${" in root:
         return None
-    path = Path(root).expanduser().absolute()
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK):
+    if not can_hold_outputs(root):
         key = "paths.root_dir" if given else "PROJECT_ROOT"
         return f"error: {key}={root} is not allowed; allowed: a writable directory (or one that can be created)"
     return None

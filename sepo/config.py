@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.errors import ConfigError
+from sepo.paths import can_hold_outputs
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
 from sepo.stages import STAGES
@@ -131,9 +131,8 @@ def check_rules(cfg: DictConfig) -> None:
 
 def check_paths(cfg: DictConfig) -> None:
     """Paths a run will read or write, checked before any work (not deep inside a loader)."""
-    root = Path(str(cfg.paths.root_dir))
-    existing = next((p for p in (root, *root.parents) if p.exists()), None)
-    _require(existing is not None and existing.is_dir() and os.access(existing, os.W_OK),
+    root = str(cfg.paths.root_dir)
+    _require(can_hold_outputs(root),
              f"paths.root_dir={root} is not allowed; allowed: a writable directory (or one that can be created)")
     path = cfg.model.get("path")
     if path:

@@ -92,15 +92,6 @@ def all_gather(obj: Any) -> list[Any]:
     return out
 
 
-def broadcast(obj: Any) -> Any:
-    """Rank 0's `obj` on every process."""
-    if not active():
-        return obj
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def sum_gradients(params: list[torch.nn.Parameter]) -> None:
     """Sum `.grad` over processes in one flat buffer (the loss is a sum over decisions, not a mean)."""
     if not active():

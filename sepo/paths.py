@@ -8,6 +8,7 @@ config directory is added with Hydra's `--config-dir DIR` (its groups extend or 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -19,3 +20,10 @@ def _conf_dir() -> Path:
 
 
 CONF_DIR = _conf_dir()
+
+
+def can_hold_outputs(root: str | Path) -> bool:
+    """Whether run dirs can be created under `root`: its nearest existing ancestor is a writable directory."""
+    path = Path(root).expanduser().absolute()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    return existing is not None and existing.is_dir() and os.access(existing, os.W_OK)

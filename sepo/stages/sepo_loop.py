@@ -116,7 +116,8 @@ def reference_logprobs(model: Any, policy: LMPolicy, batch: RolloutBatch, s: Dic
 
 
 def generated_tokens(batch: RolloutBatch) -> int:
-    return sum(len(d.extras["gen_ids"]) for d in batch.decisions)
+    """Tokens generated in the whole batch (summed over processes when data parallel: each holds its share)."""
+    return int(distributed.sum_floats(sum(len(d.extras["gen_ids"]) for d in batch.decisions))[0])
 
 
 # ------------------------------------------------------------------------------ the update
@@ -128,7 +129,7 @@ def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref:
     over all the batch's tokens, so each micro-batch divides by the batch's token count.
     """
     model.train()
-    tokens = int(distributed.sum_floats(generated_tokens(batch))[0])  # the whole batch's, over all processes
+    tokens = generated_tokens(batch)
     sums = {"loss": 0.0, "policy_loss": 0.0, "kl_old": 0.0, "clip_fraction": 0.0, **({"kl_ref": 0.0} if ref is not None else {})}
     for part in _micro_batches(batch.decisions, int(s.micro_batch)):
         decisions = [batch.decisions[i] for i in part]
@@ -258,7 +259,7 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
         batch = builder.collect(game, RecordingPolicy(policy), batch_index, estimator)
         batch_index += 1
         ref = reference_logprobs(model, policy, batch, s, ref_model)
-        tokens = int(distributed.sum_floats(generated_tokens(batch))[0])
+        tokens = generated_tokens(batch)
         for reuse in range(int(s.refresh_steps)):
             stats = optimisation_step(model, policy, optimizer, batch, ref, s)
             step += 1
