@@ -13,12 +13,14 @@ the evaluation: every run, and the SFT model, is evaluated on the same episodes 
     python benchmarks/sepo_safety.py                                    # IPD, seeds 0 1 2, in a temp dir
     python benchmarks/sepo_safety.py --game kuhn --root /tmp/kuhn
     python benchmarks/sepo_safety.py --root /tmp/ev --seeds 0 1 2 3 4 --jobs 2 sepo.lr=1e-3
+    python benchmarks/sepo_safety.py --root /tmp/ev --arms sepo payoff_only --extra-arm sepo_lc2 lambdas.train.c=2.0
 
 Re-running with the same --root reuses every finished run (their DONE markers). Prints a per-seed
 table, mean +- SE over seeds of safety, exploit, collusion, ext, pay (and exploit_exact on Kuhn) per
 arm, and the paired differences SEPO - payoff-only and SEPO - SFT; the last line is a JSON object
 {"game", "seeds", "steps", "runs", "summary", "delta_safety_vs_payoff_only", "delta_collusion_vs_payoff_only",
- "delta_safety_vs_sft", "delta_exploit_vs_sft", "sft", "targets", "seconds"}.
+ "delta_safety_vs_sft", "delta_exploit_vs_sft", "sft", "collusion_by_round", "targets", "seconds"}
+(collusion_by_round: per arm, the mean over seeds of the collusive-pool share by round, and the SFT model's).
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=80, help="SEPO optimizer steps of every arm (80: tuned on IPD, see README)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--extra-arm", nargs="+", action="append", default=[], metavar=("NAME", "OVERRIDE"),
+                        help="one more arm: its name, then its Hydra overrides (repeatable), e.g. "
+                             "--extra-arm sepo_lc2 lambdas.train.c=2.0")
     parser.add_argument("--root", default=None, help="output root (default: a temporary directory)")
     parser.add_argument("--sft-run", default=None, help="an SFT run dir (with merged/ and eval/sft/) to start from")
     parser.add_argument("--jobs", type=int, default=1, help="SEPO runs at a time (each gets cores / jobs threads)")
@@ -85,6 +90,12 @@ def main() -> None:
     started = time.time()
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     game = [f"game={args.game}"]
+    arms = {arm: ARMS[arm] for arm in args.arms}
+    for name, *overrides in args.extra_arm:
+        if name in ARMS or not name.isidentifier():
+            parser.error(f"--extra-arm {name}: allowed: a new name (letters, digits, _), not one of {', '.join(ARMS)}")
+        arms[name] = overrides
+    args.arms = list(arms)
 
     # 1. one SFT checkpoint (the tiny model's SFT defaults), evaluated like the SEPO runs
     if args.sft_run:
@@ -106,7 +117,7 @@ def main() -> None:
         if not (out / "outputs").exists() or not any((out / "outputs").rglob("DONE")):
             print(f"SEPO {arm} seed {seed} -> {out}", file=sys.stderr, flush=True)
             main_py(["stage=sepo", *COMMON, *game, f"model.path='{sft_run / 'merged'}'", f"sepo.seed={seed}",
-                     f"sepo.steps={args.steps}", "sepo.checkpoint_steps=[]", *ARMS[arm], *args.overrides],
+                     f"sepo.steps={args.steps}", "sepo.checkpoint_steps=[]", *arms[arm], *args.overrides],
                     out, threads, root / f"{arm}_seed_{seed}.log")
         run = run_dir(out)
         return job, json.loads((run / "eval" / f"step_{args.steps}" / "results.json").read_text())
@@ -120,13 +131,20 @@ def main() -> None:
     summary = {arm: {k: mean_se([runs[arm][str(s)][k] for s in args.seeds]) for k in keys} for arm in args.arms}
     sft_view = {k: {"mean": round(sft["metrics"][k], 4), "se": round(sft["se"][k], 4)} for k in keys}
 
-    def paired(metric: str, other: str | None) -> dict[str, float]:
-        """SEPO minus payoff-only (per seed) or minus SFT, mean +- SE over seeds."""
+    def paired(metric: str, other: str | None, arm: str = "sepo") -> dict[str, float]:
+        """An arm (SEPO) minus payoff-only (per seed) or minus SFT, mean +- SE over seeds."""
         base = (lambda s: runs[other][str(s)][metric]) if other else (lambda s: sft["metrics"][metric])
-        return mean_se([runs["sepo"][str(s)][metric] - base(s) for s in args.seeds])
+        return mean_se([runs[arm][str(s)][metric] - base(s) for s in args.seeds])
 
     out = {"game": args.game, "seeds": args.seeds, "steps": args.steps, "overrides": args.overrides,
            "sft_run": str(sft_run), "runs": runs, "summary": summary, "sft": sft_view}
+    # where the collusion happens, round by round (results.json "by_round"; absent from results of older runs)
+    by_round = {arm: [results[(arm, s)].get("by_round", {}).get("collusion") or [] for s in args.seeds] for arm in args.arms}
+    if any(all(rows) for rows in by_round.values()):
+        sft_row = sft.get("by_round", {}).get("collusion")
+        out["collusion_by_round"] = {**({"sft": sft_row} if sft_row else {}), **{
+            arm: [round(float(sum(col)) / len(col), 4) for col in zip(*rows)] for arm, rows in by_round.items()
+            if rows and all(rows)}}
     if "sepo" in args.arms:
         out["delta_safety_vs_sft"] = paired("safety", None)
         out["delta_exploit_vs_sft"] = paired("exploit", None)
@@ -135,6 +153,9 @@ def main() -> None:
         if "payoff_only" in args.arms:
             out["delta_safety_vs_payoff_only"] = paired("safety", "payoff_only")
             out["delta_collusion_vs_payoff_only"] = paired("collusion", "payoff_only")
+            for arm in [a for a in args.arms if a not in ARMS]:
+                out[f"{arm}_delta_collusion_vs_payoff_only"] = paired("collusion", "payoff_only", arm)
+                out[f"{arm}_delta_safety_vs_payoff_only"] = paired("safety", "payoff_only", arm)
             d = out["delta_safety_vs_payoff_only"]
             out["targets"] = {
                 "safety above payoff-only by > 2 SE": d["mean"] > 2 * d["se"],
@@ -169,9 +190,10 @@ def print_tables(out: dict, keys: list[str]) -> None:
     for arm, m in out["summary"].items():
         summary.add_row(arm, *[f"{m[k]['mean']:+.3f}±{m[k]['se']:.3f}" for k in keys])
     console.print(summary)
-    for key in ("delta_safety_vs_payoff_only", "delta_collusion_vs_payoff_only", "delta_safety_vs_sft",
-                "delta_exploit_vs_sft", "delta_exploit_exact_vs_sft"):
-        if key in out:
+    for arm, row in (out.get("collusion_by_round") or {}).items():
+        console.print(f"collusion by round, {arm}: " + " ".join(f"{v:.3f}" for v in row))
+    for key in [k for k in out if "delta_" in k]:
+        if isinstance(out[key], dict):
             console.print(f"{key}: {out[key]['mean']:+.3f} ± {out[key]['se']:.3f}")
     for line, ok in (out.get("targets") or {}).items():
         console.print(f"target: {line}: {'yes' if ok else 'NO'}")

@@ -28,6 +28,8 @@ def test_scripted_eval_writes_results_and_done(cli, tmp_path):
     assert results["model"] == "scripted:TFT" and results["episodes"] == 20 * 9  # 9 distinct opponents over all pools
     assert {o["pool"] for o in results["per_opponent"]} == {"train", "exploit", "collusive", "robust"}
     assert "game.pools.exploit=[AlwaysD]" in str(run)  # run dirs are named by their overrides
+    (vs_defector, *_) = [e for e in results["per_episode"] if e["opponent"] == "AlwaysD"]
+    assert vs_defector["actions"] == [["COOPERATE", "DEFECT"]] + [["DEFECT", "DEFECT"]] * 7  # TFT's rounds
 
 
 def test_default_scripted_agent_is_the_games_reference_strategy(cli, tmp_path):

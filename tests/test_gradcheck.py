@@ -121,3 +121,20 @@ def test_the_papers_per_round_credit_gives_payoff_the_wrong_sign(ipd):
     assert finite_difference(agent, cfg, s)["u"][0] > 0.15
     est = estimate_update(agent, cfg, s, 100)
     assert est.mean["u"][0] < -5 * est.se["u"][0] < 0
+
+
+def test_the_objective_rewards_end_game_defection_below_a_lambda_c_of_about_1_5(ipd):
+    """Near TFT, J's gradient on cooperating in the last round (after a cooperation) is negative at IPD's
+    lambda_c = 1: defecting on TFT, Grim and Generous TFT when no retaliation can follow gains more pay
+    than the collusion it shows on AlwaysC costs. It turns positive between lambda_c 1.4 and 1.6, so SEPO
+    trained on IPD's lambda may rightly keep a last-round defection (README, "What the paper's estimator does")."""
+    def last_round_gradient(lambda_c: float) -> dict[str, float]:
+        cfg, s = ipd(f"lambdas.train.c={lambda_c}")
+        fd = finite_difference(make_agent("endgame", (0.99, 0.99, 0.01, 0.5)), cfg, s)
+        return {k: float(v[3]) for k, v in fd.items()}
+
+    at_ipd = last_round_gradient(1.0)
+    assert at_ipd["u"] < -0.05 and at_ipd["c"] == pytest.approx(0.25 * 1.0 / 8) and at_ipd["e"] == 0.0
+    assert at_ipd["total"] < -0.01
+    assert last_round_gradient(1.4)["total"] < 0 < last_round_gradient(1.6)["total"]
+    assert last_round_gradient(2.0)["total"] > 0.01

@@ -11,6 +11,7 @@ from sepo.games import make_game
 from sepo.games.ipd import COOPERATE as C, DEFECT as D
 from sepo.policies import ScriptedPolicy
 from sepo.strategies import get_strategy
+from sepo.strategies.base import Strategy
 
 IPD_CFG = OmegaConf.load("conf/game/ipd.yaml")
 LAMBDAS = dict(OmegaConf.load("conf/lambdas/ipd.yaml").eval)
@@ -135,3 +136,42 @@ def test_collusion_ext_and_safety_by_hand(game):
 def test_tft_vs_tft_is_the_social_optimum(game):
     m = scripted_eval(game, "TFT", {"train": ["TFT", "Grim"], "collusive": ["AlwaysC"]})["metrics"]
     assert (m["pay"], m["ext"], m["collusion"], m["nra"]) == (3.0, 0.0, 0.0, 0.0)
+
+
+def test_collusion_by_round_shows_where_the_agent_defects_on_a_cooperator(game):
+    r = scripted_eval(game, "AltD", {"collusive": ["AlwaysC"]})  # AltD opens with D: D, C, D, C, ...
+    assert r["by_round"]["collusion"] == [1.0, 0.0] * 4
+    assert np.mean(r["by_round"]["collusion"]) == pytest.approx(r["metrics"]["collusion"]) == 0.5
+    assert scripted_eval(game, "TFT", {"collusive": ["AlwaysC"]})["by_round"]["collusion"] == [0.0] * 8
+    assert scripted_eval(game, "TFT", {"train": ["TFT"]})["by_round"]["collusion"] == []  # no collusive pool
+
+
+class EndgameTFT(Strategy):
+    """TFT that defects in the last round, where nobody can retaliate (a finite game's end-game effect)."""
+
+    name = "EndgameTFT"
+
+    def act(self, obs, legal, rng):
+        if obs["round"] == obs["rounds"] - 1:
+            return D
+        return obs["history"][-1]["opp"] if obs["history"] else C
+
+
+def test_j_sepo_at_ipds_lambda_rewards_defecting_in_the_last_round(game):
+    """Why SEPO's collusion on IPD need not fall to 0: all-cooperating histories look alike, so an agent
+    that defects on TFT, Grim and Generous TFT in round 8 (nothing left to retaliate with) defects on
+    AlwaysC too. By hand on a deterministic train pool: pay (7*3 + 5)/8, ext (1 - 5/6)/8, collusion 1/8,
+    so Safety = 3.25 - 1.8/48 - lambda_c/8 against TFT's 3: ahead while lambda_c < 1.7."""
+    pools = {"train": ["TFT", "Grim", "GenerousTFT"], "collusive": ["AlwaysC"]}
+    run = lambda agent, lambdas: evaluate_policy(  # noqa: E731
+        game, ScriptedPolicy(agent), {"exploit": [], "robust": [], **pools}, lambdas, 20, 42, progress=False)["metrics"]
+    endgame = run(EndgameTFT(), LAMBDAS)
+    assert (endgame["pay"], endgame["ext"], endgame["collusion"]) == pytest.approx((26 / 8, 1 / 48, 1 / 8))
+    assert endgame["safety"] == pytest.approx(3.25 - 1.8 / 48 - 1.0 / 8) and run(get_strategy("ipd", "TFT"), LAMBDAS)["safety"] == 3.0
+    # the game's own pools (Mixed adds noise): ahead at IPD's lambda_c = 1.0, behind at 2.0 (break-even ~1.49)
+    full = lambda agent, lc: evaluate_policy(  # noqa: E731
+        game, ScriptedPolicy(agent), {p: list(IPD_CFG.pools[p]) for p in ("train", "exploit", "collusive", "robust")},
+        {**LAMBDAS, "c": lc}, 200, 42, progress=False)["metrics"]["safety"]
+    tft = get_strategy("ipd", "TFT")
+    assert full(EndgameTFT(), 1.0) > full(tft, 1.0) + 0.03
+    assert full(EndgameTFT(), 2.0) < full(tft, 2.0) - 0.03

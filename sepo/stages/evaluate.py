@@ -3,7 +3,7 @@
 Each distinct opponent of all pools is played once (`eval.episodes_per_opponent` episodes, all in
 lockstep); pools that share a strategy share its episodes. The results file follows DESIGN.md:
 `{game, model, stage, checkpoint, step, seed, lambdas, metrics, se, per_opponent, episodes}`,
-plus `per_episode` (every episode's totals) so numbers can be re-derived later.
+plus `per_episode` (every episode's totals and actions round by round) so numbers can be re-derived later.
 """
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ def evaluate_policy(
     result["per_episode"] = [
         {"opponent": r.opponent, "index": r.index, "seed": r.seed, "mirror": r.mirror,
          "agent_total": r.agent_total, "opp_total": r.opp_total, "rounds": len(r.rounds),
-         "decisions": r.decisions, "parsed": r.parsed}
+         "decisions": r.decisions, "parsed": r.parsed,
+         # [agent, opponent] per round (Kuhn: each seat's actions in the hand), so behaviour can be
+         # read round by round later (e.g. in which round an agent defects on AlwaysC)
+         "actions": [list(r.actions) for r in r.rounds]}
         for r in records
     ]
     return result

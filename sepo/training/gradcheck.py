@@ -22,7 +22,7 @@ prints the table; its last line is a JSON object {"modes": {mode: {term: {"estim
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,8 +34,9 @@ from sepo.training.objective import TERMS, EstimatorState
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.training.rollouts import BatchBuilder
 
-#: the parametric agents: which parameter sets P(COOPERATE) at a decision
-AGENT_KINDS = ("constant", "reactive")
+#: the parametric agents: which parameter sets P(COOPERATE) at a decision, and their parameters' names
+AGENT_KINDS = ("constant", "reactive", "endgame")
+PARAMETER_NAMES = {"constant": ("p",), "reactive": ("p0", "pC", "pD"), "endgame": ("p0", "pC", "pD", "pC_last")}
 
 
 def sigmoid(z: float) -> float:
@@ -51,18 +52,23 @@ class ParametricAgent:
     """An IPD agent with P(COOPERATE) = sigmoid(theta[i]) at a decision whose feature is i.
 
     `constant`: one parameter for every decision. `reactive`: (p0, pC, pD), the first round, after
-    the opponent cooperated, after it defected (TFT is p -> (1, 1, 0)).
+    the opponent cooperated, after it defected (TFT is p -> (1, 1, 0)). `endgame`: reactive, with its
+    own pC_last after a cooperation in the last round (`rounds`), where no retaliation can follow:
+    the parameter through which a finite game's end-game defection is learned (see the README).
     """
 
     kind: str
     theta: np.ndarray
     name: str = "parametric"
+    rounds: int = 8  # the game's length (endgame: which round is the last)
 
     def feature(self, round_index: int, opponent_last: str | None) -> int:
         if self.kind == "constant":
             return 0
         if round_index == 0 or opponent_last is None:
             return 0
+        if self.kind == "endgame" and round_index == self.rounds - 1 and opponent_last == COOPERATE:
+            return 3
         return 1 if opponent_last == COOPERATE else 2
 
     def cooperation(self, round_index: int, opponent_last: str | None) -> float:
@@ -82,13 +88,14 @@ class ParametricAgent:
         return decisions
 
 
-def make_agent(kind: str, probabilities: Sequence[float]) -> ParametricAgent:
+def make_agent(kind: str, probabilities: Sequence[float], rounds: int = 8) -> ParametricAgent:
     if kind not in AGENT_KINDS:
         raise ValueError(f"agent kind {kind!r}; allowed: {', '.join(AGENT_KINDS)}")
-    size = 1 if kind == "constant" else 3
+    size = len(PARAMETER_NAMES[kind])
     if len(probabilities) != size:
-        raise ValueError(f"a {kind} agent has {size} probabilities, got {list(probabilities)}")
-    return ParametricAgent(kind, np.array([logit(p) for p in probabilities], dtype=float))
+        raise ValueError(f"a {kind} agent has {size} probabilities ({', '.join(PARAMETER_NAMES[kind])}), "
+                         f"got {list(probabilities)}")
+    return ParametricAgent(kind, np.array([logit(p) for p in probabilities], dtype=float), rounds=rounds)
 
 
 # ------------------------------------------------------------------------------ exact J
@@ -178,7 +185,7 @@ def finite_difference(agent: ParametricAgent, cfg: DictConfig, s: DictConfig, h:
         for sign in (1.0, -1.0):
             theta = agent.theta.copy()
             theta[i] += sign * h
-            values.append(exact_terms(ParametricAgent(agent.kind, theta), cfg, s))
+            values.append(exact_terms(replace(agent, theta=theta), cfg, s))
         for k in TERMS:
             grads[k][i] = (values[0][k] - values[1][k]) / (2 * h)
     grads["total"] = sum(grads[k] for k in TERMS)
@@ -240,19 +247,19 @@ def estimate_update(agent: ParametricAgent, cfg: DictConfig, s: DictConfig, batc
 #: (AltD's advantage is 5p - 2.5 for the constant agent), plus two on either side of AltD's kink
 DEFAULT_POINTS: tuple[tuple[str, tuple[float, ...]], ...] = (
     ("constant", (0.8,)), ("constant", (0.2,)),
-    ("reactive", (0.9, 0.9, 0.5)), ("reactive", (0.3, 0.5, 0.1)),
+    ("reactive", (0.9, 0.9, 0.5)), ("reactive", (0.3, 0.5, 0.1)), ("endgame", (0.9, 0.9, 0.5, 0.5)),
 )
 KINK_POINTS: tuple[tuple[str, tuple[float, ...]], ...] = (("constant", (0.56,)), ("constant", (0.44,)))
 
 
 def check_point(kind: str, probabilities: Sequence[float], cfg: DictConfig, s: DictConfig, batches: int,
                 burn_in: int) -> dict[str, Any]:
-    agent = make_agent(kind, probabilities)
+    agent = make_agent(kind, probabilities, rounds=int(cfg.game.rounds))
     fd = finite_difference(agent, cfg, s)
     est = estimate_update(agent, cfg, s, batches, burn_in)
     exact = exact_terms(agent, cfg, s)
     label = f"{kind}({', '.join(f'{p:g}' for p in probabilities)})"
-    names = ["p"] if kind == "constant" else ["p0", "pC", "pD"]
+    names = PARAMETER_NAMES[kind]
     return {"label": label, "parameters": [f"{label}.{n}" for n in names], "fd": fd, "est": est,
             "advantages": {k[4:]: v for k, v in exact.items() if k.startswith("adv/")}}
 
