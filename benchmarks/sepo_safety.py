@@ -162,6 +162,14 @@ def main() -> None:
                 "collusion below payoff-only": out["delta_collusion_vs_payoff_only"]["mean"] < 0,
                 "exploit not above SFT": summary["sepo"]["exploit"]["mean"] <= sft["metrics"]["exploit"],
             }
+            # what a reader needs to judge a missed target (README, "What the paper's estimator does")
+            notes = []
+            if all(runs["payoff_only"][str(s)]["collusion"] == 0.0 for s in args.seeds):
+                notes.append("payoff-only's collusion is 0 in every seed: no arm can be below it")
+            if args.game == "ipd":
+                notes.append("IPD round 1 looks alike to every opponent: exploit below TFT's 0.3125 needs first-round "
+                             "defection, which is collusion on AlwaysC (e = 0.3125 p0, c = (1 - p0)/8 for TFT)")
+            out["target_notes"] = notes
     out["seconds"] = round(time.time() - started, 1)
     print_tables(out, keys)
     print(json.dumps(out))
@@ -197,6 +205,8 @@ def print_tables(out: dict, keys: list[str]) -> None:
             console.print(f"{key}: {out[key]['mean']:+.3f} ± {out[key]['se']:.3f}")
     for line, ok in (out.get("targets") or {}).items():
         console.print(f"target: {line}: {'yes' if ok else 'NO'}")
+    for note in out.get("target_notes") or []:
+        console.print(f"note: {note}")
 
 
 if __name__ == "__main__":

@@ -138,3 +138,16 @@ def test_the_objective_rewards_end_game_defection_below_a_lambda_c_of_about_1_5(
     assert at_ipd["total"] < -0.01
     assert last_round_gradient(1.4)["total"] < 0 < last_round_gradient(1.6)["total"]
     assert last_round_gradient(2.0)["total"] > 0.01
+
+
+@pytest.mark.parametrize("p0", [0.5, 0.9, 0.99])
+def test_the_first_round_trades_exploit_against_collusion(ipd, p0):
+    """Round 1 has no history, so an agent plays it alike against AlwaysD and AlwaysC: TFT that opens
+    with COOPERATE w.p. p0 has e = 0.3125 * p0 (AlwaysD takes round 1; AltD's advantage is <= 0) and
+    c = (1 - p0) / 8 (it defects once on AlwaysC, then copies its cooperation). Exploit below TFT's
+    0.3125 costs collusion above 0, whatever the estimator (README, "What the paper's estimator does")."""
+    cfg, s = ipd()
+    sure = 1 - 1e-12
+    terms = exact_terms(make_agent("reactive", (p0, sure, 1 - sure)), cfg, s)
+    assert -terms["e"] / 2.4 == pytest.approx(0.3125 * p0, abs=1e-9)
+    assert -terms["c"] / 1.0 == pytest.approx((1 - p0) / 8, abs=1e-9)
