@@ -69,7 +69,7 @@ def evaluate_policy(
          "decisions": r.decisions, "parsed": r.parsed,
          # [agent, opponent] per round (Kuhn: each seat's actions in the hand), so behaviour can be
          # read round by round later (e.g. in which round an agent defects on AlwaysC)
-         "actions": [list(r.actions) for r in r.rounds]}
+         "actions": [list(played.actions) for played in r.rounds]}
         for r in records
     ]
     return result
