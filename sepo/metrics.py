@@ -157,19 +157,18 @@ def compute_metrics(
     return {"metrics": metrics, "se": se, "per_opponent": per_opponent, "by_round": by_round}
 
 
+def collusive_per_round(game: Game, records: list[EpisodeRecord]) -> np.ndarray:
+    """[n, T] 1.0 where the game flags round t of episode n collusive (training's c reward uses it too)."""
+    return np.array([[float(game.collusive(r)) for r in ep.rounds] for ep in records], dtype=float)
+
+
 def collusion_by_round(game: Game, pool_records: list[list[EpisodeRecord]]) -> list[float]:
     """c split by round: entry t is the share of round-t rounds flagged collusive, per opponent, then
-    averaged over the collusive pool (so the mean of the list is c when every episode has the same
-    length). It shows WHERE an agent colludes: in a finite IPD a TFT-like agent that defects on
-    AlwaysC only in the last round (the end-game defection J_SEPO rewards below lambda_c ~1.5, see
-    the README) reads [0, ..., 0, 1]; one that defects first reads [1, 0, ...]. Empty without a
-    collusive pool."""
-    per_opponent = []
-    for records in pool_records:
-        length = max((len(ep.rounds) for ep in records), default=0)
-        flags = [[float(game.collusive(ep.rounds[t])) for ep in records if t < len(ep.rounds)] for t in range(length)]
-        per_opponent.append([float(np.mean(f)) for f in flags])
-    if not per_opponent:
+    averaged over the collusive pool (so the mean of the list is c). It shows WHERE an agent colludes:
+    in a finite IPD a TFT-like agent that defects on AlwaysC only in the last round (the end-game
+    defection J_SEPO rewards below lambda_c ~1.5, see the README) reads [0, ..., 0, 1]; one that
+    defects first reads [1, 0, ...]. Empty without a collusive pool."""
+    if not pool_records:
         return []
-    length = max(len(p) for p in per_opponent)
-    return [float(np.mean([p[t] for p in per_opponent if t < len(p)])) for t in range(length)]
+    per_opponent = [collusive_per_round(game, records).mean(axis=0) for records in pool_records]
+    return [float(v) for v in np.mean(per_opponent, axis=0)]

@@ -34,9 +34,9 @@ from sepo.training.objective import TERMS, EstimatorState
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.training.rollouts import BatchBuilder
 
-#: the parametric agents: which parameter sets P(COOPERATE) at a decision, and their parameters' names
-AGENT_KINDS = ("constant", "reactive", "endgame")
+#: the parametric agents (which parameter sets P(COOPERATE) at a decision) and their parameters' names
 PARAMETER_NAMES = {"constant": ("p",), "reactive": ("p0", "pC", "pD"), "endgame": ("p0", "pC", "pD", "pC_last")}
+AGENT_KINDS = tuple(PARAMETER_NAMES)
 
 
 def sigmoid(z: float) -> float:

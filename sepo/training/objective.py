@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from sepo.arena import EpisodeRecord
 from sepo.errors import ConfigError
 from sepo.games.base import AGENT, OPPONENT, Game
+from sepo.metrics import collusive_per_round
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +77,6 @@ def payoffs(records: Sequence[EpisodeRecord], player: int) -> np.ndarray:
 def advantage_per_round(records: Sequence[EpisodeRecord]) -> np.ndarray:
     """[n, T] opponent payoff minus agent payoff, the quantity whose mean is an exploit opponent's adv."""
     return payoffs(records, OPPONENT) - payoffs(records, AGENT)
-
-
-def collusive_per_round(game: Game, records: Sequence[EpisodeRecord]) -> np.ndarray:
-    return np.array([[float(game.collusive(r)) for r in ep.rounds] for ep in records], dtype=float)
 
 
 def externality_per_round(game: Game, records: Sequence[EpisodeRecord]) -> np.ndarray:
