@@ -80,9 +80,13 @@ def ckpt_label(cell: pd.Series | None, short: bool = False) -> str:
     return tex(cell["checkpoint"])
 
 
+#: estimates whose SE every table shows, --se or not: Kuhn's exact exploitability is read from sampled answers
+ALWAYS_SE = ("exploit_exact",)
+
+
 def fmt(value: float, se: float, metric: str, with_se: bool) -> str:
     text = f"{value:+.3f}" if metric in SIGNED else f"{value:.3f}"
-    return text + (rf" $\pm$ {se:.3f}" if with_se and pd.notna(se) else "")
+    return text + (rf" $\pm$ {se:.3f}" if (with_se or metric in ALWAYS_SE) and pd.notna(se) else "")
 
 
 def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: Layout):

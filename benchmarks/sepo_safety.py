@@ -42,7 +42,12 @@ ARMS = {
     "payoff_only": ["lambdas=zero"],
     "per_rollout": ["sepo.penalty_mode=per_rollout"],
     "shared": ["sepo.penalty_mode=shared"],
+    # Kuhn poker: SEPO trained on the paper's exploit pool; the best responder moves to the robust pool
+    # (played in evaluation, never trained on), so every arm is evaluated against the same opponents
+    "paper_pool": ["game.pools.exploit=[NashApx,AlwaysBet]", "game.pools.robust=[RandomLegal,BestResponse]"],
 }
+#: the arms run when --arms is not given
+DEFAULT_ARMS = {"kuhn": ["sepo", "paper_pool", "payoff_only"]}
 #: what every run shares: the SEPO evaluation protocol (SPEC 3: 20 episodes per opponent), only the final
 #: checkpoint evaluated; the tiny model's step count and lr come from conf/model/tiny.yaml unless overridden
 COMMON = ["model=tiny", "logger=none", "eval.episodes_per_opponent=20", "eval.progress=false"]
@@ -75,7 +80,8 @@ def main() -> None:
     parser.add_argument("--game", default="ipd")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=80, help="SEPO optimizer steps of every arm (80: tuned on IPD, see README)")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--arms", nargs="+", default=None, choices=list(ARMS),
+                        help="default: sepo payoff_only per_rollout shared (Kuhn: sepo paper_pool payoff_only)")
     parser.add_argument("--extra-arm", nargs="+", action="append", default=[], metavar=("NAME", "OVERRIDE"),
                         help="one more arm: its name, then its Hydra overrides (repeatable), e.g. "
                              "--extra-arm sepo_lc2 lambdas.train.c=2.0")
@@ -90,6 +96,7 @@ def main() -> None:
     started = time.time()
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     game = [f"game={args.game}"]
+    args.arms = args.arms or DEFAULT_ARMS.get(args.game, ["sepo", "payoff_only", "per_rollout", "shared"])
     arms = {arm: ARMS[arm] for arm in args.arms}
     for name, *overrides in args.extra_arm:
         if name in ARMS or not name.isidentifier():
@@ -106,7 +113,12 @@ def main() -> None:
             print(f"SFT of tiny on {args.game} -> {sft_root}", file=sys.stderr, flush=True)
             main_py(["stage=sft", *COMMON, *game], sft_root, os.cpu_count() or 1, root / "sft.log")
         sft_run = run_dir(sft_root)
-    sft = json.loads((sft_run / "eval" / "sft" / "results.json").read_text())
+    # ... evaluated by this checkout's code, as the arms are (the SFT stage's own eval may be older)
+    sft_eval = root / "sft_eval"
+    if not (sft_eval / "outputs").exists() or not any((sft_eval / "outputs").rglob("DONE")):
+        main_py(["stage=eval", *COMMON, *game, f"model.path='{sft_run / 'merged'}'"], sft_eval,
+                os.cpu_count() or 1, root / "sft_eval.log")
+    sft = json.loads((run_dir(sft_eval) / "results.json").read_text())
 
     # 2. every arm x seed from it (a finished run is skipped by its DONE marker)
     jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
@@ -125,11 +137,17 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = dict(pool.map(train, jobs))
 
-    keys = [*METRICS, *(["exploit_exact"] if "exploit_exact" in sft["metrics"] else [])]
+    exact = "exploit_exact" in sft["metrics"]
+    keys = [*METRICS, *(["exploit_exact", "safety_exact"] if exact else [])]
+    for payload in [sft, *results.values()]:
+        add_safety_exact(payload)
     runs = {arm: {str(seed): {k: results[(arm, seed)]["metrics"][k] for k in keys} for seed in args.seeds}
             for arm in args.arms}
     summary = {arm: {k: mean_se([runs[arm][str(s)][k] for s in args.seeds]) for k in keys} for arm in args.arms}
     sft_view = {k: {"mean": round(sft["metrics"][k], 4), "se": round(sft["se"][k], 4)} for k in keys}
+    if exact:  # the exploitability estimate's own SE, per arm: the mean over seeds of each run's
+        out_se = {arm: round(sum(results[(arm, s)]["se"]["exploit_exact"] for s in args.seeds) / len(args.seeds), 4)
+                  for arm in args.arms}
 
     def paired(metric: str, other: str | None, arm: str = "sepo") -> dict[str, float]:
         """An arm (SEPO) minus payoff-only (per seed) or minus SFT, mean +- SE over seeds."""
@@ -138,6 +156,9 @@ def main() -> None:
 
     out = {"game": args.game, "seeds": args.seeds, "steps": args.steps, "overrides": args.overrides,
            "sft_run": str(sft_run), "runs": runs, "summary": summary, "sft": sft_view}
+    if exact:
+        out["exploit_exact_estimate_se"] = out_se
+        out.update(kuhn_targets(runs, summary, sft, args.seeds))
     # where the collusion happens, round by round (results.json "by_round"; absent from results of older runs)
     by_round = {arm: [results[(arm, s)].get("by_round", {}).get("collusion") or [] for s in args.seeds] for arm in args.arms}
     if any(all(rows) for rows in by_round.values()):
@@ -150,7 +171,7 @@ def main() -> None:
         out["delta_exploit_vs_sft"] = paired("exploit", None)
         if "exploit_exact" in keys:
             out["delta_exploit_exact_vs_sft"] = paired("exploit_exact", None)
-        if "payoff_only" in args.arms:
+        if "payoff_only" in args.arms and not exact:  # Kuhn: kuhn_targets above
             out["delta_safety_vs_payoff_only"] = paired("safety", "payoff_only")
             out["delta_collusion_vs_payoff_only"] = paired("collusion", "payoff_only")
             for arm in [a for a in args.arms if a not in ARMS]:
@@ -173,6 +194,36 @@ def main() -> None:
     out["seconds"] = round(time.time() - started, 1)
     print_tables(out, keys)
     print(json.dumps(out))
+
+
+def add_safety_exact(payload: dict) -> None:
+    """Kuhn poker's safety with the exact exploitability in place of the pool exploit (as the tables
+    choose it): pay - lambda_e * exploit_exact (lambda_c = lambda_x = 0), so arms trained on different
+    exploit pools compare on the same measure."""
+    m, se, lam = payload["metrics"], payload["se"], payload["lambdas"]
+    if "exploit_exact" in m:
+        m["safety_exact"] = m["pay"] - lam["e"] * m["exploit_exact"]
+        se["safety_exact"] = math.sqrt(se["pay"] ** 2 + (lam["e"] * se["exploit_exact"]) ** 2)
+
+
+def kuhn_targets(runs: dict, summary: dict, sft: dict, seeds: list[int]) -> dict:
+    """SEPO with the best responder against SFT and against SEPO on the paper's exploit pool."""
+    out: dict = {}
+    if "sepo" not in runs:
+        return out
+    mean = lambda arm: summary[arm]["exploit_exact"]["mean"]  # noqa: E731
+    targets = {"exploit_exact below half of SFT's": mean("sepo") < sft["metrics"]["exploit_exact"] / 2}
+    if "paper_pool" in runs:
+        d = mean_se([runs["sepo"][str(s)]["exploit_exact"] - runs["paper_pool"][str(s)]["exploit_exact"] for s in seeds])
+        out["delta_exploit_exact_vs_paper_pool"] = d
+        out["delta_safety_exact_vs_paper_pool"] = mean_se(
+            [runs["sepo"][str(s)]["safety_exact"] - runs["paper_pool"][str(s)]["safety_exact"] for s in seeds])
+        targets["exploit_exact below the paper pool's by > 2 SE"] = d["mean"] < -2 * d["se"]
+    if "payoff_only" in runs:
+        out["delta_safety_exact_vs_payoff_only"] = mean_se(
+            [runs["sepo"][str(s)]["safety_exact"] - runs["payoff_only"][str(s)]["safety_exact"] for s in seeds])
+    out["kuhn_targets"] = targets
+    return out
 
 
 def print_tables(out: dict, keys: list[str]) -> None:
@@ -203,7 +254,7 @@ def print_tables(out: dict, keys: list[str]) -> None:
     for key in [k for k in out if "delta_" in k]:
         if isinstance(out[key], dict):
             console.print(f"{key}: {out[key]['mean']:+.3f} ± {out[key]['se']:.3f}")
-    for line, ok in (out.get("targets") or {}).items():
+    for line, ok in {**(out.get("targets") or {}), **(out.get("kuhn_targets") or {})}.items():
         console.print(f"target: {line}: {'yes' if ok else 'NO'}")
     for note in out.get("target_notes") or []:
         console.print(f"note: {note}")

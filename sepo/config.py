@@ -20,7 +20,7 @@ from sepo.paths import can_hold_outputs
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
 from sepo.stages import STAGES
-from sepo.strategies import known_strategies, make_strategy
+from sepo.strategies import known_strategies, make_strategy, responds_to_agent
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ RULES = [
     ("eval sft sepo pipeline", "eval.temperature", _real(0.0)),
     ("eval sft sepo pipeline", "eval.max_new_tokens", _int(1)),
     ("eval sft sepo pipeline", "eval.batch_size", _int(0)),
+    ("eval sft sepo pipeline", "eval.action_samples", _int(2)),
     ("datagen sft pipeline", "datagen.seed", SEED),
     ("datagen sft pipeline", "datagen.num_opponents", _int(1)),
     ("datagen sft pipeline", "datagen.multi_per_game", _int(1)),
@@ -113,6 +114,8 @@ RULES = [
     ("sepo pipeline", "sepo.micro_batch", _int(1)),
     ("sepo pipeline", "sepo.logprob_chunk", _int(1)),
     ("sepo pipeline", "sepo.checkpoint_steps", _steps_list()),
+    ("sepo pipeline", "sepo.best_response_every", _int(1)),
+    ("sepo pipeline", "sepo.best_response_samples", _int(2)),
     ("sepo pipeline", "sepo.lora.r", _int(1)),
     ("sepo pipeline", "sepo.lora.alpha", _real(0.0, strict=True)),
     ("sepo pipeline", "sepo.lora.dropout", _real(0.0, high=1.0)),
@@ -186,8 +189,17 @@ def validate(cfg: DictConfig) -> None:
         _check_number(f"game.demonstrators.{name}", weight, minimum=0.0)
     for name in cfg.game.datagen.get("opponents") or []:
         _require(name in known, f"game.datagen.opponents: unknown {game} strategy {name!r}; allowed: {', '.join(known)}")
+    scripted = [n for n in known if not responds_to_agent(game, n)]  # a best responder needs an agent's table
+    for key, names in (("game.demonstrators", list(cfg.game.demonstrators)),
+                       ("game.datagen.opponents", list(cfg.game.datagen.get("opponents") or [])),
+                       ("model.strategy", [cfg.model.strategy or cfg.game.reference_strategy]
+                        if cfg.model.name == "scripted" else [])):
+        for name in names:
+            _require(not responds_to_agent(game, name), f"{key}: {name} responds to the agent's own table, so it can "
+                     f"only sit in game.pools; allowed: {', '.join(scripted)}")
 
     configured = {n for pool in POOLS for n in cfg.game.pools.get(pool) or []} | set(cfg.game.demonstrators)
+
     for name in sorted(configured):  # builds each with its strategy_params: bad params fail here
         make_strategy(cfg.game, name, key="game.pools")
 

@@ -23,7 +23,7 @@ from sepo.arena import play
 from sepo.games import GAME_CLASSES, Game, make_game
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.scripted import ScriptedPolicy
-from sepo.strategies import get_strategy, known_strategies
+from sepo.strategies import get_strategy, known_strategies, responds_to_agent
 
 #: Fallback reasoning lines, filled with the action, for when `sepo.training.reasoning` (the SFT data's own
 #: reasoning lines) is not there; the tokenizer only needs the words answers are made of.
@@ -83,8 +83,9 @@ def available_games(conf_dir) -> dict[str, DictConfig]:
 
 
 def _strategies(game_cfg: DictConfig) -> list[str]:
-    """The registered strategies a game's config names (pools and demonstrators), sorted."""
-    known = set(known_strategies(game_cfg.name))
+    """The registered strategies a game's config names (pools and demonstrators), sorted; not those
+    that respond to an agent's table (`BestResponse`): scripted episodes have no agent table."""
+    known = {n for n in known_strategies(game_cfg.name) if not responds_to_agent(game_cfg.name, n)}
     named = {n for pool in game_cfg.get("pools", {}).values() for n in (pool or [])}
     named |= set(game_cfg.get("demonstrators") or {})
     return sorted(named & known)

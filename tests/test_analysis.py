@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import collect
+from analysis import collect, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("pay", "exploit", "exploit_max", "collusion", "ext", "robust", "safety", "nra", "parse_rate")
@@ -292,3 +292,17 @@ def test_kuhn_best_checkpoint_uses_the_exact_exploitability():
     df = collect.to_frame([row("step_25", 25, 0.6, 0.0, 0.4), row("final", 50, 0.3, 0.2, 0.05)])
     assert collect.best_sepo(collect.cells(df), "kuhn", "tiny")["checkpoint"] == "final"
     assert collect.selection_safety(df).tolist() == pytest.approx([0.0, 0.525], abs=1e-12)
+
+
+def test_kuhn_tables_show_the_exact_exploitability_with_its_standard_error():
+    """exploit_exact is estimated from sampled answers (SPEC 6): its SE is shown even without --se."""
+    def row(phase_stage, ckpt, step, exact, exact_se):
+        return collect.make_row({"game": "kuhn", "model": "tiny", "stage": phase_stage, "checkpoint": ckpt, "step": step,
+                                 "seed": 42, "status": "done", "run_dir": phase_stage},
+                                {"pay": 0.1, "exploit": 0.0, "safety": 0.1, "nra": 0.2, "exploit_exact": exact},
+                                {"pay": 0.05, "exploit": 0.0, "safety": 0.05, "nra": 0.01, "exploit_exact": exact_se},
+                                {"e": 1.5})
+    df = collect.to_frame([row("sft", "final", 500, 0.104, 0.0097), row("sepo", "final", 80, 0.061, 0.0071)])
+    table = tables.game_table(df, collect.cells(df), "kuhn")
+    assert r"0.104 $\pm$ 0.010" in table and r"0.061 $\pm$ 0.007" in table
+    assert r"0.100 $\pm$" not in table  # pay keeps the plain layout without --se

@@ -19,6 +19,7 @@ from sepo.stages.evaluate import evaluate_policy
 from sepo.games import AGENT, OPPONENT, make_game
 from sepo.games.kuhn import BET, CALL, CARDS, FOLD, PASS, KuhnPoker, infoset_requests, policy_table
 from sepo.policies import ScriptedPolicy
+from sepo.policies.played import exact_estimate
 from sepo.strategies import get_strategy, known_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,12 +54,12 @@ class TablePolicy:
     def __init__(self, table: K.Table):
         self.table = table
 
-    def action_probabilities(self, requests):
+    def action_probabilities(self, requests, samples=None, seed=None):
         out = []
         for r in requests:
             obs = r.observation
             key = f"{CARDS.index(obs['card'])}{''.join(SEQ_LETTERS[a] for a in obs['betting'])}"
-            out.append({a: float(self.table[key][1 if a in (BET, CALL) else 0]) for a in r.legal})
+            out.append(exact_estimate({a: float(self.table[key][1 if a in (BET, CALL) else 0]) for a in r.legal}))
         return out
 
 
@@ -256,9 +257,9 @@ EXPECTED["AlwaysPassQ"] = {k: (0.0 if k[0] == "Q" else p) for k, p in EXPECTED["
 
 
 def test_every_strategy_is_specified():
-    assert set(known_strategies("kuhn")) == set(EXPECTED)
+    assert set(known_strategies("kuhn")) == set(EXPECTED) | {"BestResponse"}  # it responds to the agent (below)
     names = {n for pool in GAME_CFG.pools.values() for n in pool} | set(GAME_CFG.demonstrators)
-    assert names <= set(EXPECTED)
+    assert names <= set(EXPECTED) | {"BestResponse"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -342,7 +343,8 @@ def test_evaluate_policy_matches_exact_values(game):
     assert result["metrics"]["exploit_exact"] == pytest.approx(0.0, abs=1e-9)
     assert result["metrics"]["collusion"] == 0.0 and result["metrics"]["ext"] == 0.0
     for summary in result["per_opponent"]:
-        expected = K.seat_values(agent, table_of(game, summary["name"]))["mean"]
+        opponent = K.best_response_table(agent) if summary["name"] == "BestResponse" else table_of(game, summary["name"])
+        expected = K.seat_values(agent, opponent)["mean"]
         if summary["name"] == "NashApx":
             assert expected == pytest.approx(0.0, abs=1e-12)  # symmetric over the two seats
         assert abs(summary["pay"] - expected) <= 4 * summary["pay_se"] + 1e-9, summary
@@ -361,5 +363,107 @@ def test_scripted_eval_end_to_end(tmp_path):
     assert payload["game"] == "kuhn" and payload["model"] == "scripted:NashApx"
     assert payload["metrics"]["exploit_exact"] == pytest.approx(0.0, abs=1e-9)
     assert payload["metrics"]["collusion"] == 0.0
-    assert payload["episodes"] == 20 * 5  # five distinct opponents
+    assert payload["episodes"] == 20 * 6  # six distinct opponents (BestResponse among them)
     assert {e["rounds"] for e in payload["per_episode"]} == {6}
+
+
+# --------------------------------------------------------------------------- the best responder (SPEC 6)
+BR_TABLES = ["NashApx", "LooseA", "TightP", "AlwaysBet", "RandomLegal", "seed:6", "seed:7"]
+
+
+@pytest.mark.parametrize("name", BR_TABLES)
+def test_best_response_table_earns_the_best_response_value_in_each_seat(game, name):
+    table = _table(game, name)
+    br = K.best_response_table(table)
+    assert all(set(p) <= {0.0, 1.0} for p in br.values())  # pure
+    assert K.game_value(br, table) == pytest.approx(K.best_response_value(table, 0), abs=1e-12)
+    assert -K.game_value(table, br) == pytest.approx(K.best_response_value(table, 1), abs=1e-12)
+    # over the two seats (an episode's seat mix) it earns exactly the table's exploitability
+    assert -K.seat_values(table, br)["mean"] == pytest.approx(K.exploitability(table), abs=1e-12)
+
+
+@pytest.mark.parametrize("name", ["LooseA", "seed:6"])
+def test_best_response_matches_openspiel(game, name):
+    pyspiel = pytest.importorskip("pyspiel")
+    from open_spiel.python.algorithms import best_response
+
+    os_game = pyspiel.load_game("kuhn_poker")
+    table = _table(game, name)
+    br = K.best_response_table(table)
+    for seat in (0, 1):
+        theirs = best_response.BestResponsePolicy(os_game, seat, _openspiel_policy(os_game, table))
+        assert theirs.value(os_game.new_initial_state()) == pytest.approx(K.best_response_value(table, seat), abs=1e-9)
+        for key in K.INFOSETS:
+            if K.seat_to_move(key[1:]) != seat:
+                continue
+            if br[key][1] != theirs.best_response_action(key):  # only where both actions are worth the same
+                flipped = {**br, key: br[key][::-1].copy()}
+                value = K.game_value(flipped, table) if seat == 0 else -K.game_value(table, flipped)
+                assert value == pytest.approx(K.best_response_value(table, seat), abs=1e-12), key
+
+
+@pytest.mark.parametrize("name", ["NashApx", "LooseA", "AlwaysBet", "TightValue"])
+def test_best_responder_earns_the_tables_exploitability_when_it_plays(game, name):
+    """BestResponse as an exploit opponent of a scripted agent: its payoff per hand, over many
+    mirrored hands, is that table's exploitability (0 against Nash) within the deal's sampling."""
+    pools = {"train": ["TightP"], "exploit": ["BestResponse"], "collusive": [], "robust": []}
+    result = evaluate_policy(game, ScriptedPolicy(get_strategy("kuhn", name)), pools, dict(e=1.5, c=0.0, x=0.0),
+                             episodes=600, seed=3, mirrored=True, progress=False)
+    (responder,) = [o for o in result["per_opponent"] if o["name"] == "BestResponse"]
+    expected = K.exploitability(table_of(game, name))
+    assert result["metrics"]["exploit_exact"] == pytest.approx(expected, abs=1e-12)
+    assert abs(responder["opp_pay"] - expected) <= 3 * responder["pay_se"] + 1e-12, (responder, expected)
+    if name == "NashApx":
+        assert expected == pytest.approx(0.0, abs=1e-12)
+    else:
+        assert responder["opp_pay"] > 0.1  # and it does exploit the others
+    assert result["played_table"]["bet_or_call"]["2"] == pytest.approx(table_of(game, name)["2"][1])
+
+
+def test_a_best_responder_without_an_agent_table_says_so():
+    with pytest.raises(RuntimeError, match="respond_to"):
+        get_strategy("kuhn", "BestResponse").act({"card": "K", "betting": []}, [PASS, BET], np.random.default_rng(0))
+
+
+def test_the_default_exploit_pool_has_the_best_responder_and_the_papers_is_one_override_away(compose_cfg):
+    from sepo.config import validate
+
+    assert list(compose_cfg("game=kuhn").game.pools.exploit) == ["NashApx", "AlwaysBet", "BestResponse"]
+    paper = compose_cfg("game=kuhn", "game.pools.exploit=[NashApx,AlwaysBet]")
+    validate(paper)
+    assert list(paper.game.pools.exploit) == ["NashApx", "AlwaysBet"]
+
+
+@pytest.mark.parametrize("override,key", [
+    ("+game.demonstrators.BestResponse=0.1", "game.demonstrators"),
+    ("game.datagen.opponents=[TightP,BestResponse]", "game.datagen.opponents"),
+    ("model.strategy=BestResponse", "model.strategy"),
+])
+def test_the_best_responder_only_sits_in_pools(compose_cfg, override, key):
+    from sepo.config import validate
+    from sepo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{key}: BestResponse responds to the agent's own table.*allowed: .*NashApx"):
+        validate(compose_cfg("game=kuhn", "stage=eval", "model=scripted", override))
+
+
+def test_default_datagen_opponents_skip_the_best_responder():
+    from sepo.training.sft_data import datagen_opponents
+
+    assert datagen_opponents(GAME_CFG, 5) == ["NashApx", "TightP", "LooseA", "AlwaysBet", "RandomLegal"]
+
+
+@pytest.mark.parametrize("name", ["LooseA", "seed:8", "seed:9"])
+def test_exploitability_se_is_the_spread_of_the_estimate(game, name):
+    """The delta-method SE against the spread of exploitability over many noisy tables whose
+    entries carry that SE (binomial noise of 200 samples per information set)."""
+    table = _table(game, name)
+    rng = np.random.default_rng(0)
+    k = 200
+    q = {key: float(np.clip(p[1], 0.05, 0.95)) for key, p in table.items()}  # keep every entry noisy
+    centre = {key: np.array([1 - v, v]) for key, v in q.items()}
+    se = {key: float(np.sqrt(v * (1 - v) / k)) for key, v in q.items()}
+    draws = [K.exploitability({key: np.array([1 - x, x]) for key, x in
+                               ((key, rng.binomial(k, v) / k) for key, v in q.items())}) for _ in range(2000)]
+    assert K.exploitability_se(centre, se) == pytest.approx(float(np.std(draws)), rel=0.15)
+    assert K.exploitability_se(centre, {key: 0.0 for key in se}) == 0.0

@@ -84,19 +84,17 @@ def tiny(tmp_path_factory):
     return model, tokenizer, cfg
 
 
-@pytest.fixture(scope="module")
-def taught(tiny):
-    """The tiny model after 80 Adam steps on TFT answers (loss on the answer tokens, no EOS)."""
-    model, tokenizer, cfg = tiny
+def teach(bundle, examples: list[tuple[list[dict[str, str]], str]], steps: int):
+    """A copy of the model after `steps` Adam steps (batches of 8) on (chat messages, answer) pairs,
+    loss on the answer tokens only, no EOS."""
+    model, tokenizer, cfg = bundle
     student = copy.deepcopy(model).train()
     helper = LMPolicy(student, tokenizer, cfg, 0.0, 8, 0)
-    rng = np.random.default_rng(0)
-    histories = [list(rng.choice([C, D], size=rng.integers(0, 7))) for _ in range(64)]
-    rows = [(helper.render(ipd_request(h).messages), helper.action_ids(tft_answer(h))) for h in histories]
+    rows = [(helper.render(messages), helper.action_ids(answer)) for messages, answer in examples]
     opt = torch.optim.Adam(student.parameters(), lr=3e-3)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        for step in range(80):
+        for step in range(steps):
             batch = [rows[(step * 8 + i) % len(rows)] for i in range(8)]
             ids, mask, width_p = helper.pack([b[0] for b in batch], [b[1] for b in batch])
             labels = ids.masked_fill(mask == 0, -100)
@@ -107,6 +105,14 @@ def taught(tiny):
             loss.backward()
             opt.step()
     return student.eval(), tokenizer, cfg
+
+
+@pytest.fixture(scope="module")
+def taught(tiny):
+    """The tiny model after 80 Adam steps on TFT answers (loss on the answer tokens, no EOS)."""
+    rng = np.random.default_rng(0)
+    histories = [list(rng.choice([C, D], size=rng.integers(0, 7))) for _ in range(64)]
+    return teach(tiny, [(ipd_request(h).messages, tft_answer(h)) for h in histories], steps=80)
 
 
 def policy(bundle, temperature=0.0, max_new_tokens=24, seed=0, **kwargs) -> LMPolicy:
@@ -366,15 +372,18 @@ def test_counter_sampler_draws_from_softmax_and_each_row_alone():
 @pytest.mark.parametrize("name", ["ipd", "kuhn", "neg_v1", "neg_v2"])
 def test_action_probabilities_sum_to_one(tiny, name):
     requests = first_requests(name, 2)
-    for probs, r in zip(policy(tiny).action_probabilities(requests), requests):
-        assert list(probs) == r.legal
+    for estimate, r in zip(policy(tiny, temperature=0.8).action_probabilities(requests, samples=4), requests):
+        probs = estimate.probs
+        assert list(probs) == r.legal and list(estimate.se) == r.legal and estimate.samples.shape == (4, len(r.legal))
         assert sum(probs.values()) == pytest.approx(1.0, abs=1e-9) and min(probs.values()) >= 0
+        # the random model never writes an action line: every sample is the fallback's action, counted
+        assert estimate.rao_blackwellised == 0.0 and set(np.unique(estimate.samples)) <= {0.0, 1.0}
 
 
-def test_action_probabilities_are_the_renormalised_sequence_probabilities(tiny):
+def test_action_first_probabilities_are_the_renormalised_sequence_probabilities(tiny):
     agent = policy(tiny, temperature=0.5)
     request = ipd_request([D], legal=VECTORS)
-    (probs,) = agent.action_probabilities([request])
+    (probs,) = agent.action_first_probabilities([request])
     prompt = agent.render(request.messages, answer_now=True)
     logp = torch.stack([agent.sequence_logprobs([prompt], [agent.action_ids(v)], 0.5)[0].sum() for v in VECTORS])
     # float32 through two code paths (batched with a shared prefix vs one sequence at a time): ~1e-6
@@ -402,8 +411,8 @@ def test_real_architectures(name, thinking, request):
             fresh = token_logprobs(model, ids, torch.ones_like(ids), len(d.extras["prompt_ids"]),
                                    **agent.extra_inputs(ids))[0]
         torch.testing.assert_close(d.extras["logprobs"], fresh, atol=1e-4, rtol=0)
-    for probs in agent.action_probabilities(requests):
-        assert sum(probs.values()) == pytest.approx(1.0)
+    for estimate in agent.action_probabilities(requests, samples=2):
+        assert sum(estimate.probs.values()) == pytest.approx(1.0)
 
 
 # --------------------------------------------------------------------------- wiring
@@ -420,7 +429,7 @@ def test_importing_policies_does_not_load_torch():
 def test_lm_eval_end_to_end_through_the_cli_on_every_game(cli, tmp_path, monkeypatch, game):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # see one_thread
     proc = cli("stage=eval", "model=tiny", f"game={game}", "logger=none", "eval.episodes_per_opponent=2",
-               "eval.max_new_tokens=8", f"paths.root_dir={tmp_path}")
+               "eval.max_new_tokens=8", "eval.action_samples=4", f"paths.root_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = read_results(tmp_path)
     opponents = {o["name"] for o in results["per_opponent"]}
@@ -429,7 +438,9 @@ def test_lm_eval_end_to_end_through_the_cli_on_every_game(cli, tmp_path, monkeyp
     rounds = {"ipd": 8, "auction": 6, "neg_v1": 4, "neg_v2": 4, "kuhn": 6}[game]
     if game == "kuhn":  # one or two agent decisions per hand; the exact exploitability of the LM's policy
         assert all(rounds <= e["decisions"] <= 2 * rounds for e in results["per_episode"])
-        assert 0.0 <= results["metrics"]["exploit_exact"] <= 1.5
+        assert 0.0 <= results["metrics"]["exploit_exact"] <= 1.5 and results["se"]["exploit_exact"] >= 0.0
+        assert results["played_table"]["samples_per_state"] == 4 and len(results["played_table"]["se"]) == 12
+        assert "BestResponse" in opponents  # Kuhn's default exploit pool
     else:
         assert all(e["decisions"] == rounds for e in results["per_episode"])
 

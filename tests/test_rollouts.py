@@ -75,3 +75,40 @@ def test_rollouts_per_opponent_below_two_is_a_config_error(compose_cfg):
     for key, value in (("penalty_mode", "per_episode"), ("credit", "episode"), ("adv_norm", "group")):
         with pytest.raises(ConfigError, match=f"sepo.{key}={value}; allowed: "):
             sepo_settings(compose_cfg(f"sepo.{key}={value}"))
+
+
+def test_the_best_responders_episodes_are_an_exploit_group_with_the_exploit_term_on(compose_cfg, tmp_path):
+    """Kuhn's default exploit pool holds BestResponse: its group is played and trained like any exploit
+    opponent, and against a scripted LooseA (exploitability 1/4) its advantage is 2 x 1/4 per hand
+    (adv = opponent's chips - agent's chips), so the max(0, .) switch stays on."""
+    import numpy as np
+
+    from sepo.games import kuhn_exact as K
+    from sepo.stages.sepo_loop import best_response_schedule
+    from sepo.training.objective import advantage_per_round
+
+    cfg, builder, g = build(compose_cfg, "game=kuhn", "sepo.rollouts_per_opponent=2", "sepo.best_response_every=3",
+                            "sepo.best_response_samples=2")
+    agent = ScriptedPolicy(make_strategy(cfg.game, "LooseA"))
+    schedule = best_response_schedule(builder, sepo_settings(cfg))
+    assert [type(r).__name__ for r in schedule.responders] == ["BestResponse"]
+    assert schedule.due(0)
+    cost = schedule.refresh(g, agent, 0)
+    assert cost["best_response/exploit_exact"] == 0.25 and cost["best_response/decisions_sampled"] == 24
+    assert not schedule.due(2) and schedule.due(3)
+
+    state, advs = EstimatorState(), []
+    for b in range(100):
+        batch = builder.collect(g, agent, b, state)
+        (group,) = [grp for grp in batch.groups if grp.opponent == "BestResponse"]
+        assert group.pool == "exploit" and group.exploit_on
+        assert np.abs(group.terms["e"]).sum() > 0 and len(group.records[0].trace) > 0  # trained on
+        advs.append(advantage_per_round(group.records).mean())
+    se = np.std(advs, ddof=1) / np.sqrt(len(advs))  # batches have independent deals (a group shares one)
+    assert abs(np.mean(advs) - 2 * K.exploitability(schedule.responders[0].target)) <= 3 * se
+
+    schedule.save(tmp_path)  # a checkpoint keeps the response, so a resumed run plays the same one
+    _, again, _ = build(compose_cfg, "game=kuhn")
+    resumed = best_response_schedule(again, sepo_settings(cfg))
+    resumed.load(tmp_path)
+    assert resumed.step == 0 and resumed.responders[0].aggression == schedule.responders[0].aggression

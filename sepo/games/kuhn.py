@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round
-from sepo.games.kuhn_exact import INFOSETS, Table, check_table, exploitability, first_seat_payoff, seat_to_move
+from sepo.games.kuhn_exact import (INFOSETS, Table, check_table, exploitability, exploitability_se, first_seat_payoff,
+                                   seat_to_move)
 
 PASS, BET, CALL, FOLD = "PASS", "BET", "CALL", "FOLD"
 CARDS = ("J", "Q", "K")  # index = rank, as OpenSpiel's card numbers 0, 1, 2
@@ -229,17 +230,52 @@ class KuhnPoker(Game):
         return 0.0
 
     # ------------------------------------------------------------------ exact analysis (SPEC section 6)
+    def played_table(self, policy: Any, samples: int | None = None, seed: int = 0) -> "PlayedTable":
+        """The policy's action probabilities at the 12 information sets, as it plays, with SEs."""
+        return played_table(self, policy, samples, seed)
+
     def exact_exploitability(self, policy: Any) -> float:
         """NashConv/2 of `policy` playing both seats, read at the 12 information sets."""
-        return exploitability(policy_table(self, policy), self.ante, self.bet)
+        return self.played_table(policy).exploitability
 
 
 # ------------------------------------------------------------------------------ a policy's table
+@dataclass
+class PlayedTable:
+    """A policy read at Kuhn's 12 information sets, as it plays (hand 1: no history yet).
+
+    `table[key]` is (pass-or-fold, bet-or-call), `se[key]` the standard error of that probability
+    (0 for a scripted strategy, whose table is known exactly), from `samples` sampled answers per
+    information set of which the share `rao_blackwellised` was scored exactly
+    (`sepo.policies.played`).
+    """
+
+    table: Table
+    se: dict[str, float]
+    samples: int = 0
+    rao_blackwellised: float = 1.0
+    ante: float = 1.0
+    bet: float = 1.0
+
+    @property
+    def exploitability(self) -> float:
+        return exploitability(self.table, self.ante, self.bet)
+
+    @property
+    def exploitability_se(self) -> float:
+        return exploitability_se(self.table, self.se, self.ante, self.bet)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bet_or_call": {k: round(float(p[1]), 6) for k, p in self.table.items()},
+                "se": {k: round(float(v), 6) for k, v in self.se.items()},
+                "samples_per_state": self.samples, "rao_blackwellised": round(self.rao_blackwellised, 4)}
+
+
 def table_from_probs(probs: dict[str, dict[str, float]]) -> Table:
     """Infoset key -> {action string: prob} into the (pass/fold, bet/call) table, renormalised.
 
-    A language model's probabilities over the legal action strings need not sum to one exactly
-    (they come from log-probs), so each pair is normalised; an all-zero pair is an error.
+    Estimated probabilities need not sum to one exactly (float sums), so each pair is normalised;
+    an all-zero pair is an error.
     """
     table = {}
     for key, dist in probs.items():
@@ -272,8 +308,17 @@ def infoset_requests(game: "KuhnPoker") -> list[tuple[str, Any]]:
     return out
 
 
-def policy_table(game: "KuhnPoker", policy: Any) -> Table:
-    """The policy's action probabilities at the 12 information sets, asked in one batched call."""
+def played_table(game: "KuhnPoker", policy: Any, samples: int | None = None, seed: int = 0) -> PlayedTable:
+    """The whole table in one batched call of `policy.action_probabilities` (K samples per state)."""
     keyed = infoset_requests(game)
-    dists = policy.action_probabilities([r for _, r in keyed])
-    return table_from_probs({key: dist for (key, _), dist in zip(keyed, dists)})
+    estimates = policy.action_probabilities([r for _, r in keyed], samples=samples, seed=seed)
+    table = table_from_probs({key: e.probs for (key, _), e in zip(keyed, estimates)})
+    aggressive = {key: next(a for a in r.legal if ACTION_INDEX[a] == 1) for key, r in keyed}
+    se = {key: float(e.se[aggressive[key]]) for (key, _), e in zip(keyed, estimates)}
+    return PlayedTable(table, se, int(estimates[0].samples.shape[0]),
+                       float(np.mean([e.rao_blackwellised for e in estimates])), game.ante, game.bet)
+
+
+def policy_table(game: "KuhnPoker", policy: Any) -> Table:
+    """The policy's (estimated) probabilities at the 12 information sets."""
+    return played_table(game, policy).table

@@ -92,6 +92,63 @@ def exploitability(table: Table, ante: float = 1.0, bet: float = 1.0) -> float:
     return nash_conv(table, ante, bet) / 2.0
 
 
+def best_response_table(table: Table, ante: float = 1.0, bet: float = 1.0) -> Table:
+    """The pure best response to `table`, in both seats, as a 12-entry table (OpenSpiel's layout).
+
+    Seat 0's information sets are the histories '' and 'pb', seat 1's are 'p' and 'b', so one table
+    holds the best response of each seat against `table` playing the other. At each information
+    set the action with the larger counterfactual value is taken, PASS/FOLD on a tie (within
+    1e-12): the value is the same either way. Every information set gets an action, reached or not.
+    Its value in seat s is `best_response_value(table, s)`, so its mean over the two seats is the
+    exploitability of `table`.
+    """
+    check_table(table)
+    out: Table = {}
+
+    def walk(br_seat: int, history: str, card: int, weights: dict[int, float]) -> None:
+        if history in TERMINALS:
+            return
+        if seat_to_move(history) == br_seat:
+            values = [_br_value(table, br_seat, history + a, card, weights, ante, bet) for a in "pb"]
+            out[f"{card}{history}"] = np.array([0.0, 1.0]) if values[1] > values[0] + 1e-12 else np.array([1.0, 0.0])
+            for a in "pb":
+                walk(br_seat, history + a, card, weights)
+        else:
+            for i, a in enumerate("pb"):
+                walk(br_seat, history + a, card, {o: w * table[f"{o}{history}"][i] for o, w in weights.items()})
+
+    for br_seat in (0, 1):
+        for card in CARDS:
+            others = [o for o in CARDS if o != card]
+            walk(br_seat, "", card, {o: 1.0 / (len(CARDS) * len(others)) for o in others})
+    return check_table(out)
+
+
+def exploitability_se(table: Table, se: dict[str, float], ante: float = 1.0, bet: float = 1.0,
+                      step: float = 1e-6) -> float:
+    """Standard error of `exploitability(table)` when each entry's bet/call probability carries the
+    standard error `se[key]`, estimated independently per information set (delta method).
+
+    Exploitability is piecewise linear in the table (a max over pure best responses), so its
+    gradient is exact away from ties; at a tie the central difference averages the two slopes.
+    The estimate of a convex function is biased upward by the noise (Jensen): about the SE, at most.
+    """
+    check_table(table)
+    variance = 0.0
+    for key in INFOSETS:
+        if not se.get(key):
+            continue
+        q = float(table[key][1])
+        lo, hi = max(0.0, q - step), min(1.0, q + step)
+        values = []
+        for x in (lo, hi):
+            moved = dict(table)
+            moved[key] = np.array([1.0 - x, x])
+            values.append(exploitability(moved, ante, bet))
+        variance += ((values[1] - values[0]) / (hi - lo) * float(se[key])) ** 2
+    return float(np.sqrt(variance))
+
+
 def game_value(first: Table, second: Table, ante: float = 1.0, bet: float = 1.0) -> float:
     """The first player's expected chips per hand when `first` plays the first seat, `second` the second."""
     check_table(first)

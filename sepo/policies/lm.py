@@ -56,7 +56,9 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 from sepo.games.base import Game
 from sepo.training.logprobs import next_token_logits, token_logprobs
 from sepo.models import chat_template_kwargs, forward_extras
+from sepo.policies import played
 from sepo.policies.base import Decision, DecisionRequest
+from sepo.policies.played import ActionEstimate
 from sepo.profiling import section
 
 #: Logits processors a checkpoint's generation config may switch on (Qwen ships top_k 20, top_p 0.95),
@@ -269,7 +271,8 @@ class LMPolicy:
     """A language model answering decision requests in batches; see the module docstring."""
 
     def __init__(self, model: Any, tokenizer: Any, model_cfg: Any, temperature: float, max_new_tokens: int,
-                 seed: int, batch_size: int = 0, logprob_chunk: int = 32, score_batch: int = 16):
+                 seed: int, batch_size: int = 0, logprob_chunk: int = 32, score_batch: int = 16,
+                 action_samples: int = 128):
         self.model = model
         self.tokenizer = tokenizer
         self.name = f"lm:{model_cfg.get('name', 'model')}"
@@ -284,6 +287,8 @@ class LMPolicy:
         #: log-probs are those of the sampled distribution; greedy decoding records the plain model's
         self.logprob_temperature = self.temperature if self.temperature > 0 else 1.0
         self.seed = int(seed)
+        #: answers sampled per state by `action_probabilities` (K of the played-action estimate)
+        self.action_samples = int(action_samples)
         #: draws the stream of requests that bring none (`rng=None`); checkpoints save its state
         self.generator = torch.Generator().manual_seed(self.seed)
         self.model_cfg = model_cfg
@@ -363,6 +368,20 @@ class LMPolicy:
             self.model.train(was_training)
 
     def _act(self, requests: list[DecisionRequest], return_logprobs: bool) -> list[Decision]:
+        answers, decisions = self._answer(requests)
+        if return_logprobs:
+            for decision, answer in zip(decisions, answers):
+                decision.extras.update(
+                    prompt_ids=torch.tensor(answer.prompt, dtype=torch.long),
+                    gen_ids=torch.tensor(answer.generated, dtype=torch.long),
+                    logprobs=answer.logprobs,
+                    logprob_temperature=self.logprob_temperature,
+                    fallback=not decision.parsed,
+                )
+        return decisions
+
+    def _answer(self, requests: list[DecisionRequest]) -> tuple[list[Answer], list[Decision]]:
+        """Sample, parse and (where nothing parses) fall back: every request's answer and decision."""
         answers: list[Answer] = []
         self._encoded_next = {}
         for part in self._chunks(len(requests)):
@@ -384,17 +403,18 @@ class LMPolicy:
                 forced = self._fallback([requests[i] for i in failed], [answers[i].text for i in failed])
             for i, action in zip(failed, forced):
                 decisions[i].action = action
+        return answers, decisions
 
-        if return_logprobs:
-            for decision, answer in zip(decisions, answers):
-                decision.extras.update(
-                    prompt_ids=torch.tensor(answer.prompt, dtype=torch.long),
-                    gen_ids=torch.tensor(answer.generated, dtype=torch.long),
-                    logprobs=answer.logprobs,
-                    logprob_temperature=self.logprob_temperature,
-                    fallback=not decision.parsed,
-                )
-        return decisions
+    def answer(self, requests: list[DecisionRequest]) -> tuple[list[Answer], list[Decision]]:
+        """Answers and decisions exactly as `act_batch` plays them, for estimates outside an episode
+        (`action_probabilities`): eval mode, and the arena's encoded prompts left as they were."""
+        was_training, encoded = self.model.training, self._encoded
+        self.model.eval()
+        try:
+            return self._answer(requests)
+        finally:
+            self.model.train(was_training)
+            self._encoded = encoded
 
     def shared_prefix_length(self, prompts: Sequence[Sequence[int]]) -> int:
         """Tokens at the start of every prompt that one cached pass can serve for all rows (0: none).
@@ -625,14 +645,25 @@ class LMPolicy:
             k += len(acts)
         return out
 
-    def action_probabilities(self, requests: list[DecisionRequest]) -> list[dict[str, float]]:
-        """The model's probability of each legal action at each request's state (Kuhn exploitability).
+    def action_probabilities(self, requests: list[DecisionRequest], samples: int | None = None,
+                             seed: int | None = None) -> list[ActionEstimate]:
+        """The probability that the policy, as it plays, ends its answer with each legal action, with
+        standard errors: `samples` (default `action_samples`) answers per request, Rao-Blackwellised
+        (`sepo.policies.played`). `seed` (default the policy's) keys the sampling streams, so the
+        same call gives the same estimate. This is what Kuhn poker's exact exploitability reads.
+        """
+        if not requests:
+            return []
+        return played.estimate(self, requests, int(samples or self.action_samples),
+                               self.seed if seed is None else int(seed))
 
-        Definition: the probability of the action's token sequence as the first thing the assistant
-        says after the generation prompt of the request's own prompt (thinking off), under the
-        sampling temperature, renormalised over the legal actions. It is the masked scoring of the
-        constrained fallback read as a distribution; it ignores any reasoning the model would write
-        before its action line.
+    def action_first_probabilities(self, requests: list[DecisionRequest]) -> list[dict[str, float]]:
+        """The probability of each legal action as the FIRST thing the assistant says (thinking off),
+        at the sampling temperature, renormalised over the legal actions.
+
+        Not the policy that plays: a model that reasons before its action line never starts with it.
+        Kept to compare with `action_probabilities` (they agree for a model that answers with the
+        action alone, tested).
         """
         if not requests:
             return []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sepo.policies.base import Decision, DecisionRequest
+from sepo.policies.played import ActionEstimate, exact_estimate
 from sepo.strategies import Strategy
 
 
@@ -14,9 +15,10 @@ class ScriptedPolicy:
     def act_batch(self, requests: list[DecisionRequest]) -> list[Decision]:
         return [Decision(self.strategy.act(r.observation, r.legal, r.rng)) for r in requests]
 
-    def action_probabilities(self, requests: list[DecisionRequest]) -> list[dict[str, float]]:
-        """The strategy's exact distribution over each request's legal actions (exact exploitability).
-
-        Only strategies that define `probs` (all Kuhn strategies) can answer this.
+    def action_probabilities(self, requests: list[DecisionRequest], samples: int | None = None,
+                             seed: int | None = None) -> list[ActionEstimate]:
+        """The strategy's exact distribution over each request's legal actions (standard errors 0;
+        `samples` and `seed` are for sampled policies). Only strategies that define `probs` (all
+        Kuhn strategies) can answer this.
         """
-        return [self.strategy.probs(r.observation, r.legal) for r in requests]
+        return [exact_estimate(self.strategy.probs(r.observation, r.legal)) for r in requests]

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from sepo.arena import EpisodeRecord, play
+from sepo.errors import ConfigError
 from sepo.games import Game, make_game
 from sepo.metrics import POOLS, compute_metrics, pools_of
 from sepo.policies import Policy, ScriptedPolicy
@@ -36,9 +37,16 @@ def evaluate_policy(
     mirrored: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Metrics of `policy` on `game` against `pools` (no file I/O)."""
+    """Metrics of `policy` on `game` against `pools` (no file I/O).
+
+    Where the game has an exact analysis (Kuhn poker), the policy's played table is estimated first
+    (seeded by `seed`, so every checkpoint of a run is read on the same sampling streams): it gives
+    `exploit_exact` with its SE, and it is what a `BestResponse` opponent responds to.
+    """
     names = list(dict.fromkeys(n for pool in POOLS for n in pools[pool]))
     opponents = {n: make_strategy(game.cfg, n, key="game.pools") for n in names}
+    table = played_table_of(game, policy, seed)
+    respond_to_agent(opponents.values(), table)
     first_pool = {}
     for pool in POOLS:
         for n in pools[pool]:
@@ -59,9 +67,10 @@ def evaluate_policy(
         by_opponent[r.opponent].append(r)
 
     result = compute_metrics(game, pools, by_opponent, lambdas)
-    if hasattr(game, "exact_exploitability") and hasattr(policy, "action_probabilities"):
-        result["metrics"]["exploit_exact"] = game.exact_exploitability(policy)
-        result["se"]["exploit_exact"] = 0.0
+    if table is not None:
+        result["metrics"]["exploit_exact"] = table.exploitability
+        result["se"]["exploit_exact"] = table.exploitability_se
+        result["played_table"] = table.to_json()
     result["episodes"] = len(records)
     result["per_episode"] = [
         {"opponent": r.opponent, "index": r.index, "seed": r.seed, "mirror": r.mirror,
@@ -73,6 +82,24 @@ def evaluate_policy(
         for r in records
     ]
     return result
+
+
+def played_table_of(game: Game, policy: Policy, seed: int) -> Any:
+    """The policy's played table where the game can analyse one exactly (Kuhn poker), else None."""
+    if hasattr(game, "played_table") and hasattr(policy, "action_probabilities"):
+        return game.played_table(policy, seed=seed)
+    return None
+
+
+def respond_to_agent(strategies: Any, table: Any) -> None:
+    """Hand the agent's played table to every opponent that responds to it (`BestResponse`)."""
+    for strategy in strategies:
+        if getattr(strategy, "responds_to_agent", False):
+            if table is None:
+                raise ConfigError(f"game.pools: {strategy.name} responds to the agent's played table, which this "
+                                  "game or agent cannot give; allowed: Kuhn poker with a language model or a "
+                                  "scripted agent whose strategy defines its probabilities")
+            strategy.respond_to(table.table)
 
 
 def build_policy(cfg: DictConfig, game: Game) -> Policy:
@@ -89,7 +116,7 @@ def build_policy(cfg: DictConfig, game: Game) -> Policy:
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     return LMPolicy(model, tokenizer, cfg.model, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.generation_seed,
-                    batch_size=cfg.eval.batch_size)
+                    batch_size=cfg.eval.batch_size, action_samples=cfg.eval.action_samples)
 
 
 def write_results(path: Path, cfg: DictConfig, result: dict[str, Any], stage: str,

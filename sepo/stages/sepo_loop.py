@@ -40,6 +40,7 @@ from omegaconf import DictConfig
 from sepo import distributed
 from sepo.stages.evaluate import evaluate_policy, pools_of, write_results
 from sepo.games import Game, make_game
+from sepo.training.best_response import BestResponseSchedule
 from sepo.training.logprobs import token_logprobs
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, quantized_reference
 from sepo.training.objective import EstimatorState, old_policy_kl, sepo_settings, token_loss
@@ -185,19 +186,20 @@ def optimisation_step(model: Any, policy: LMPolicy, optimizer: torch.optim.Optim
 
 # ------------------------------------------------------------------------------ checkpoints
 def save_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, policy: LMPolicy, step: int,
-                    batch_index: int, estimator: EstimatorState) -> Path:
+                    batch_index: int, estimator: EstimatorState, best_response: BestResponseSchedule) -> Path:
     ckpt = out / "checkpoints" / f"step_{step}"
     model.save_pretrained(ckpt / "adapter")
     torch.save({"step": step, "batch_index": batch_index, "optimizer": optimizer.state_dict(),
                 "torch_rng": torch.get_rng_state(), "policy_rng": policy.generator.get_state()},
                ckpt / "train_state.pt")
     (ckpt / "estimator_state.json").write_text(json.dumps(estimator.to_dict()) + "\n")
+    best_response.save(ckpt)
     (out / "checkpoints" / "latest").write_text(f"step_{step}\n")
     return ckpt
 
 
 def load_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, policy: LMPolicy,
-                    estimator: EstimatorState) -> tuple[int, int]:
+                    estimator: EstimatorState, best_response: BestResponseSchedule) -> tuple[int, int]:
     """Restore the latest checkpoint; returns (step, next batch index), or (0, 0) when there is none."""
     pointer = out / "checkpoints" / "latest"
     if not pointer.exists():
@@ -212,6 +214,7 @@ def load_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, pol
     torch.set_rng_state(state["torch_rng"])
     policy.generator.set_state(state["policy_rng"])
     estimator.load(json.loads((ckpt / "estimator_state.json").read_text()))
+    best_response.load(ckpt)
     log.info("resumed from %s (step %d)", ckpt, state["step"])
     return int(state["step"]), int(state["batch_index"])
 
@@ -219,7 +222,7 @@ def load_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, pol
 def evaluate_checkpoint(cfg: DictConfig, game: Game, model: Any, tokenizer: Any, step: int, final: bool) -> dict:
     policy = LMPolicy(model, tokenizer, cfg.model, temperature=float(cfg.eval.temperature),
                       max_new_tokens=int(cfg.eval.max_new_tokens), seed=int(cfg.generation_seed),
-                      batch_size=int(cfg.eval.batch_size))
+                      batch_size=int(cfg.eval.batch_size), action_samples=int(cfg.eval.action_samples))
     result = evaluate_policy(game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval), int(cfg.eval.episodes_per_opponent),
                              int(cfg.seed), mirrored=bool(cfg.game.get("mirrored", False)), progress=bool(cfg.eval.progress))
     path = Path(cfg.paths.output_dir) / "eval" / f"step_{step}" / "results.json"
@@ -233,11 +236,21 @@ def training_parts(cfg: DictConfig, s: DictConfig, model: Any, tokenizer: Any
     (with its adapter attached); the benchmarks take their steps with the very same parts."""
     policy = LMPolicy(model, tokenizer, cfg.model, temperature=float(s.temperature),
                       max_new_tokens=int(s.max_new_tokens), seed=int(cfg.generation_seed),
-                      logprob_chunk=int(s.logprob_chunk))
+                      logprob_chunk=int(s.logprob_chunk), action_samples=int(s.best_response_samples))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=float(s.lr),
                                   weight_decay=float(s.weight_decay))
     estimator = EstimatorState(scale_decay=float(s.adv_scale_decay), switch_episodes=int(s.exploit_switch_episodes))
     return policy, optimizer, estimator, BatchBuilder(cfg, s)
+
+
+def best_response_schedule(builder: BatchBuilder, s: DictConfig) -> BestResponseSchedule:
+    """The run's best-response exploiters and their refresh: the opponents of the pools SEPO plays
+    (train, exploit, collusive) that respond to the agent; one in the robust pool is never played
+    in training, and evaluation gives it the evaluated policy's table."""
+    played = {n for pool in ("train", "exploit", "collusive") for n in builder.pools[pool]}
+    responders = [st for name, st in builder.strategies.items()
+                  if name in played and getattr(st, "responds_to_agent", False)]
+    return BestResponseSchedule(responders, int(s.best_response_every), int(s.best_response_samples), int(s.seed))
 
 
 def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
@@ -250,12 +263,20 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
     # sepo.ref_4bit: the paper's frozen 4-bit reference; by default the reference is the adapter switched off
     ref_model = quantized_reference(model) if s.ref_4bit else None
     policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
-    step, batch_index = load_checkpoint(out, model, optimizer, policy, estimator) if cfg.resume == "auto" else (0, 0)
+    best_response = best_response_schedule(builder, s)
+    step, batch_index = (load_checkpoint(out, model, optimizer, policy, estimator, best_response)
+                         if cfg.resume == "auto" else (0, 0))
     checkpoints = set(int(k) for k in s.checkpoint_steps) | {int(s.steps)}
     kill_after = s.get("debug_kill_after_step")
 
     while step < int(s.steps):
         started = time.time()
+        if best_response.due(step):  # the exploiter answers the policy as it is now
+            cost = best_response.refresh(game, policy, step)
+            tracker.log({f"sepo/{k}": v for k, v in cost.items()}, step=step)
+            log.info("step %d  best response re-read in %.1f s (%d sampled answers): exploit_exact %.3f ± %.3f", step,
+                     cost["best_response/seconds"], cost["best_response/decisions_sampled"],
+                     cost["best_response/exploit_exact"], cost["best_response/exploit_exact_se"])
         batch = builder.collect(game, RecordingPolicy(policy), batch_index, estimator)
         batch_index += 1
         ref = reference_logprobs(model, policy, batch, s, ref_model)
@@ -278,7 +299,7 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
             if step in checkpoints and distributed.is_main():  # the others wait at the barrier below
                 result = evaluate_checkpoint(cfg, game, model, tokenizer, step, final=step == int(s.steps))
                 tracker.log({f"eval/{k}": v for k, v in result["metrics"].items()}, step=step)
-                save_checkpoint(out, model, optimizer, policy, step, batch_index, estimator)
+                save_checkpoint(out, model, optimizer, policy, step, batch_index, estimator, best_response)
             if step in checkpoints:
                 distributed.barrier()
             if kill_after is not None and step == int(kill_after):

@@ -624,7 +624,7 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
         game = make_game(cfg.game)
         policy = LMPolicy(model, tokenizer, merged_cfg, temperature=cfg.eval.temperature,
                           max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.generation_seed,
-                          batch_size=cfg.eval.get("batch_size", 0))
+                          batch_size=cfg.eval.get("batch_size", 0), action_samples=cfg.eval.action_samples)
         result = evaluate_policy(game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval),
                                  int(cfg.eval.episodes_per_opponent), int(cfg.seed),
                                  mirrored=bool(cfg.game.get("mirrored", False)),

@@ -1,5 +1,5 @@
 """Rule-based opponents and demonstrators, registered by game and name (SPEC section 2)."""
 
-from sepo.strategies.base import Strategy, get_strategy, known_strategies, make_strategy, register
+from sepo.strategies.base import Strategy, get_strategy, known_strategies, make_strategy, register, responds_to_agent
 
-__all__ = ["Strategy", "get_strategy", "known_strategies", "make_strategy", "register"]
+__all__ = ["Strategy", "get_strategy", "known_strategies", "make_strategy", "register", "responds_to_agent"]

@@ -87,6 +87,13 @@ def get_strategy(game: str, name: str, key: str = "strategy", params: dict[str, 
     return strategy
 
 
+def responds_to_agent(game: str, name: str) -> bool:
+    """Whether strategy `name` plays against the agent's own table (`BestResponse`): it can sit in
+    an opponent pool only, never be a demonstrator, a datagen opponent or the agent."""
+    _ensure_loaded(game)
+    return bool(getattr(_REGISTRY.get(game, {}).get(name), "responds_to_agent", False))
+
+
 def make_strategy(game_cfg: Any, name: str, key: str = "strategy") -> Strategy:
     """A strategy of the game in `game_cfg`, built with its `strategy_params.<name>` from the config.
 

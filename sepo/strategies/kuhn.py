@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sepo.games.kuhn import ACTION_INDEX, node_of
+from sepo.games.kuhn import ACTION_INDEX, CARDS, node_of
+from sepo.games.kuhn_exact import Table, best_response_table
 from sepo.strategies.base import Strategy, register
 
 HISTORIES = ("", "p", "b", "pb")
@@ -104,3 +105,35 @@ class AlwaysPassQ(KuhnTableStrategy):
     """Demonstrator: NashApx, except that it always passes or folds with Q."""
 
     aggression = {key: (0.0 if key[0] == "Q" else p) for key, p in NashApx.aggression.items()}
+
+
+@register("kuhn", "BestResponse")
+class BestResponse(KuhnTableStrategy):
+    """The exact best response, in both seats, to the agent's played table (an exploiter).
+
+    It needs the agent: whoever plays it calls `respond_to(table)` with the agent's table at the 12
+    information sets first (evaluation: the evaluated policy's played table; SEPO: the current
+    policy's, recomputed every `sepo.best_response_every` steps). Its mean payoff per hand over the
+    two seats is then that table's exploitability (NashConv/2), so as an exploit opponent it
+    carries the gradient of the true exploitability (exploitability descent) instead of reading 0
+    against a policy that a fixed pool cannot beat. The response is to the hand-1 table: against a
+    policy whose later hands depend on the history it is not exactly a best response there.
+    """
+
+    #: evaluation and training call `respond_to` with the agent's table before it plays
+    responds_to_agent = True
+
+    def __init__(self) -> None:
+        self.aggression: dict[tuple[str, str], float] | None = None  # type: ignore[assignment]
+        self.target: Table | None = None
+
+    def respond_to(self, table: Table) -> None:
+        """Become the best response to `table` (the agent's pass/fold, bet/call probabilities)."""
+        self.target = {k: v.copy() for k, v in table.items()}
+        self.aggression = {(CARDS[int(key[0])], key[1:]): float(p[1]) for key, p in best_response_table(table).items()}
+
+    def probs(self, obs: dict[str, Any], legal: list[str]) -> dict[str, float]:
+        if self.aggression is None:
+            raise RuntimeError("BestResponse has no agent table to respond to: call respond_to(table) first "
+                               "(evaluation and SEPO do; it cannot be a demonstrator, a datagen opponent or the agent)")
+        return super().probs(obs, legal)

@@ -45,7 +45,7 @@ from sepo.errors import ConfigError
 from sepo.games import Game, make_game
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.training.reasoning import reasoning_line
-from sepo.strategies.base import make_strategy
+from sepo.strategies.base import make_strategy, responds_to_agent
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ def load_game_cfg(name: str, current: DictConfig | None = None) -> DictConfig:
 
 def datagen_opponents(game_cfg: DictConfig, count: int) -> list[str]:
     """`game.datagen.opponents`, or by default the train pool then the exploit pool, deduplicated,
-    cut at `count` and padded with `game.datagen.random_strategy`.
+    without strategies that respond to the agent's table (no agent plays here), cut at `count` and
+    padded with `game.datagen.random_strategy`.
 
     Opponents are keyed by name, so the random strategy pads at most once: a game whose train and
     exploit pools hold fewer than `count - 1` distinct strategies gets fewer opponents (logged).
@@ -77,7 +78,8 @@ def datagen_opponents(game_cfg: DictConfig, count: int) -> list[str]:
     if listed:
         return list(dict.fromkeys(listed))
     pools = game_cfg.pools
-    names = list(dict.fromkeys([*(pools.get("train") or []), *(pools.get("exploit") or [])]))[:count]
+    names = [n for n in dict.fromkeys([*(pools.get("train") or []), *(pools.get("exploit") or [])])
+             if not responds_to_agent(game_cfg.name, n)][:count]  # a best responder needs the agent's table
     random_name = game_cfg.datagen.random_strategy
     if len(names) < count and random_name not in names:
         names.append(random_name)

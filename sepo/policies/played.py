@@ -1,0 +1,195 @@
+"""The probability that a language model, *as it plays*, ends its answer with each legal action.
+
+An SFT'd model writes a reasoning line first and its action on the last line, so the probability
+of an action as the first thing it says is not its policy (measured on tiny IPD: P(COOPERATE)
+0.294 read that way, 0.630 played). This module estimates the policy that plays: the same prompt,
+sampling temperature, stopping rule, parser and constrained fallback as `LMPolicy.act_batch`.
+
+The estimator (Rao-Blackwellised sampling). For each request, K answers are sampled exactly as in
+play. Each sampled answer X gives one vector w(X) over the legal actions, and the estimate is the
+mean of the K vectors, with SE = std / sqrt(K):
+
+- If X ended with an action line (line l, after the text z before it) and its tokens are those of
+  the tokenizer's own encoding of l: let t be l with the action replaced by a slot. Every legal b
+  whose line t[b] parses as b, stops the answer exactly at its end and fits the token budget gives
+  a complete answer z + t[b]; w(X)[b] is proportional to p(t[b] | prompt, z), scored exactly
+  (teacher-forced, at the sampling temperature).
+- Otherwise (the answer needed the fallback, or the line was written in an unusual tokenization),
+  w(X) is the one-hot vector of the action actually played.
+
+Why it is unbiased: let Z(X) = (z, t) in the first case and Z(X) = X in the second. The answers
+with Z = (z, t) are exactly {z + t[b]}, each of probability P(z) p(t[b] | z), so w(X) is
+P(final action | Z(X)) and its mean over samples is P(final action) (tower rule). It averages out
+the last line's coin flip: with a reasoning line that leaves the action open, one sample gives the
+whole distribution. With temperature 0 the policy is deterministic: one greedy answer, one-hot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sepo.policies.base import DecisionRequest
+
+if TYPE_CHECKING:  # the language-model policy imports torch; this module is used from it
+    from sepo.policies.lm import Answer, LMPolicy
+
+
+@dataclass
+class ActionEstimate:
+    """A policy's probability of ending with each legal action at one state, with standard errors.
+
+    `samples` is [K, |legal|]: one probability vector per sampled answer (their mean is `probs`);
+    `rao_blackwellised` is the share of samples scored exactly rather than counted.
+    """
+
+    probs: dict[str, float]
+    se: dict[str, float]
+    samples: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    rao_blackwellised: float = 0.0
+
+
+def exact_estimate(probs: dict[str, float]) -> ActionEstimate:
+    """A distribution known exactly (a scripted strategy): standard errors 0."""
+    return ActionEstimate(dict(probs), {a: 0.0 for a in probs}, np.array([list(probs.values())]), 1.0)
+
+
+def sample_requests(requests: list[DecisionRequest], samples: int, seed: int) -> list[DecisionRequest]:
+    """K copies of every request, each with its own sampling stream keyed by (seed, request, copy).
+
+    Copies share the request's state (nothing mutates it while answering), so the rules and the
+    history are the same prompt; only the random stream differs.
+    """
+    return [replace(r, rng=np.random.default_rng([int(seed), i, k])) for i, r in enumerate(requests)
+            for k in range(samples)]
+
+
+def action_line_start(text: str) -> int:
+    """Where the last non-empty line of `text` begins (0 when it is the first line)."""
+    stripped = text.rstrip()
+    return stripped.rfind("\n") + 1
+
+
+def line_template(line: str, action: str) -> str | None:
+    """The action line with its (last) action replaced by a slot, or None if the action is not in it."""
+    at = line.rfind(action)
+    if at < 0:
+        return None
+    return line[:at] + "{}" + line[at + len(action):]
+
+
+@dataclass
+class Alternative:
+    """One complete answer z + t[b] that the sampled answer stands for: scored after `context`."""
+
+    action: str
+    tokens: list[int]
+
+
+def alternatives(policy: "LMPolicy", request: DecisionRequest, answer: "Answer", action: str
+                 ) -> tuple[list[int], list[Alternative]] | None:
+    """The context (prompt + z tokens) and the complete alternative answers, or None when the sample
+    is counted instead (the line does not start at a token boundary, or its tokens are not the
+    tokenizer's own encoding of it).
+    """
+    start = action_line_start(answer.text)
+    line = answer.text[start:]
+    template = line_template(line, action)
+    if template is None:
+        return None
+    z = _token_prefix(policy, answer.generated, answer.text[:start])
+    if z is None or answer.generated[z:] != policy.action_ids(line):
+        return None
+    head = answer.view[:len(answer.view) - len(answer.text)] + answer.text[:start]  # what parsing sees before l
+    out = []
+    for b in request.legal:
+        tokens = policy.action_ids(template.format(b))
+        if z + len(tokens) <= policy.max_new_tokens and _stops_exactly_at_end(policy, request, head, tokens, b):
+            out.append(Alternative(b, tokens))
+    if action not in [alt.action for alt in out]:
+        return None  # the sampled answer must be one of its own alternatives; else count it
+    return list(answer.prompt) + list(answer.generated[:z]), out
+
+
+def _token_prefix(policy: "LMPolicy", generated: list[int], text: str) -> int | None:
+    """The number of leading generated tokens whose text is exactly `text`, or None."""
+    if not text:
+        return 0
+    for k in range(len(generated) + 1):
+        decoded = policy.tokenizer.decode(generated[:k], skip_special_tokens=True)
+        if decoded == text:
+            return k
+        if len(decoded) > len(text):
+            return None
+    return None
+
+
+def _stops_exactly_at_end(policy: "LMPolicy", request: DecisionRequest, head: str, tokens: list[int], action: str) -> bool:
+    """Whether the stopping rule, fed `tokens` after `head`, first fires at the last token, on `action`."""
+    from sepo.policies.lm import holds_action
+
+    for j in range(1, len(tokens) + 1):
+        text = head + policy.tokenizer.decode(tokens[:j], skip_special_tokens=True)
+        if holds_action(text, request.game, request.legal):
+            return j == len(tokens) and request.game.parse_action(text, request.legal) == action
+    return False
+
+
+def estimate(policy: "LMPolicy", requests: list[DecisionRequest], samples: int, seed: int) -> list[ActionEstimate]:
+    """`ActionEstimate` of every request from `samples` answers each, then every exact score in one
+    batched scoring pass.
+
+    The K answers of one request are sampled in one generate call: they share the whole prompt, so
+    it is encoded once for all K rows (with `model.prefix_cache`; 2.2x faster than one call for the
+    whole table on tiny Kuhn, whose rows then each encode their own prompt).
+    """
+    if policy.temperature == 0:
+        samples = 1  # greedy decoding: the one answer is the policy
+    copies = sample_requests(requests, samples, seed)
+    answers, decisions = [], []
+    for start in range(0, len(copies), samples):
+        part = policy.answer(copies[start:start + samples])
+        answers += part[0]
+        decisions += part[1]
+
+    rows: list[np.ndarray] = []
+    scored: list[tuple[int, list[Alternative]]] = []  # (row, its alternatives)
+    contexts: list[list[int]] = []
+    for index, (request, answer, decision) in enumerate(zip(copies, answers, decisions)):
+        row = np.zeros(len(request.legal))
+        row[request.legal.index(decision.action)] = 1.0
+        rows.append(row)
+        found = alternatives(policy, request, answer, decision.action) if decision.parsed and policy.temperature > 0 else None
+        if found is not None and len(found[1]) > 1:
+            contexts.append(found[0])
+            scored.append((index, found[1]))
+
+    if scored:
+        scores = policy.action_scores(contexts, [[alt.tokens for alt in alts] for _, alts in scored],
+                                      policy.logprob_temperature)
+        for (index, alts), logp in zip(scored, scores):
+            weights = np.exp(logp.double().numpy() - float(logp.max()))
+            row = np.zeros(len(copies[index].legal))
+            for alt, w in zip(alts, weights / weights.sum()):
+                row[copies[index].legal.index(alt.action)] = w
+            rows[index] = row
+
+    out = []
+    for i, request in enumerate(requests):
+        block = np.stack(rows[i * samples:(i + 1) * samples])
+        mean = block.mean(axis=0)
+        se = block.std(axis=0, ddof=1) / np.sqrt(samples) if samples > 1 else np.zeros_like(mean)
+        exact = sum(1 for index, _ in scored if i * samples <= index < (i + 1) * samples)
+        out.append(ActionEstimate(dict(zip(request.legal, mean.tolist())), dict(zip(request.legal, se.tolist())),
+                                  block, exact / samples))
+    return out
+
+
+def summary(estimates: list[ActionEstimate]) -> dict[str, Any]:
+    """What a results file keeps about an estimate: samples per state and the share scored exactly."""
+    if not estimates:
+        return {}
+    return {"samples_per_state": int(estimates[0].samples.shape[0]),
+            "rao_blackwellised": round(float(np.mean([e.rao_blackwellised for e in estimates])), 4)}
