@@ -114,14 +114,15 @@ def alternatives(policy: "LMPolicy", request: DecisionRequest, answer: "Answer",
 
 
 def _token_prefix(policy: "LMPolicy", generated: list[int], text: str) -> int | None:
-    """The number of leading generated tokens whose text is exactly `text`, or None."""
-    if not text:
-        return 0
-    for k in range(len(generated) + 1):
+    """The number of leading generated tokens whose text is exactly `text`, or None.
+
+    Searched from the end: `text` is everything but the short action line, so a few decodes do.
+    """
+    for k in range(len(generated), -1, -1):
         decoded = policy.tokenizer.decode(generated[:k], skip_special_tokens=True)
         if decoded == text:
             return k
-        if len(decoded) > len(text):
+        if len(decoded) < len(text):
             return None
     return None
 
