@@ -55,7 +55,11 @@ def test_two_processes_take_the_one_process_update_and_write_everything_once(tmp
     moved = max(float(a[k].abs().max()) for k in a if "lora_B" in k)  # LoRA's B starts at zero
     assert moved > 1e-4  # the update is not trivially zero
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
-    assert worst < 1e-6, worst
+    # Adam divides every coordinate by its own gradient scale, so where a gradient is ~0 the rounding
+    # of summing two halves in another order shows in the weights (3.4e-6 of a ~1e-3 update with torch
+    # 2.13 / transformers 5.24; a wrong batch or gradient moves them by the update itself). That the
+    # gradient is the same is checked below, on the logged loss and gradient norm.
+    assert worst < 0.01 * moved, (worst, moved)
     # the same gradient, not merely the same Adam step (Adam would hide a doubled gradient): the loss
     # and the gradient norm before clipping, as logged to W&B, agree step by step
     logged = [training_history(r) for r in (run_one, run_two)]

@@ -126,6 +126,16 @@ _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _PREFIX = re.compile(r"^(final\s+)?(action|answer|decision|demand|bid|move)\s*[:=]\s*", re.IGNORECASE)
 
 
+def think_open(text: str) -> bool:
+    """Whether `text` has a `<think>` without a later `</think>` (the model is still reasoning)."""
+    return text.rfind("<think>") > text.rfind("</think>")
+
+
+def holds_action(text: str, game: "Game", legal: list[str]) -> bool:
+    """The stopping rule of SPEC section 5: a legal action on the last non-empty line, think closed."""
+    return not think_open(text) and game.parse_action(text, legal) is not None
+
+
 def strip_think(text: str) -> str:
     """Drop closed <think> blocks; an unclosed one hides everything after it."""
     text = _THINK.sub("", text)

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from sepo.games.base import Game
+from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the stopping rule; re-exported)
 from sepo.training.logprobs import next_token_logits, token_logprobs
 from sepo.models import chat_template_kwargs, forward_extras
 from sepo.policies import played
@@ -105,16 +105,6 @@ class Answer:
     logprobs: torch.Tensor
     text: str
     view: str
-
-
-def think_open(text: str) -> bool:
-    """Whether `text` has a `<think>` without a later `</think>` (the model is still reasoning)."""
-    return text.rfind("<think>") > text.rfind("</think>")
-
-
-def holds_action(text: str, game: Game, legal: list[str]) -> bool:
-    """The stopping rule of SPEC section 5: a legal action on the last non-empty line, think closed."""
-    return not think_open(text) and game.parse_action(text, legal) is not None
 
 
 def answer_view(prompt_text: str, answer: str) -> str:

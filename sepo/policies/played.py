@@ -27,14 +27,15 @@ whole distribution. With temperature 0 the policy is deterministic: one greedy a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from sepo.games.base import holds_action
 from sepo.policies.base import DecisionRequest
 
-if TYPE_CHECKING:  # the language-model policy imports torch; this module is used from it
-    from sepo.policies.lm import Answer, LMPolicy
+#: `policy` below is an `LMPolicy` and `answer` its `Answer` (sepo/policies/lm.py, which uses this
+#: module: it is not imported here, so that imports go one way)
 
 
 @dataclass
@@ -88,7 +89,7 @@ class Alternative:
     tokens: list[int]
 
 
-def alternatives(policy: "LMPolicy", request: DecisionRequest, answer: "Answer", action: str
+def alternatives(policy: Any, request: DecisionRequest, answer: Any, action: str
                  ) -> tuple[list[int], list[Alternative]] | None:
     """The context (prompt + z tokens) and the complete alternative answers, or None when the sample
     is counted instead (the line does not start at a token boundary, or its tokens are not the
@@ -113,7 +114,7 @@ def alternatives(policy: "LMPolicy", request: DecisionRequest, answer: "Answer",
     return list(answer.prompt) + list(answer.generated[:z]), out
 
 
-def _token_prefix(policy: "LMPolicy", generated: list[int], text: str) -> int | None:
+def _token_prefix(policy: Any, generated: list[int], text: str) -> int | None:
     """The number of leading generated tokens whose text is exactly `text`, or None.
 
     Searched from the end: `text` is everything but the short action line, so a few decodes do.
@@ -127,10 +128,8 @@ def _token_prefix(policy: "LMPolicy", generated: list[int], text: str) -> int | 
     return None
 
 
-def _stops_exactly_at_end(policy: "LMPolicy", request: DecisionRequest, head: str, tokens: list[int], action: str) -> bool:
+def _stops_exactly_at_end(policy: Any, request: DecisionRequest, head: str, tokens: list[int], action: str) -> bool:
     """Whether the stopping rule, fed `tokens` after `head`, first fires at the last token, on `action`."""
-    from sepo.policies.lm import holds_action
-
     for j in range(1, len(tokens) + 1):
         text = head + policy.tokenizer.decode(tokens[:j], skip_special_tokens=True)
         if holds_action(text, request.game, request.legal):
@@ -138,7 +137,7 @@ def _stops_exactly_at_end(policy: "LMPolicy", request: DecisionRequest, head: st
     return False
 
 
-def estimate(policy: "LMPolicy", requests: list[DecisionRequest], samples: int, seed: int) -> list[ActionEstimate]:
+def estimate(policy: Any, requests: list[DecisionRequest], samples: int, seed: int) -> list[ActionEstimate]:
     """`ActionEstimate` of every request from `samples` answers each, then every exact score in one
     batched scoring pass.
 
