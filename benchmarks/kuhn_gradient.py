@@ -14,11 +14,12 @@ agrees with the exact gradient (cosine 0.9), for each credit and group size aske
     python benchmarks/kuhn_gradient.py --results <sft eval>/results.json   # at the SFT model's played table
     python benchmarks/kuhn_gradient.py --results R --batches 2000 --variants return_to_go:4 round:4 return_to_go:8
     python benchmarks/kuhn_gradient.py --results R game.pools.exploit=[NashApx,AlwaysBet] --batches 300  # paper pool
+    python benchmarks/kuhn_gradient.py --results R --variants return_to_go:4 --ascent --optimum 30  # where J points
 
 (Hydra overrides go before the options.)
 
 The last line is a JSON object {"point", "exact": {"grad_J", "grad_exploitability"}, "variants":
-{name: {"estimate", "se", "cosine", "relative_error", "batches_for_cosine_0.9"}}}.
+{name: {"estimate", "se", "cosine", "relative_error", "batches_for_cosine_0.9"}}, ["ascent"], ["optimum"]}.
 """
 
 from __future__ import annotations
@@ -112,6 +113,50 @@ def exact_gradients(theta: np.ndarray, cfg, h: float = 1e-4) -> tuple[np.ndarray
     return g_fixed, g_solved, g_x
 
 
+def table_of(q: np.ndarray):
+    from sepo.games.kuhn_exact import INFOSETS
+
+    return {k: np.array([1.0 - x, x]) for k, x in zip(INFOSETS, q)}
+
+
+def exact_ascent(q0: np.ndarray, cfg, step: float = 0.01, length: float = 1.0) -> list[float]:
+    """Follow the exact gradient of J in table coordinates (steps of `step`, clipped to [0, 1], the
+    best response re-solved at every point); the exploitability after every 0.25 of path length."""
+    q, out = q0.copy(), []
+    for i in range(int(round(length / step))):
+        g = np.zeros(len(q))
+        for j in range(len(q)):
+            up, down = q.copy(), q.copy()
+            up[j], down[j] = min(1.0, q[j] + 1e-5), max(0.0, q[j] - 1e-5)
+            g[j] = (exact_objective(table_of(up), cfg)[0] - exact_objective(table_of(down), cfg)[0]) / (up[j] - down[j])
+        q = np.clip(q + step * g / (np.linalg.norm(g) + 1e-12), 0.0, 1.0)
+        if (i + 1) % int(round(0.25 / step)) == 0:
+            out.append(round(float(exact_objective(table_of(q), cfg)[1]), 4))
+    return out
+
+
+def exact_optimum(cfg, restarts: int, iterations: int = 3000, seed: int = 0) -> dict:
+    """The table that maximises J (random-direction hill climbing from `restarts` uniform starts;
+    J is piecewise smooth in the table), with its J and exploitability."""
+    rng = np.random.default_rng(seed)
+    best = None
+    for _ in range(restarts):
+        q, width = rng.random(12), 0.05
+        value = exact_objective(table_of(q), cfg)[0]
+        for it in range(iterations):
+            candidate = np.clip(q + rng.normal(size=12) * width, 0.0, 1.0)
+            v = exact_objective(table_of(candidate), cfg)[0]
+            if v > value:
+                q, value = candidate, v
+            if it % 500 == 499:
+                width /= 2
+        if best is None or value > best[1]:
+            best = (q, value)
+    q, value = best
+    return {"J": round(float(value), 4), "exploitability": round(float(exact_objective(table_of(q), cfg)[1]), 4),
+            "table": np.round(q, 3).tolist()}
+
+
 def batch_updates(theta: np.ndarray, cfg, batches: int, burn_in: int) -> np.ndarray:
     """[batches, 12]: each batch's unscaled update (sum over decisions of A * d log pi / d theta)."""
     from sepo.games import make_game
@@ -139,6 +184,11 @@ def main() -> None:
     parser.add_argument("--burn-in", type=int, default=20, help="batches that fill the lagged exploit switch first")
     parser.add_argument("--variants", nargs="+", default=["return_to_go:4", "round:4", "return_to_go:8"],
                         help="credit:n pairs (sepo.credit, sepo.rollouts_per_opponent)")
+    parser.add_argument("--ascent", action="store_true",
+                        help="also follow the exact gradient of J from the point: with the best responder, with the "
+                             "paper's exploit pool and payoff-only (exploitability every 0.25 of path length)")
+    parser.add_argument("--optimum", type=int, default=0, metavar="RESTARTS",
+                        help="also find the table maximising J from this many random starts (minutes)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. game.pools.exploit=[NashApx,AlwaysBet])")
     args = parser.parse_args()
 
@@ -181,6 +231,17 @@ def main() -> None:
         out["variants"][variant] = row
         print(f"{variant:16} cosine {row['cosine']:+.3f}  relative error {row['relative_error']:.3f}  "
               f"max |z| {row['max_abs_z']:.2f}  batches for cosine 0.9: {row['batches_for_cosine_0.9']:.0f}")
+    objectives = {"best_responder": [], "paper_pool": ["game.pools.exploit=[NashApx,AlwaysBet]"],
+                  "payoff_only": ["lambdas=zero"]}
+    for name, extra in objectives.items():
+        with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=["game=kuhn", "model=scripted", "logger=none", *args.overrides, *extra])
+        if args.ascent:
+            out.setdefault("ascent", {})[name] = exact_ascent(q, cfg)
+            print(f"exact ascent of J ({name}): exploitability every 0.25 of path {out['ascent'][name]}")
+        if args.optimum and name != "payoff_only":
+            out.setdefault("optimum", {})[name] = exact_optimum(cfg, args.optimum)
+            print(f"argmax J ({name}): {out['optimum'][name]}")
     print(json.dumps(out))
 
 

@@ -35,7 +35,8 @@ the untrained build) exactly as `run_sepo` takes them (fresh rollouts, reference
 one warm-up step, and splits each step's wall time into sections (`sepo.profiling`): prompt
 processing and decoding inside generate, sampling (which records the behaviour log-probs), stopping
 checks, fallback, rendering, reference log-probs, the update's forward pass, backward, optimizer, and
-`other` (arena, games, advantages). Extra arguments are Hydra overrides (e.g. the side-by-side
+`other` (arena, games, advantages), plus `unaccounted` (wall time no section claimed), so the lines
+partition the step. Extra arguments are Hydra overrides (e.g. the side-by-side
 setting `sepo.penalty_mode=per_rollout sepo.rollouts_per_opponent=2 sepo.refresh_steps=1`).
 
 `gpu` (`sepo.gpu_bench`) measures the full-size Gemma 4 and Qwen 3.5 architectures with random
@@ -236,7 +237,11 @@ def step(args: argparse.Namespace) -> dict:
     for h in hooks:
         h.remove()
     per_step = seconds / args.steps
-    breakdown = {k: round(v / args.steps, 3) for k, v in sorted(sections.seconds.items(), key=lambda kv: -kv[1])}
+    # the wall time no section claimed (the loop itself, the profiler's own boundaries) is reported as
+    # its own line, so the breakdown partitions the step whatever the machine's fixed costs
+    claimed = dict(sections.seconds)
+    claimed["unaccounted"] = seconds - sum(claimed.values())
+    breakdown = {k: round(v / args.steps, 3) for k, v in sorted(claimed.items(), key=lambda kv: -kv[1])}
     print(f"{'section':<22}{'s/step':>9}{'share':>8}", file=sys.stderr)
     for k, v in breakdown.items():
         print(f"{k:<22}{v:>9.3f}{v / per_step:>8.1%}", file=sys.stderr)
