@@ -186,10 +186,3 @@ def estimate(policy: Any, requests: list[DecisionRequest], samples: int, seed: i
                                   block, exact / samples))
     return out
 
-
-def summary(estimates: list[ActionEstimate]) -> dict[str, Any]:
-    """What a results file keeps about an estimate: samples per state and the share scored exactly."""
-    if not estimates:
-        return {}
-    return {"samples_per_state": int(estimates[0].samples.shape[0]),
-            "rao_blackwellised": round(float(np.mean([e.rao_blackwellised for e in estimates])), 4)}
