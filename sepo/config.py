@@ -101,6 +101,7 @@ RULES = [
     ("sft pipeline", "sft.seed", SEED),
     ("sepo pipeline", "sepo.steps", _int(1)),
     ("sepo pipeline", "sepo.lr", _real(0.0, strict=True)),
+    ("sepo pipeline", "sepo.lr_final_ratio", (lambda v: _real(0.0)[0](v) and v <= 1.0, "a number in [0, 1]")),
     ("sepo pipeline", "sepo.temperature", _real(0.0, strict=True)),
     ("sepo pipeline", "sepo.max_new_tokens", _int(1)),
     ("sepo pipeline", "sepo.aux_episodes", _int(1)),

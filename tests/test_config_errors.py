@@ -28,6 +28,8 @@ BAD_VALUES = [
     (["stage=sepo", "sepo.checkpoint_steps=[0,5]"], "sepo.checkpoint_steps=[0, 5]"),
     (["stage=sepo", "sepo.rollouts_per_opponent=1"], "sepo.rollouts_per_opponent=1"),
     (["stage=sepo", "sepo.penalty_mode=avg"], "sepo.penalty_mode=avg"),
+    (["stage=sepo", "sepo.lr_schedule=cos"], "sepo.lr_schedule=cos"),
+    (["stage=sepo", "sepo.lr_final_ratio=2"], "sepo.lr_final_ratio=2"),
 ]
 
 

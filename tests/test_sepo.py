@@ -119,7 +119,8 @@ def final_adapter(run):
 
 
 def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
-    args = [*SMALL, "sepo.steps=4", "sepo.checkpoint_steps=[2]", "sepo.refresh_steps=2", "logger=wandb"]
+    args = [*SMALL, "sepo.steps=4", "sepo.checkpoint_steps=[2]", "sepo.refresh_steps=2", "logger=wandb",
+            "sepo.lr_schedule=cosine", "sepo.lr=1e-3"]  # the decayed rate must resume where it was
     proc = cli(*args, "paths.root_dir=" + str(tmp_path / "a"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     (straight,) = run_dirs(tmp_path / "a", "DONE")
@@ -148,6 +149,7 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
     history = [json.loads(line)["history"]["item"] for line in out.splitlines() if '"type":"history"' in line]
     steps = [h for h in history if "sepo/objective" in h]
     assert [h["step"] for h in steps] == [1, 2, 3, 4]
+    assert [h["sepo/lr"] for h in steps] == pytest.approx([1e-3, 0.75e-3, 0.25e-3, 0.0])  # cosine over 4 updates
     for key in ("sepo/kl_ref", "sepo/clip_fraction", "sepo/parse_rate", "sepo/train/u", "sepo/exploit/e",
                 "sepo/collusive/c", "sepo/train/x", "sepo/tokens_generated", "sepo/seconds_per_step", "sepo/adv_scale",
                 "sepo/exploit_on/AlwaysD"):

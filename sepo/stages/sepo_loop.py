@@ -42,6 +42,7 @@ from sepo.stages.evaluate import evaluate_policy, pools_of, write_results
 from sepo.games import Game, make_game
 from sepo.training.best_response import BestResponseSchedule
 from sepo.training.logprobs import token_logprobs
+from sepo.training.lr_schedule import learning_rate, set_learning_rate
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, quantized_reference
 from sepo.training.objective import EstimatorState, old_policy_kl, sepo_settings, token_loss
 from sepo.policies.base import Decision, DecisionRequest
@@ -282,7 +283,9 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
         ref = reference_logprobs(model, policy, batch, s, ref_model)
         tokens = generated_tokens(batch)
         for reuse in range(int(s.refresh_steps)):
-            stats = optimisation_step(model, policy, optimizer, batch, ref, s)
+            lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
+            set_learning_rate(optimizer, lr)
+            stats = {**optimisation_step(model, policy, optimizer, batch, ref, s), "lr": lr}
             step += 1
             if stats["skipped"]:
                 log.warning("step %d: non-finite loss or gradient, update skipped", step)

@@ -36,6 +36,7 @@ from sepo.arena import EpisodeRecord
 from sepo.errors import ConfigError
 from sepo.games.base import AGENT, OPPONENT, Game
 from sepo.metrics import collusive_per_round
+from sepo.training.lr_schedule import LR_SCHEDULES
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,8 @@ TERMS = ("u", "e", "c", "x")
 def sepo_settings(cfg: DictConfig) -> DictConfig:
     """The resolved `sepo` node (game and model defaults are interpolated in conf/sepo/default.yaml), checked."""
     s = OmegaConf.create(OmegaConf.to_container(cfg.sepo, resolve=True))
-    for key, allowed in (("penalty_mode", PENALTY_MODES), ("credit", CREDITS), ("adv_norm", ADV_NORMS)):
+    for key, allowed in (("penalty_mode", PENALTY_MODES), ("credit", CREDITS), ("adv_norm", ADV_NORMS),
+                         ("lr_schedule", LR_SCHEDULES)):
         if s[key] not in allowed:
             raise ConfigError(f"sepo.{key}={s[key]}; allowed: {', '.join(allowed)}")
     n = s.rollouts_per_opponent
