@@ -23,8 +23,12 @@ STATUS_FILE = "launch_status.json"
 
 
 def record_status(run_dir: Path, status: str, detail: str = "") -> None:
-    """status: done | failed | skipped (DONE already present, resume=auto)."""
-    (run_dir / STATUS_FILE).write_text(json.dumps({"status": status, "detail": detail, "time": time.time()}) + "\n")
+    """status: done | failed | skipped (DONE already present, resume=auto); with the job's torch threads
+    (sepo/threads.py), so a sweep's share of the cores can be checked afterwards."""
+    import torch
+
+    record = {"status": status, "detail": detail, "time": time.time(), "torch_threads": torch.get_num_threads()}
+    (run_dir / STATUS_FILE).write_text(json.dumps(record) + "\n")
 
 
 def summarise(sweep_dir: Path, since: float = 0.0) -> dict[str, list[str]]:

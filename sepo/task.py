@@ -23,6 +23,7 @@ from sepo.config import validate
 from sepo.errors import ConfigError
 from sepo.stages import get_stage
 from sepo.sweep import record_status
+from sepo.threads import share_cores
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ def run_task(cfg: DictConfig) -> dict | None:
         record_status(out, "skipped")
         return None
     (out / "FAILED").unlink(missing_ok=True)
+    log.info("%s", share_cores())  # before any torch work: parallel jobs must not fight over the cores
 
     tracker = None
     started = time.time()

@@ -33,8 +33,11 @@ def compose_cfg(tmp_path):
 def cli(tmp_path):
     """cli(*args) -> CompletedProcess of `python main.py args` with outputs under tmp_path."""
 
-    def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    def _run(*args: str, timeout: int = 600, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+        """`env`: variables to set for this run (None unsets one)."""
+        env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0",
+               **(env or {})}
+        env = {k: v for k, v in env.items() if v is not None}
         return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=timeout)
 

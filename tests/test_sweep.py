@@ -26,6 +26,24 @@ def test_two_cheap_jobs_through_each_launcher(cli, tmp_path, launcher):
     assert games == ["ipd", "kuhn"]
 
 
+def job_threads(tmp_path) -> list[int]:
+    return [json.loads(p.read_text())["torch_threads"] for p in (tmp_path / "outputs").rglob("launch_status.json")]
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_parallel_jobs_share_the_cores_and_the_users_setting_wins(cli, tmp_path, launcher):
+    """joblib: cores // n_jobs (2) threads per job; submitit: its cpus_per_task (1); OMP_NUM_THREADS: that."""
+    from joblib import cpu_count
+
+    proc = cli("-m", *LAUNCHERS[launcher], *CHEAP, "game=ipd,kuhn", env={"OMP_NUM_THREADS": None})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert job_threads(tmp_path) == [max(cpu_count() // 2, 1) if launcher == "joblib" else 1] * 2
+
+    explicit = cli("-m", *LAUNCHERS[launcher], *CHEAP, "game=ipd,kuhn", "resume=never", env={"OMP_NUM_THREADS": "3"})
+    assert explicit.returncode == 0, explicit.stderr[-2000:]
+    assert job_threads(tmp_path) == [3, 3]
+
+
 def test_failed_job_is_isolated_and_relaunch_skips_done_jobs(cli, tmp_path):
     args = ["-m", *LAUNCHERS["joblib"], *CHEAP, "model.strategy=TFT,Grim,NotAStrategy"]
     first = cli(*args)
