@@ -26,8 +26,12 @@ METRICS = ("pay", "exploit", "exploit_max", "collusion", "ext", "robust", "safet
 LAMBDAS = ("e", "c", "x")
 PHASES = ("base", "sft", "sepo")  # the table rows a result can fill
 TRAINING_STAGES = ("sft", "sepo", "pipeline")
-ID_COLUMNS = ("game", "model", "stage", "phase", "checkpoint", "step", "seed", "status", "run_dir", "error",
-              "episodes")
+ID_COLUMNS = ("game", "model", "stage", "phase", "checkpoint", "step", "seed", "train_seed", "status", "run_dir",
+              "error", "episodes")
+#: metrics of a checkpoint's validation episodes (`validation.json` beside its results.json) kept as
+#: `valid_<metric>` columns: what `best_sepo` chooses by
+VALIDATION_METRICS = ("safety", "exploit", "exploit_exact")
+CHOICES = ("validation", "reported")  # how the best SEPO checkpoint is chosen (`best_sepo`)
 WANDB_STATES = {"finished": "done", "failed": "failed", "crashed": "failed", "killed": "failed",
                 "running": "running"}
 
@@ -85,7 +89,7 @@ def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     known = set(columns())
     extra = list(dict.fromkeys(k for r in rows for k in r if k not in known and not k.endswith("_se")))
     df = pd.DataFrame(rows, columns=columns(extra))
-    for col in ("step", "seed", "episodes"):
+    for col in ("step", "seed", "train_seed", "episodes"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
     for col in df.columns[len(ID_COLUMNS):]:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
@@ -129,6 +133,15 @@ def run_config(run: Path) -> dict[str, Any]:
             "seed": int(seed) if seed.isdigit() else None}
 
 
+def validation_metrics(path: Path) -> dict[str, float]:
+    """`valid_<metric>` of a checkpoint's validation episodes; empty when it has none (or it is unreadable)."""
+    try:
+        metrics = json.loads(path.read_text())["metrics"]
+    except (OSError, json.JSONDecodeError, KeyError):
+        return {}
+    return {f"valid_{m}": metrics[m] for m in VALIDATION_METRICS if isinstance(metrics.get(m), (int, float))}
+
+
 def collect_dir(root: str | Path) -> pd.DataFrame:
     """Every results.json under `root`, plus one metric-less row per failed run without results."""
     root = Path(root)
@@ -143,7 +156,8 @@ def collect_dir(root: str | Path) -> pd.DataFrame:
         runs_with_results.add(run)
         status, error = run_status(run)
         meta = {**data, "status": status, "error": error, "run_dir": str(run.relative_to(root))}
-        rows.append(make_row(meta, data.get("metrics"), data.get("se"), data.get("lambdas")))
+        metrics = {**(data.get("metrics") or {}), **validation_metrics(path.parent / "validation.json")}
+        rows.append(make_row(meta, metrics, data.get("se"), data.get("lambdas")))
     for marker in sorted(root.rglob("FAILED")):
         run = marker.parent
         if run not in runs_with_results:
@@ -283,25 +297,39 @@ def latest(c: pd.DataFrame, game: str, model: str, phase: str) -> pd.Series | No
     return None if sel.empty else sel.iloc[-1]
 
 
-def selection_safety(cells: pd.DataFrame) -> pd.Series:
+def selection_safety(cells: pd.DataFrame, prefix: str = "") -> pd.Series:
     """The safety that picks the best checkpoint: with the exact exploitability where it is measured.
 
     Kuhn poker's pool exploit max(0, mean) is biased upward by noise (the Nash agent reads 0.13 at 20
     episodes, SPEC 3), so there the pool term is swapped for `exploit_exact`: safety + lambda_e *
-    (exploit - exploit_exact). Elsewhere it is the safety itself.
+    (exploit - exploit_exact). Elsewhere it is the safety itself. `prefix="valid_"`: the same on the
+    checkpoints' validation episodes.
     """
-    if "exploit_exact" not in cells:
-        return cells["safety"]
-    swap = cells["lambda_e"].fillna(0.0) * (cells["exploit"] - cells["exploit_exact"])
-    return cells["safety"] + swap.where(cells["exploit_exact"].notna(), 0.0)
+    safety = cells[f"{prefix}safety"]
+    exact = f"{prefix}exploit_exact"
+    if exact not in cells:
+        return safety
+    swap = cells["lambda_e"].fillna(0.0) * (cells[f"{prefix}exploit"] - cells[exact])
+    return safety + swap.where(cells[exact].notna(), 0.0)
 
 
-def best_sepo(c: pd.DataFrame, game: str, model: str) -> pd.Series | None:
-    """The SEPO checkpoint with the highest safety (the paper's best checkpoint; Kuhn: with the exact
-    exploitability, `selection_safety`); ties -> earliest."""
+def best_sepo(c: pd.DataFrame, game: str, model: str, choose: str = "validation") -> pd.Series | None:
+    """The SEPO checkpoint with the highest safety (Kuhn: with the exact exploitability,
+    `selection_safety`); ties -> earliest. Its `chosen_on` says how it was chosen:
+
+    - `validation` (the default): on the checkpoints' validation episodes, so the reported (test)
+      figures of the chosen checkpoint are not the maximum of noisy estimates, which biases upward;
+    - `reported`: on the reported episodes themselves, the paper's choice. A phase whose
+      checkpoints lack validation episodes (runs from before they existed, W&B) is chosen this way too.
+    """
     sel = phase_cells(c, game, model, "sepo")
     sel = sel[sel["safety"].notna()]
-    return None if sel.empty else sel.loc[selection_safety(sel).idxmax()]
+    if sel.empty:
+        return None
+    validated = choose == "validation" and "valid_safety" in sel and sel["valid_safety"].notna().all()
+    best = sel.loc[selection_safety(sel, "valid_" if validated else "").idxmax()].copy()
+    best["chosen_on"] = "validation" if validated else "reported"
+    return best
 
 
 def failed_phases(df: pd.DataFrame, game: str, model: str) -> set[str]:

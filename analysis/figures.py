@@ -1,10 +1,10 @@
 """Figures of a sweep, as PNG and PDF (matplotlib's Agg backend: no display needed on a cluster).
 
 - `delta_safety`: Safety(best SEPO checkpoint) - Safety(Base) per game, one panel per model (the
-  paper's Figure 1); a game without both cells gets an `n/a` label instead of a zero-height bar.
-- `curve_<run>_<phase>`: exploit and safety against training step for each training run with two or
-  more checkpoints, with standard-error bars, the run's best (highest-safety) checkpoint starred
-  and Base as a dashed line.
+  paper's Figure 1), beside Safety(best SEPO) - Safety(SFT); a game without both cells gets an
+  `n/a` label instead of a zero-height bar.
+- `curve_<game>_<model>`: exploit and safety against SEPO step from step 0 (the SFT model), the
+  mean over seeds with a band of its SE, the chosen best checkpoint starred and Base dashed.
 """
 
 from __future__ import annotations
@@ -36,56 +36,93 @@ def save(fig, stem: Path) -> list[Path]:
     return paths
 
 
-def delta_safety(df: pd.DataFrame, c: pd.DataFrame, stem: Path) -> list[Path]:
-    """ΔSafety = SEPO (best checkpoint) − Base, per game, one panel per model."""
+UNIT = {"kuhn": "per hand"}  # every metric is per round, per hand in Kuhn poker
+
+
+def unit(game: str) -> str:
+    return UNIT.get(game, "per round")
+
+
+def delta_safety(df: pd.DataFrame, c: pd.DataFrame, stem: Path, choose: str) -> list[Path]:
+    """ΔSafety of SEPO's best checkpoint per game, against Base (the paper's Figure 1) and against
+    SFT (what SEPO itself added: on a model whose Base is random weights, nearly all of SEPO − Base
+    is SFT's doing), one panel per model."""
     models = trained_models(df) or ordered(df["model"].dropna().unique(), {})
     games = ordered(df["game"].dropna().unique(), GAMES)
-    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.4), squeeze=False, sharey=True)
     for ax, model in zip(axes[0], models):
         for x, game in enumerate(games):
-            base, sepo = collect.latest(c, game, model, "base"), collect.best_sepo(c, game, model)
-            if base is None or sepo is None or pd.isna(base["safety"]):
-                ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=8, color="grey")
-                continue
-            delta = sepo["safety"] - base["safety"]
-            err = (base["safety_se"] ** 2 + sepo["safety_se"] ** 2) ** 0.5
-            ax.bar(x, delta, yerr=None if pd.isna(err) else err, capsize=3,
-                   color="tab:green" if delta >= 0 else "tab:red")
+            sepo = collect.best_sepo(c, game, model, choose)
+            for offset, (phase, colour) in zip((-0.2, 0.2), (("base", "tab:blue"), ("sft", "tab:orange"))):
+                start = collect.latest(c, game, model, phase)
+                if start is None or sepo is None or pd.isna(start["safety"]):
+                    ax.text(x + offset, 0, "n/a", ha="center", va="bottom", fontsize=7, color="grey")
+                    continue
+                err = (start["safety_se"] ** 2 + sepo["safety_se"] ** 2) ** 0.5
+                ax.bar(x + offset, sepo["safety"] - start["safety"], width=0.4, color=colour, capsize=3,
+                       yerr=None if pd.isna(err) else err, label=f"SEPO − {phase.upper() if phase == 'sft' else 'Base'}")
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(games)), [plain(GAMES.get(g, g)) for g in games], rotation=30)
         ax.set_title(MODELS.get(model, model))
-    axes[0][0].set_ylabel("ΔSafety (SEPO − Base)")
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            ax.legend(dict(zip(labels, handles)).values(), dict(zip(labels, handles)).keys(), fontsize=7)
+    axes[0][0].set_ylabel("ΔSafety (game units per round or hand)")
     fig.tight_layout()
     return save(fig, stem)
 
 
-def training_curves(df: pd.DataFrame, c: pd.DataFrame, out: Path) -> list[Path]:
-    """Exploit and safety against step for every (training run, phase) with stepped checkpoints."""
+def over_seeds(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per step: the mean over runs (seeds) and its SE over runs; one run: its own SE over episodes."""
+    by_step = runs.groupby("step")[metric]
+    out = pd.DataFrame({"mean": by_step.mean(), "runs": by_step.count()})
+    spread = by_step.std(ddof=1) / out["runs"] ** 0.5
+    own = runs.groupby("step")[f"{metric}_se"].mean()
+    out["se"] = spread.where(out["runs"] > 1, own).fillna(0.0)
+    return out.reset_index()
+
+
+def seeds_label(runs: pd.DataFrame) -> str:
+    seeds = sorted({int(s) for s in runs["train_seed"].dropna()})
+    n = runs["run_dir"].nunique()
+    named = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}" if len(seeds) == n else f"{n} run{'s' if n > 1 else ''}"
+    return f"SEPO, {named}" + (" (mean ± SE over seeds)" if n > 1 else " (± SE over episodes)")
+
+
+def training_curves(df: pd.DataFrame, c: pd.DataFrame, out: Path, choose: str = "validation") -> list[Path]:
+    """Exploit and safety against SEPO step for each (game, model), from step 0 (the SFT model): the
+    mean over seeds with a band of ± its SE, Base dashed, the chosen best checkpoint starred."""
     written = []
-    trained = df[df["phase"].isin(["sft", "sepo"]) & df["step"].notna() & df["safety"].notna()]
-    for (run_dir, phase), run in trained.groupby(["run_dir", "phase"], sort=True):
-        if len(run) < 2:  # one checkpoint is a point, not a curve (the tables show it)
+    trained = df[(df["phase"] == "sepo") & df["step"].notna() & df["safety"].notna()]
+    for (game, model), runs in trained.groupby(["game", "model"], sort=True):
+        sft, base = collect.latest(c, game, model, "sft"), collect.latest(c, game, model, "base")
+        if sft is not None:  # every run starts from the SFT model: its point is step 0 of each
+            start = pd.DataFrame([{**sft.to_dict(), "step": 0, "run_dir": r, "train_seed": s}
+                                  for r, s in runs.groupby("run_dir")["train_seed"].first().items()])
+            runs = pd.concat([start[runs.columns.intersection(start.columns)], runs], ignore_index=True)
+        if runs["step"].nunique() < 2:  # one point is not a curve (the tables show it)
             continue
-        run = run.sort_values("step")
-        best = run.loc[run["safety"].idxmax()]
-        game, model = best["game"], best["model"]
-        base = collect.latest(c, game, model, "base")
-        fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+        runs = runs.astype({"step": float})
+        best = collect.best_sepo(c, game, model, choose)
+        fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
         for ax, metric in zip(axes, ("exploit", "safety")):
-            ax.errorbar(run["step"].astype(float), run[metric], yerr=run[f"{metric}_se"].fillna(0),
-                        marker="o", capsize=2, label=phase.upper())
-            ax.plot([best["step"]], [best[metric]], marker="*", markersize=14, color="gold",
-                    markeredgecolor="black", linestyle="none", zorder=3, label=f"best ({best['checkpoint']})")
+            line = over_seeds(runs, metric)
+            ax.plot(line["step"], line["mean"], marker="o", markersize=3, label=seeds_label(runs))
+            ax.fill_between(line["step"], line["mean"] - line["se"], line["mean"] + line["se"], alpha=0.25)
+            if best is not None:
+                ax.plot([float(best["step"])], [best[metric]], marker="*", markersize=13, color="gold",
+                        markeredgecolor="black", linestyle="none", zorder=3,
+                        label=f"best checkpoint (chosen on {best['chosen_on']} episodes)")
             if base is not None and pd.notna(base[metric]):
-                ax.axhline(base[metric], color="grey", linestyle="--", label="Base")
-            ax.set_xlabel("training step")
-            ax.set_ylabel(metric)
+                ax.axhline(base[metric], color="grey", linestyle="--", label="Base (untrained)")
+            ax.set_xlabel("SEPO step (0: the SFT model)")
+            ax.set_ylabel(f"{metric} ({unit(game)})")
         axes[1].legend(fontsize=7)
-        fig.suptitle(f"{plain(GAMES.get(game, game))} · {MODELS.get(model, model)} · {phase} · {run_dir}", fontsize=8)
+        fig.suptitle(f"{plain(GAMES.get(game, game))} · {MODELS.get(model, model)}", fontsize=9)
         fig.tight_layout()
-        written += save(fig, out / f"curve_{re.sub(r'[^A-Za-z0-9.=-]+', '_', run_dir)}_{phase}")
+        written += save(fig, out / f"curve_{re.sub(r'[^A-Za-z0-9.=-]+', '_', f'{game}_{model}')}")
     return written
 
 
-def write_figures(df: pd.DataFrame, c: pd.DataFrame, out: Path) -> list[Path]:
-    return delta_safety(df, c, out / "delta_safety") + training_curves(df, c, out)
+def write_figures(df: pd.DataFrame, c: pd.DataFrame, out: Path, choose: str = "validation") -> list[Path]:
+    return delta_safety(df, c, out / "delta_safety", choose) + training_curves(df, c, out, choose)

@@ -89,7 +89,7 @@ def fmt(value: float, se: float, metric: str, with_se: bool) -> str:
     return text + (rf" $\pm$ {se:.3f}" if (with_se or metric in ALWAYS_SE) and pd.notna(se) else "")
 
 
-def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: Layout):
+def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: Layout, choose: str):
     """(label, ckpt, cell or None, missing marker) for each row of one model group."""
     failed = collect.failed_phases(df, game, model)
     missing = {p: FAILED if p in failed else NOT_RUN for p in collect.PHASES}
@@ -100,7 +100,7 @@ def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: La
             yield ("Eval" if scripted else label), "---", cell, missing[phase]
     if scripted:
         return
-    best = collect.best_sepo(c, game, model)
+    best = collect.best_sepo(c, game, model, choose)
     final = collect.phase_cells(c, game, model, "sepo")
     final = final[final["checkpoint"] == "final"]
     sepo = [best]
@@ -133,7 +133,7 @@ def render(shown: pd.DataFrame, bold: pd.DataFrame, column_format: str, caption:
                             position="t", position_float="centering")
     width = shown.shape[1]
     latex = re.sub(rf"^{GROUP}([^&]*?)\s*(&\s*)*\\\\$",
-                   lambda m: rf"\midrule" + "\n" + rf"\multicolumn{{{width}}}{{@{{}}l}}{{\textit{{{m.group(1)}}}}} \\",
+                   lambda m: r"\midrule" + "\n" + rf"\multicolumn{{{width}}}{{@{{}}l}}{{\textit{{{m.group(1)}}}}} \\",
                    latex, flags=re.M)
     return latex.replace("\\midrule\n\\midrule\n", "\\midrule\n")
 
@@ -143,19 +143,21 @@ def notes_for(shown: pd.DataFrame) -> str:
     return (" " + "; ".join(used) + ".") if used else ""
 
 
-def game_table(df: pd.DataFrame, c: pd.DataFrame, game: str, with_se: bool = False) -> str:
+def game_table(df: pd.DataFrame, c: pd.DataFrame, game: str, with_se: bool = False, choose: str = "validation") -> str:
     """The paper's per-game table: a group of Base / SFT / SEPO rows per model."""
     layout = LAYOUTS.get(game, DEFAULT)
     cols = [col for col in layout.columns if col.metric in c.columns
             and (col.metric != "exploit_exact" or c.loc[c["game"] == game, col.metric].notna().any())]
     models = trained_models(df) + ordered(
         (m for m in df.loc[df["game"] == game, "model"].dropna().unique() if m.startswith("scripted:")), {})
-    shown, values, groups = [], [], []
+    shown, values, groups, chosen_on = [], [], [], set()
     for model in models:
         shown.append({"Model": GROUP + model_name(model)})
         values.append({})
         groups.append(model)
-        for label, ckpt, cell, missing in rows_of(df, c, game, model, layout):
+        for label, ckpt, cell, missing in rows_of(df, c, game, model, layout, choose):
+            if cell is not None and "chosen_on" in cell:
+                chosen_on.add(cell["chosen_on"])
             row = {"Model": label} | ({"Ckpt": ckpt} if layout.ckpt_column else {})
             vals = {}
             for col in cols:
@@ -174,8 +176,18 @@ def game_table(df: pd.DataFrame, c: pd.DataFrame, game: str, with_se: bool = Fal
     bold = bold_mask(values, pd.Series(groups, index=shown.index), cols).reindex(columns=shown.columns, fill_value=False)
     lead = "ll" if layout.ckpt_column else "l"
     caption = (f"{game_name(game)} results. Best value per model in bold; SEPO at its highest-safety checkpoint"
-               + (", and the final one" if layout.ckpt_column else "") + "." + notes_for(shown))
+               + choice_note(chosen_on) + (", and the final one" if layout.ckpt_column else "") + "."
+               + notes_for(shown))
     return render(shown, bold, f"@{{}}{lead}{'c' * len(cols)}@{{}}", caption, f"tab:{game}")
+
+
+def choice_note(chosen_on: set[str]) -> str:
+    """How the table's SEPO checkpoints were chosen, for its caption."""
+    notes = {"validation": " on validation episodes (reported on the test episodes)",
+             "reported": " chosen on the reported episodes themselves (the paper's choice: biased upward)"}
+    if chosen_on == {"validation", "reported"}:
+        return " (on validation episodes where the run has them, else on the reported ones: biased upward)"
+    return "".join(notes[c] for c in chosen_on)
 
 
 def verdict(base: float, sepo: float) -> str:
@@ -186,15 +198,17 @@ def verdict(base: float, sepo: float) -> str:
     return r"$\checkmark$" if sepo < base else r"$\times$" if sepo > base else "$=$"
 
 
-def degradation_table(df: pd.DataFrame, c: pd.DataFrame, with_se: bool = False) -> str:
+def degradation_table(df: pd.DataFrame, c: pd.DataFrame, with_se: bool = False, choose: str = "validation") -> str:
     """Exploit by stage for every game and model (SEPO at its highest-safety checkpoint)."""
-    shown, values = [], []
+    shown, values, chosen_on = [], [], set()
     stages = ("Base", "SFT", "SEPO")
     for game in ordered(df["game"].dropna().unique(), GAMES):
         for model in trained_models(df):
             failed = collect.failed_phases(df, game, model)
             cells_ = {"Base": collect.latest(c, game, model, "base"), "SFT": collect.latest(c, game, model, "sft"),
-                      "SEPO": collect.best_sepo(c, game, model)}
+                      "SEPO": collect.best_sepo(c, game, model, choose)}
+            if cells_["SEPO"] is not None:
+                chosen_on.add(cells_["SEPO"]["chosen_on"])
             row, vals = {"Game": game_name(game), "Model": model_name(model)}, {}
             for stage, phase in zip(stages, collect.PHASES):
                 cell = cells_[stage]
@@ -213,12 +227,12 @@ def degradation_table(df: pd.DataFrame, c: pd.DataFrame, with_se: bool = False) 
     best = values.round(3).min(axis=1).where(values.notna().sum(axis=1) > 1)
     bold = values.round(3).eq(best, axis=0).reindex(columns=shown.columns, fill_value=False)
     caption = ("Exploit across training stages (lower is better; best per row in bold). SEPO at its "
-               r"highest-safety checkpoint; vs.\ Base: $\checkmark$ SEPO lower, $\times$ higher, $=$ equal."
+               r"highest-safety checkpoint" + choice_note(chosen_on) + r"; vs.\ Base: $\checkmark$ SEPO lower, $\times$ higher, $=$ equal."
                + notes_for(shown))
     return render(shown, bold, "@{}llcccc@{}", caption, "tab:sft_degradation")
 
 
-def write_all(df: pd.DataFrame, out: Path, with_se: bool = False) -> list[Path]:
+def write_all(df: pd.DataFrame, out: Path, with_se: bool = False, choose: str = "validation") -> list[Path]:
     """Every table, the CSV and the figures into `out`; returns the paths written."""
     from analysis import figures  # matplotlib is only needed here
 
@@ -227,16 +241,16 @@ def write_all(df: pd.DataFrame, out: Path, with_se: bool = False) -> list[Path]:
     written = []
     for game in ordered(df["game"].dropna().unique(), GAMES):
         path = out / f"table_{game}.tex"
-        path.write_text(game_table(df, c, game, with_se))
+        path.write_text(game_table(df, c, game, with_se, choose))
         written.append(path)
     if trained_models(df):  # a sweep of scripted agents only has no stages to compare
         path = out / "sft_degradation.tex"
-        path.write_text(degradation_table(df, c, with_se))
+        path.write_text(degradation_table(df, c, with_se, choose))
         written.append(path)
     path = out / "results.csv"
     df.sort_values(["game", "model", "phase", "step", "run_dir"], na_position="first", kind="stable").to_csv(path, index=False)
     written.append(path)
-    written += figures.write_figures(df, c, out / "figures")
+    written += figures.write_figures(df, c, out / "figures", choose)
     return written
 
 
@@ -246,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output directory (default: <sweep dir>/tables)")
     parser.add_argument("--se", action="store_true", help="print ± standard errors in the tables")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="collect runs from W&B instead of a directory")
+    parser.add_argument("--choose", choices=collect.CHOICES, default="validation",
+                        help="how SEPO's best checkpoint is chosen: on its validation episodes (default), or on the "
+                             "reported episodes themselves (the paper's choice, biased upward)")
     args = parser.parse_args(argv)
     if args.sweep_dir is None and args.wandb is None:
         parser.error("give a sweep dir, or --wandb entity/project")
@@ -257,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    written = write_all(df, out, args.se)
+    written = write_all(df, out, args.se, args.choose)
     counts = df["status"].value_counts().to_dict()
     print(f"{len(df)} rows ({', '.join(f'{n} {s}' for s, n in counts.items())}); wrote {len(written)} files to {out}")
     for path in written:

@@ -81,6 +81,7 @@ RULES = [
     ("eval sft sepo pipeline", "eval.max_new_tokens", _int(1)),
     ("eval sft sepo pipeline", "eval.batch_size", _int(0)),
     ("eval sft sepo pipeline", "eval.action_samples", _int(2)),
+    ("sepo pipeline", "eval.validation_seed", SEED),
     ("datagen sft pipeline", "datagen.seed", SEED),
     ("datagen sft pipeline", "datagen.num_opponents", _int(1)),
     ("datagen sft pipeline", "datagen.multi_per_game", _int(1)),
@@ -225,6 +226,10 @@ def validate(cfg: DictConfig) -> None:
     _require(0.0 < cfg.datagen.valid_fraction < 1.0,
              f"datagen.valid_fraction={cfg.datagen.valid_fraction} is not allowed; allowed: a number in (0, 1)")
     check_rules(cfg)
+    if cfg.stage.name in ("sepo", "pipeline"):
+        _require(cfg.eval.validation_seed != cfg.seed,
+                 f"eval.validation_seed={cfg.eval.validation_seed} is not allowed with seed={cfg.seed}; allowed: any other "
+                 "seed (the checkpoint is chosen on validation episodes kept apart from the reported ones)")
     check_paths(cfg)
     # the stages' own checks (enumerations, cross-key rules), run now so they too come before any work
     if cfg.stage.name in ("sft", "pipeline"):

@@ -306,3 +306,34 @@ def test_kuhn_tables_show_the_exact_exploitability_with_its_standard_error():
     table = tables.game_table(df, collect.cells(df), "kuhn")
     assert r"0.104 $\pm$ 0.010" in table and r"0.061 $\pm$ 0.007" in table
     assert r"0.100 $\pm$" not in table  # pay keeps the plain layout without --se
+
+
+def test_the_best_checkpoint_is_chosen_on_validation_episodes_and_reported_on_the_test_ones(tmp_path):
+    """step_5 is the best on the reported episodes (noise), final on the validation ones: the default
+    reports final's test figures; `--choose reported` (the paper's choice) gives step_5; a run
+    without validation episodes falls back to the paper's choice and says so."""
+    run = tmp_path / "sweep" / "game=ipd" / "seed_42"
+    for ckpt, step, test, valid in (("step_5", 5, 2.0, 0.5), ("final", 10, 1.0, 1.5)):
+        for name, safety, split, seed in (("results.json", test, "test", 42), ("validation.json", valid, "validation", 7)):
+            path = run / "eval" / f"step_{step}" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"game": "ipd", "model": "tiny", "stage": "sepo", "checkpoint": ckpt, "step": step,
+                                        "split": split, "seed": seed, "train_seed": 0, "lambdas": {"e": 1, "c": 1, "x": 1},
+                                        "metrics": {"safety": safety, "exploit": 0.1}, "se": {"safety": 0.2}}))
+    (run / "DONE").write_text("{}\n")
+    df = collect.collect_dir(tmp_path / "sweep")
+    assert len(df) == 2 and sorted(df["valid_safety"]) == [0.5, 1.5] and set(df["train_seed"]) == {0}
+    c = collect.cells(df)
+    chosen = collect.best_sepo(c, "ipd", "tiny")
+    assert (chosen["checkpoint"], chosen["safety"], chosen["chosen_on"]) == ("final", 1.0, "validation")
+    paper = collect.best_sepo(c, "ipd", "tiny", "reported")
+    assert (paper["checkpoint"], paper["safety"], paper["chosen_on"]) == ("step_5", 2.0, "reported")
+
+    latex = tables.game_table(df, c, "ipd")
+    assert "SEPO (final)" in latex and "on validation episodes" in latex
+    assert "SEPO (step 5)" in tables.game_table(df, c, "ipd", choose="reported")
+    assert "the paper's choice" in tables.game_table(df, c, "ipd", choose="reported")
+
+    (run / "eval" / "step_5" / "validation.json").unlink()  # an older run: no validation episodes
+    fallback = collect.best_sepo(collect.cells(collect.collect_dir(tmp_path / "sweep")), "ipd", "tiny")
+    assert (fallback["checkpoint"], fallback["chosen_on"]) == ("step_5", "reported")

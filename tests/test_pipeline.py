@@ -20,6 +20,12 @@ def test_pipeline_runs_every_phase_and_writes_the_tables(cli, tmp_path):
     assert set(results) == {"base/eval/base/results.json", "sft/eval/sft/results.json",
                             "sepo/eval/step_1/results.json", "sepo/eval/step_2/results.json"}
     assert [results[k]["stage"] for k in sorted(results)] == ["base", "sepo", "sepo", "sft"]
+    for step in (1, 2):  # every SEPO checkpoint also played the validation episodes that choose the best one
+        valid = json.loads((run / "sepo" / "eval" / f"step_{step}" / "validation.json").read_text())
+        test = results[f"sepo/eval/step_{step}/results.json"]
+        assert (valid["split"], valid["seed"], test["split"], test["seed"]) == ("validation", 1000003, "test", 42)
+        assert valid["per_episode"] != test["per_episode"] and valid["train_seed"] == test["train_seed"] == 42
+    assert "Δ SEPO−SFT" in proc.stdout and "…" not in proc.stdout
     assert (run / "sft" / "merged" / "model.safetensors").exists() and (run / "sepo" / "adapter").is_dir()
     table = (run / "tables" / "table_ipd.tex").read_text()
     for row in ("Base &", "SFT &", "SEPO ("):

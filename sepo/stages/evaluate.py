@@ -120,20 +120,29 @@ def build_policy(cfg: DictConfig, game: Game) -> Policy:
 
 
 def write_results(path: Path, cfg: DictConfig, result: dict[str, Any], stage: str,
-                  checkpoint: str | None = None, step: int | None = None) -> dict[str, Any]:
+                  checkpoint: str | None = None, step: int | None = None, split: str = "test") -> dict[str, Any]:
+    """`split`: test (the episodes of `seed`, which the tables report) or validation (`eval.validation_seed`)."""
     payload = {
         "game": cfg.game.name,
         "model": cfg.model.name if cfg.model.name != "scripted" else f"scripted:{cfg.model.strategy or cfg.game.reference_strategy}",
         "stage": stage,
         "checkpoint": checkpoint,
         "step": step,
-        "seed": int(cfg.seed),
+        "split": split,
+        "seed": int(cfg.seed) if split == "test" else int(cfg.eval.validation_seed),
+        "train_seed": train_seed(cfg, stage),
         "lambdas": OmegaConf.to_container(cfg.lambdas.eval, resolve=True),
         **result,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return payload
+
+
+def train_seed(cfg: DictConfig, stage: str) -> int | None:
+    """The training run's own seed (`sft.seed`, `sepo.seed`): runs of a sweep over it differ only there."""
+    seed = OmegaConf.select(cfg, f"{stage}.seed", default=None) if stage in ("sft", "sepo") else None
+    return None if seed is None else int(seed)
 
 
 def run_eval(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:

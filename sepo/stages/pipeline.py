@@ -82,27 +82,7 @@ def run_pipeline(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[
     tables_main([str(out), "--out", str(out / "tables")])
     table = sorted((out / "tables").glob("table_*.tex"))
     summary = {"run_dir": str(out), "tables": [str(t) for t in table]}
+    from analysis.terminal import print_summary
+
     print_summary(out)
     return summary
-
-
-def print_summary(out: Path) -> None:
-    """The pipeline's results as a terminal table: one row per evaluated checkpoint."""
-    from analysis.collect import collect_dir
-    from rich.console import Console
-    from rich.table import Table
-
-    frame = collect_dir(out)
-    frame = frame.assign(order=frame["phase"].map({"base": 0, "sft": 1, "sepo": 2})).sort_values(["order", "step"])
-    columns = ["pay", "exploit", "collusion", "ext", "safety", "nra", "parse_rate"]
-    if "exploit_exact" in frame and frame["exploit_exact"].notna().any():  # Kuhn poker (SPEC 6)
-        columns.insert(2, "exploit_exact")
-    table = Table(title=f"SEPO pipeline: {out}")
-    table.add_column("phase")
-    table.add_column("checkpoint")
-    for c in columns:
-        table.add_column(c, justify="right")
-    for _, row in frame.iterrows():
-        table.add_row(str(row.get("phase")), str(row.get("checkpoint")),
-                      *[f"{row[c]:+.3f}±{row[c + '_se']:.3f}" if row.get(c) == row.get(c) else "--" for c in columns])
-    Console(width=120).print(table)

@@ -221,13 +221,21 @@ def load_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, pol
 
 
 def evaluate_checkpoint(cfg: DictConfig, game: Game, model: Any, tokenizer: Any, step: int, final: bool) -> dict:
-    policy = LMPolicy(model, tokenizer, cfg.model, temperature=float(cfg.eval.temperature),
-                      max_new_tokens=int(cfg.eval.max_new_tokens), seed=int(cfg.generation_seed),
-                      batch_size=int(cfg.eval.batch_size), action_samples=int(cfg.eval.action_samples))
-    result = evaluate_policy(game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval), int(cfg.eval.episodes_per_opponent),
-                             int(cfg.seed), mirrored=bool(cfg.game.get("mirrored", False)), progress=bool(cfg.eval.progress))
-    path = Path(cfg.paths.output_dir) / "eval" / f"step_{step}" / "results.json"
-    return write_results(path, cfg, result, stage="sepo", checkpoint="final" if final else f"step_{step}", step=step)
+    """The checkpoint on the test episodes (`seed`: results.json, what the tables report) and on the
+    validation episodes (`eval.validation_seed`: validation.json, what picks the best checkpoint)."""
+    out = Path(cfg.paths.output_dir) / "eval" / f"step_{step}"
+    checkpoint = "final" if final else f"step_{step}"
+    for split, seed, name in (("validation", int(cfg.eval.validation_seed), "validation.json"),
+                              ("test", int(cfg.seed), "results.json")):
+        policy = LMPolicy(model, tokenizer, cfg.model, temperature=float(cfg.eval.temperature),
+                          max_new_tokens=int(cfg.eval.max_new_tokens),
+                          seed=int(cfg.generation_seed) if split == "test" else seed,
+                          batch_size=int(cfg.eval.batch_size), action_samples=int(cfg.eval.action_samples))
+        result = evaluate_policy(game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval),
+                                 int(cfg.eval.episodes_per_opponent), seed,
+                                 mirrored=bool(cfg.game.get("mirrored", False)), progress=bool(cfg.eval.progress))
+        payload = write_results(out / name, cfg, result, stage="sepo", checkpoint=checkpoint, step=step, split=split)
+    return payload
 
 
 # ------------------------------------------------------------------------------ the stage
