@@ -25,6 +25,7 @@ METRICS = ("pay", "exploit", "exploit_max", "collusion", "ext", "robust", "safet
            "exploit_exact")
 LAMBDAS = ("e", "c", "x")
 PHASES = ("base", "sft", "sepo")  # the table rows a result can fill
+PAYOFF_ONLY = "payoff_only"  # the row of a SEPO run trained with every lambda 0 (`lambdas=zero`)
 TRAINING_STAGES = ("sft", "sepo", "pipeline")
 ID_COLUMNS = ("game", "model", "stage", "phase", "checkpoint", "step", "seed", "train_seed", "status", "run_dir",
               "error", "episodes")
@@ -52,13 +53,16 @@ def trained_models(df: pd.DataFrame) -> list[str]:
     return ordered((m for m in df["model"].dropna().unique() if not m.startswith("scripted:")), MODELS)
 
 
-def phase_of(stage: str | None, checkpoint: str | None) -> str | None:
+def phase_of(stage: str | None, checkpoint: str | None, lambdas_train: dict[str, Any] | None = None) -> str | None:
     """The table row a result fills.
 
-    Training runs name the phase in `stage` (base, sft, sepo). A standalone `eval` of a model with no
-    checkpoint is an untrained model, hence Base. A failed `pipeline` run may have failed in any
-    phase, so it is `all`: the tables mark every cell it left empty as failed.
+    Training runs name the phase in `stage` (base, sft, sepo); a SEPO run trained with every lambda 0
+    is the payoff-only baseline. A standalone `eval` of a model with no checkpoint is an untrained
+    model, hence Base. A failed `pipeline` run may have failed in any phase, so it is `all`: the
+    tables mark every cell it left empty as failed.
     """
+    if stage == "sepo" and lambdas_train and not any(float(v) for v in lambdas_train.values()):
+        return PAYOFF_ONLY
     if stage in PHASES:
         return stage
     if stage == "eval" and not checkpoint:
@@ -77,7 +81,7 @@ def make_row(meta: dict[str, Any], metrics: dict[str, Any] | None = None, se: di
              lambdas: dict[str, Any] | None = None) -> dict[str, Any]:
     """One flat row; both collectors go through here so their columns cannot drift apart."""
     row = {k: meta.get(k) for k in ID_COLUMNS}
-    row["phase"] = phase_of(row["stage"], row["checkpoint"])
+    row["phase"] = phase_of(row["stage"], row["checkpoint"], meta.get("lambdas_train"))
     row.update({f"lambda_{k}": (lambdas or {}).get(k) for k in LAMBDAS})
     row.update({m: v for m, v in (metrics or {}).items() if isinstance(v, (int, float))})
     row.update({f"{m}_se": v for m, v in (se or {}).items() if isinstance(v, (int, float))})
@@ -266,8 +270,9 @@ def metric_columns(df: pd.DataFrame) -> list[str]:
 def cells(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (game, model, phase, checkpoint): the mean over the runs that share it (seeds).
 
-    The SE of a mean of n independent estimates is sqrt(sum se_i^2) / n. Rows without any metric
-    (failed runs) are left out; `failed_phases` accounts for them.
+    Its SE: over runs (their spread / sqrt(n)) when there are several, which holds the training
+    noise of each seed as well as the evaluation's; one run's own SE over episodes otherwise. Rows
+    without any metric (failed runs) are left out; `failed_phases` accounts for them.
     """
     metrics = metric_columns(df)
     ses = [f"{m}_se" for m in metrics]
@@ -276,8 +281,12 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
     d["checkpoint"] = d["checkpoint"].fillna("")
     by = [d[k] for k in keys]
     out = d[metrics].groupby(by, sort=False).mean()
-    out[ses] = ((d[ses] ** 2).groupby(by, sort=False).sum(min_count=1) ** 0.5
-                / d[ses].notna().groupby(by, sort=False).sum().replace(0, float("nan")))
+    runs = d.groupby(by, sort=False).size()
+    over_runs = d[metrics].groupby(by, sort=False).std(ddof=1).div(runs ** 0.5, axis=0)
+    over_runs.columns = ses
+    out[ses] = d[ses].groupby(by, sort=False).mean()  # one run: its own SE over episodes
+    several = runs > 1
+    out.loc[several, ses] = over_runs.loc[several, ses]
     out["step"] = d["step"].groupby(by, sort=False).max()
     for k in LAMBDAS:  # the evaluation lambdas (the same for every run of a cell)
         out[f"lambda_{k}"] = d[f"lambda_{k}"].groupby(by, sort=False).first()
@@ -313,7 +322,8 @@ def selection_safety(cells: pd.DataFrame, prefix: str = "") -> pd.Series:
     return safety + swap.where(cells[exact].notna(), 0.0)
 
 
-def best_sepo(c: pd.DataFrame, game: str, model: str, choose: str = "validation") -> pd.Series | None:
+def best_sepo(c: pd.DataFrame, game: str, model: str, choose: str = "validation", phase: str = "sepo"
+              ) -> pd.Series | None:
     """The SEPO checkpoint with the highest safety (Kuhn: with the exact exploitability,
     `selection_safety`); ties -> earliest. Its `chosen_on` says how it was chosen:
 
@@ -322,7 +332,7 @@ def best_sepo(c: pd.DataFrame, game: str, model: str, choose: str = "validation"
     - `reported`: on the reported episodes themselves, the paper's choice. A phase whose
       checkpoints lack validation episodes (runs from before they existed, W&B) is chosen this way too.
     """
-    sel = phase_cells(c, game, model, "sepo")
+    sel = phase_cells(c, game, model, phase)
     sel = sel[sel["safety"].notna()]
     if sel.empty:
         return None

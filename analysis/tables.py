@@ -111,6 +111,12 @@ def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: La
             yield "SEPO", ckpt_label(cell, short=True) or "---", cell, missing["sepo"]
         else:
             yield (f"SEPO ({ckpt_label(cell)})" if cell is not None else "SEPO"), "", cell, missing["sepo"]
+    baseline = collect.best_sepo(c, game, model, choose, phase=collect.PAYOFF_ONLY)
+    if baseline is not None:  # GRPO on the payoff alone (`lambdas=zero`), chosen the same way
+        if layout.ckpt_column:
+            yield "Payoff-only", ckpt_label(baseline, short=True), baseline, NOT_RUN
+        else:
+            yield f"Payoff-only ({ckpt_label(baseline)})", "", baseline, NOT_RUN
 
 
 def bold_mask(values: pd.DataFrame, groups: pd.Series, cols: list[Column]) -> pd.DataFrame:

@@ -226,6 +226,7 @@ def validate(cfg: DictConfig) -> None:
     _require(0.0 < cfg.datagen.valid_fraction < 1.0,
              f"datagen.valid_fraction={cfg.datagen.valid_fraction} is not allowed; allowed: a number in (0, 1)")
     check_rules(cfg)
+    _require(cfg.eval.get("phase") in (None, "sft"), f"eval.phase={cfg.eval.get('phase')} is not allowed; allowed: null, sft")
     if cfg.stage.name in ("sepo", "pipeline"):
         _require(cfg.eval.validation_seed != cfg.seed,
                  f"eval.validation_seed={cfg.eval.validation_seed} is not allowed with seed={cfg.seed}; allowed: any other "

@@ -267,8 +267,9 @@ def test_wandb_without_login_is_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_cells_average_seeds_and_failed_phases():
-    """Seeds of one cell are averaged (SE = sqrt(sum se^2) / n); a run that failed after writing its
-    Base results marks the later phases failed, not "not run"."""
+    """Seeds of one cell are averaged (SE over seeds: std / sqrt(n); one run keeps its own SE over
+    episodes); a run that failed after writing its Base results marks the later phases failed, not
+    "not run"; a SEPO run trained with every lambda 0 is the payoff-only row."""
     rows = [collect.make_row({"game": "ipd", "model": "tiny", "stage": "sepo", "checkpoint": "final", "step": 10,
                               "seed": seed, "status": "done", "run_dir": f"s{seed}"},
                              {"safety": safety}, {"safety": 0.3}) for seed, safety in ((1, 1.0), (2, 2.0))]
@@ -276,8 +277,15 @@ def test_cells_average_seeds_and_failed_phases():
                                   "run_dir": "pipe"}, {"safety": 0.5}, {"safety": 0.1}))
     df = collect.to_frame(rows)
     cell = collect.best_sepo(collect.cells(df), "ipd", "tiny")
-    assert cell["safety"] == pytest.approx(1.5) and cell["safety_se"] == pytest.approx((2 * 0.3**2) ** 0.5 / 2)
+    assert cell["safety"] == pytest.approx(1.5) and cell["safety_se"] == pytest.approx(0.5)  # std 0.7071 / sqrt 2
     assert cell["runs"] == 2
+    payoff_only = collect.make_row({"game": "ipd", "model": "tiny", "stage": "sepo", "checkpoint": "final", "step": 10,
+                                    "seed": 1, "status": "done", "run_dir": "p", "lambdas_train": {"e": 0, "c": 0.0, "x": 0}},
+                                   {"safety": -3.0}, {"safety": 0.25})
+    c = collect.cells(collect.to_frame([*rows, payoff_only]))
+    alone = collect.best_sepo(c, "ipd", "tiny", phase=collect.PAYOFF_ONLY)
+    assert (alone["safety"], alone["safety_se"], alone["runs"]) == (-3.0, 0.25, 1)
+    assert collect.best_sepo(c, "ipd", "tiny")["safety"] == pytest.approx(1.5)  # not averaged with payoff-only
     assert collect.failed_phases(df, "ipd", "tiny") == {"sft", "sepo"}
 
 

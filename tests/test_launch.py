@@ -46,3 +46,24 @@ def test_an_unknown_experiment_is_one_line():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         proc.stderr.strip()] and "experiment=paper_chess" in proc.stderr and "allowed: " in proc.stderr
+
+
+def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
+    """3 SFTs (multi, kuhn, neg_gt), the multi SFT evaluated on auction and neg_v1, Base on 5 games, and per game
+    SEPO and payoff-only x 2 seeds from that game's SFT; nothing is run or written."""
+    proc = dry_run("tiny_paper.sh", "--root", str(tmp_path), "--seeds", "0,1", "sepo.lr=1e-3")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    phases = {line.split()[1].rstrip(":"): int(line.split()[2]) for line in lines if line.startswith("# ") and "job" in line}
+    assert phases == {"sft": 3, "sft_eval": 2, "base": 5, **{f"sepo_{g}": 4 for g in ("ipd", "auction", "neg_v1", "neg_v2",
+                                                                                      "kuhn")}}
+    jobs = [dict(a.split("=", 1) for a in line.split()[2:] if "=" in a) for line in lines if not line.startswith("#")]
+    assert len(jobs) == sum(phases.values()) and all(j["sepo.lr"] == "0.001" for j in jobs)  # the user's keys reach every job
+    sft_of = {j["game"]: j["model.path"] for j in jobs if j.get("stage") == "sepo"}
+    out = tmp_path / "tiny_paper"
+    assert sft_of == {g: str(out / "sft" / s / "merged") for g, s in
+                      (("ipd", "ipd"), ("auction", "ipd"), ("neg_v1", "ipd"), ("neg_v2", "neg_v2"), ("kuhn", "kuhn"))}
+    arms = sorted((j["game"], j["lambdas"], j["sepo.seed"]) for j in jobs if j.get("stage") == "sepo")
+    assert arms == sorted((g, lam, s) for g in sft_of for lam in (g, "zero") for s in ("0", "1"))
+    assert len({j["hydra.run.dir"] for j in jobs}) == len(jobs)  # every job its own run dir
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing

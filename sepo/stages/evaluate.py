@@ -132,6 +132,7 @@ def write_results(path: Path, cfg: DictConfig, result: dict[str, Any], stage: st
         "seed": int(cfg.seed) if split == "test" else int(cfg.eval.validation_seed),
         "train_seed": train_seed(cfg, stage),
         "lambdas": OmegaConf.to_container(cfg.lambdas.eval, resolve=True),
+        "lambdas_train": OmegaConf.to_container(cfg.lambdas.train, resolve=True),  # all 0: a payoff-only run
         **result,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +152,9 @@ def run_eval(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str,
     result = evaluate_policy(
         game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval), cfg.eval.episodes_per_opponent,
         cfg.seed, mirrored=bool(cfg.game.get("mirrored", False)), progress=cfg.eval.progress)
-    payload = write_results(Path(cfg.paths.output_dir) / "results.json", cfg, result, stage="eval")
+    as_sft = cfg.eval.get("phase") == "sft"  # an SFT checkpoint evaluated on its own: the SFT row of the tables
+    payload = write_results(Path(cfg.paths.output_dir) / "results.json", cfg, result, stage="sft" if as_sft else "eval",
+                            checkpoint="final" if as_sft else None)
     tracker.log({**flatten("eval", payload["metrics"]), **flatten("eval_se", payload["se"])}, step=0)
     tracker.summary(flatten("eval", payload["metrics"]))
     m, se = payload["metrics"], payload["se"]

@@ -1,0 +1,136 @@
+"""`python -m analysis.summary <sweep dir> [--out FILE] [--choose validation|reported]`: what SEPO did, per game.
+
+Writes `summary.json` (default `<sweep dir>/tables/summary.json`): for each game, over the SEPO seeds
+(mean and SE over seeds, n = seeds), each SEPO run at its best checkpoint (chosen on its own
+validation episodes, reported on the test episodes; `--choose reported`: the paper's choice):
+
+  delta_j_train_vs_sft         J at the TRAINING lambdas (what SEPO optimises), on the evaluation
+                               episodes: J = s*u - lambda_e*s*e - lambda_c*c - lambda_x*x, SEPO - SFT
+  delta_safety_vs_payoff_only  safety (evaluation lambdas), SEPO - payoff-only of the same seed
+  delta_safety_vs_sft          safety, SEPO - SFT
+  delta_exploit_vs_sft         exploit, SEPO - SFT (Kuhn poker: the exact exploitability)
+
+and the same four under `final` for the runs' final checkpoints (a gap between the two is late
+drift). SFT is one model per game, evaluated on the same test episodes, so its own noise is common to
+every seed and is not in the SE; the SE is the spread of the per-seed differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from analysis import collect
+from analysis.collect import GAMES, PAYOFF_ONLY, ordered
+
+KEYS = ("delta_j_train_vs_sft", "delta_safety_vs_payoff_only", "delta_safety_vs_sft", "delta_exploit_vs_sft")
+
+
+def mean_se(values: list[float]) -> dict[str, float | int | None]:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    n = len(values)
+    if n == 0:
+        return {"mean": None, "se": None, "n": 0}
+    mean = sum(values) / n
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else None
+    return {"mean": round(mean, 4), "se": None if se is None else round(se, 4), "n": n}
+
+
+def objective(run_dir: Path) -> dict[str, float]:
+    """s and the training lambdas of a SEPO run, from the config Hydra saved with it."""
+    cfg = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    s = float(cfg["sepo"]["reward_scale"]) / float(cfg["game"]["max_payoff"])
+    return {"s": s, **{k: float(cfg["lambdas"]["train"][k]) for k in ("e", "c", "x")}}
+
+
+def j_train(point: pd.Series, obj: dict[str, float]) -> float:
+    return (obj["s"] * point["pay"] - obj["e"] * obj["s"] * point["exploit"]
+            - obj["c"] * point["collusion"] - obj["x"] * point["ext"])
+
+
+def exploit_of(point: pd.Series) -> float:
+    exact = point.get("exploit_exact")
+    return exact if exact is not None and not pd.isna(exact) else point["exploit"]
+
+
+def chosen_checkpoint(run: pd.DataFrame, choose: str) -> pd.Series:
+    """A run's best checkpoint: highest safety on its validation episodes (or, `reported`, on the test ones)."""
+    run = run[run["safety"].notna()]
+    validated = choose == "validation" and "valid_safety" in run and run["valid_safety"].notna().all()
+    return run.loc[collect.selection_safety(run, "valid_" if validated else "").idxmax()]
+
+
+def runs_by_seed(df: pd.DataFrame, game: str, phase: str, choose: str) -> dict[int, dict[str, pd.Series]]:
+    """train seed -> {"best": chosen checkpoint, "final": final checkpoint, "run_dir": ...} of one arm."""
+    out = {}
+    for run_dir, run in df[(df["game"] == game) & (df["phase"] == phase)].groupby("run_dir"):
+        seed = run["train_seed"].dropna()
+        final = run[run["checkpoint"] == "final"]
+        if seed.empty or final.empty:
+            continue  # unfinished or from before train seeds were recorded
+        out[int(seed.iloc[0])] = {"best": chosen_checkpoint(run, choose), "final": final.iloc[-1], "run_dir": run_dir}
+    return out
+
+
+def deltas(sepo: dict, payoff_only: dict, sft: pd.Series, root: Path, which: str) -> dict[str, Any]:
+    rows = {k: [] for k in KEYS}
+    for seed, run in sorted(sepo.items()):
+        point = run[which]
+        obj = objective(root / run["run_dir"])
+        rows["delta_j_train_vs_sft"].append(j_train(point, obj) - j_train(sft, obj))
+        rows["delta_safety_vs_sft"].append(point["safety"] - sft["safety"])
+        rows["delta_exploit_vs_sft"].append(exploit_of(point) - exploit_of(sft))
+        if seed in payoff_only:
+            rows["delta_safety_vs_payoff_only"].append(point["safety"] - payoff_only[seed][which]["safety"])
+    return {k: mean_se(v) for k, v in rows.items()} | {"seeds": sorted(sepo)}
+
+
+def game_summary(df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choose: str) -> dict[str, Any] | None:
+    model = next(iter(collect.trained_models(df[df["game"] == game])), None)
+    sft = collect.latest(c, game, model, "sft") if model else None
+    sepo = runs_by_seed(df, game, "sepo", choose)
+    if sft is None or not sepo:
+        return None
+    payoff_only = runs_by_seed(df, game, PAYOFF_ONLY, choose)
+    best = deltas(sepo, payoff_only, sft, root, "best")
+    return {**best, "checkpoints": {str(s): r["best"]["checkpoint"] for s, r in sorted(sepo.items())},
+            "final": deltas(sepo, payoff_only, sft, root, "final"), "chosen_on": choose}
+
+
+def summarise(root: Path, choose: str = "validation") -> dict[str, Any]:
+    df = collect.collect_dir(root)
+    c = collect.cells(df)
+    games = {g: game_summary(df, c, g, root, choose) for g in ordered(df["game"].dropna().unique(), GAMES)}
+    return {g: s for g, s in games.items() if s is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.summary", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--out", type=Path, help="default: <sweep dir>/tables/summary.json")
+    parser.add_argument("--choose", choices=collect.CHOICES, default="validation")
+    args = parser.parse_args(argv)
+    try:
+        summary = summarise(args.sweep_dir, args.choose)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = args.out or args.sweep_dir / "tables" / "summary.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    for game, s in summary.items():
+        print(f"{game}: " + ", ".join(f"{k.removeprefix('delta_')} {s[k]['mean']:+.3f} ± {s[k]['se'] or float('nan'):.3f}"
+                                      for k in KEYS if s[k]["mean"] is not None))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The paper's tables for all five games on the embedded tiny model, on a CPU, in one resumable command.
+
+    launch/tiny_paper.sh [--dry-run] [--root DIR] [--seeds 0,1,2] [--jobs 2] [--tables-anyway] [overrides]
+
+Phases, in order; each is one Hydra sweep through the joblib launcher (`+launch=local`, `--jobs` at a
+time, each job given cores // jobs threads), under `<root>/tiny_paper/<phase>/`:
+  sft            the three SFTs of tiny, as in the paper: `multi` (serves IPD, auction, neg_v1), `kuhn`,
+                 `neg_gt` (neg_v2), each evaluated on its own game
+  sft_eval       the `multi` SFT evaluated on auction and neg_v1 (the SFT rows of those tables)
+  base           tiny before any training, on every game
+  sepo_<game>    per game, from its SFT: SEPO (the game's lambdas) and payoff-only (`lambdas=zero`), one
+                 run per seed (`sepo.seed`), every run evaluated on the same test episodes (and the same
+                 validation episodes, which choose each run's best checkpoint)
+  tables         `python -m analysis.tables` and `python -m analysis.summary` into `<root>/tiny_paper/tables`
+The settings every job shares are the preset `conf/experiment/tiny_paper.yaml`; `key=value` arguments
+are passed to every job after it. `--dry-run` prints every job, one command line each (run alone, it is
+that job in the same run dir), and runs nothing. Re-running the same command skips every finished job
+(its DONE marker) and resumes a SEPO run from its last checkpoint. A phase with a failed job stops the
+run before the tables (exit 1) unless --tables-anyway. Prints the wall time of every phase at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
+#: game -> the game whose SFT run it starts from (the paper trains `multi` once for IPD, auction, neg_v1)
+SFT_RUN_OF = {"ipd": "ipd", "auction": "ipd", "neg_v1": "ipd", "neg_v2": "neg_v2", "kuhn": "kuhn"}
+PRESET = "+experiment=tiny_paper"
+
+
+@dataclass
+class Phase:
+    name: str
+    overrides: list[str]  # sweep overrides (comma lists expand into jobs, as with `python main.py -m`)
+    subdir: str           # hydra.sweep.subdir: one readable directory per job
+
+
+def phases(out: Path, seeds: list[int]) -> list[Phase]:
+    sft_dir = out / "sft"
+    sft_games = sorted(set(SFT_RUN_OF.values()))
+    shared = [g for g, s in SFT_RUN_OF.items() if s != g]
+    plan = [Phase("sft", ["stage=sft", f"game={','.join(sft_games)}"], "${game.name}"),
+            Phase("sft_eval", ["stage=eval", "eval.phase=sft", f"game={','.join(shared)}",
+                               f"model.path={sft_dir / 'ipd' / 'merged'}"], "${game.name}"),
+            Phase("base", ["stage=eval", f"game={','.join(GAMES)}"], "${game.name}")]
+    for game in GAMES:
+        plan.append(Phase(f"sepo_{game}", ["stage=sepo", f"game={game}", f"lambdas={game},zero",
+                                           f"model.path={sft_dir / SFT_RUN_OF[game] / 'merged'}",
+                                           f"sepo.seed={','.join(map(str, seeds))}"],
+                          "lambdas_${hydra:runtime.choices.lambdas}/sepo_seed_${sepo.seed}"))
+    return plan
+
+
+def sweep_command(phase: Phase, out: Path, jobs: int, overrides: list[str]) -> list[str]:
+    return [sys.executable, "main.py", "-m", PRESET, "+launch=local", f"hydra.launcher.n_jobs={jobs}",
+            f"hydra.sweep.dir={out / phase.name}", f"hydra.sweep.subdir={phase.subdir}", *phase.overrides, *overrides]
+
+
+def expand(phase: Phase, out: Path, overrides: list[str]) -> list[list[str]]:
+    """One `python main.py ...` command line per job of the phase (Hydra's own sweep expansion), each
+    with the run dir it gets in the sweep, so it can be run alone."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([*phase.overrides, *overrides])
+    lines = []
+    for batch in BasicSweeper.split_arguments(parsed, None):
+        for job in batch:
+            values = dict(o.split("=", 1) for o in job if "=" in o)
+            subdir = (phase.subdir.replace("${game.name}", values.get("game", "ipd"))
+                      .replace("${hydra:runtime.choices.lambdas}", values.get("lambdas", ""))
+                      .replace("${sepo.seed}", values.get("sepo.seed", "")))
+            lines.append(["python", "main.py", PRESET, *job, f"hydra.run.dir={out / phase.name / subdir}"])
+    return lines
+
+
+def failed_jobs(sweep_dir: Path) -> list[str]:
+    summary = sweep_dir / "sweep_summary.json"
+    return json.loads(summary.read_text()).get("failed", []) if summary.exists() else ["(no sweep_summary.json)"]
+
+
+def run(command: list[str]) -> int:
+    print("+ " + shlex.join(command), file=sys.stderr, flush=True)
+    return subprocess.run(command, cwd=ROOT, env={**os.environ, "HYDRA_FULL_ERROR": "1"}).returncode
+
+
+def tables(out: Path) -> int:
+    tables_dir = out / "tables"
+    return (run([sys.executable, "-m", "analysis.tables", str(out), "--out", str(tables_dir)])
+            or run([sys.executable, "-m", "analysis.summary", str(out), "--out", str(tables_dir / "summary.json")]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="print every job, one command line each; run nothing")
+    parser.add_argument("--root", type=Path, default=Path(os.environ.get("PROJECT_ROOT", ROOT)),
+                        help="project root: the runs go to <root>/tiny_paper (default: $PROJECT_ROOT or the checkout)")
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2],
+                        help="SEPO seeds of every arm, comma-separated (default 0,1,2)")
+    parser.add_argument("--jobs", type=int, default=2, help="jobs at a time (each gets cores // jobs threads)")
+    parser.add_argument("--tables-anyway", action="store_true", help="write the tables even when a job failed")
+    args, overrides = parser.parse_known_args()
+    out = args.root.resolve() / "tiny_paper"
+    overrides = [f"paths.root_dir={args.root.resolve()}", *overrides]
+
+    if args.dry_run:
+        for phase in phases(out, args.seeds):
+            jobs = expand(phase, out, overrides)
+            print(f"# {phase.name}: {len(jobs)} job(s) -> {out / phase.name}")
+            for job in jobs:
+                print(shlex.join(job))
+        print(f"# tables -> {out / 'tables'}")
+        return 0
+
+    started, seconds, failures = time.time(), {}, []
+    for phase in phases(out, args.seeds):
+        t0 = time.time()
+        code = run(sweep_command(phase, out, args.jobs, overrides))
+        seconds[phase.name] = round(time.time() - t0, 1)
+        failed = failed_jobs(out / phase.name) if code == 0 else [f"the sweep itself exited {code}"]
+        failures += [f"{phase.name}/{name}" for name in failed]
+        if failed and phase.name in ("sft", "sft_eval") and not args.tables_anyway:
+            break  # nothing downstream can start without its SFT
+    if failures and not args.tables_anyway:
+        print(f"tiny_paper: {len(failures)} job(s) failed, tables not written (--tables-anyway writes them):\n  "
+              + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    t0 = time.time()
+    code = tables(out)
+    seconds["tables"] = round(time.time() - t0, 1)
+    total = time.time() - started
+    print(f"tiny_paper: {total / 60:.1f} min in all; " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in seconds.items()))
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    (out / "tables" / "wall_time.json").write_text(json.dumps({"total_s": round(total, 1), **seconds}, indent=2) + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

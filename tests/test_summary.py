@@ -1,0 +1,72 @@
+"""summary.json's arithmetic on hand-made results: paired by seed, each run at its validation-chosen checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from analysis.summary import main, summarise
+
+LAMBDAS_TRAIN = {"e": 1.0, "c": 2.0, "x": 0.5}
+S = 3.0 / 5.0  # reward_scale / max_payoff
+
+
+def write(path, stage, metrics, checkpoint="final", step=None, train_seed=None, lambdas_train=LAMBDAS_TRAIN, split="test"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"game": "ipd", "model": "tiny", "stage": stage, "checkpoint": checkpoint, "step": step,
+                                "split": split, "seed": 42, "train_seed": train_seed, "lambdas": {"e": 1, "c": 1, "x": 1},
+                                "lambdas_train": lambdas_train, "metrics": metrics, "se": {}}))
+
+
+def metrics(pay, exploit, collusion, ext, safety):
+    return {"pay": pay, "exploit": exploit, "collusion": collusion, "ext": ext, "safety": safety}
+
+
+def sepo_run(root, name, seed, lambdas, checkpoints):
+    """checkpoints: (step, test metrics, validation safety); the last is final."""
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"sepo": {"reward_scale": 3.0}, "game": {"max_payoff": 5.0},
+                                                                "lambdas": {"train": lambdas}}))
+    for i, (step, test, valid_safety) in enumerate(checkpoints):
+        ckpt = "final" if i == len(checkpoints) - 1 else f"step_{step}"
+        write(run / "eval" / f"step_{step}" / "results.json", "sepo", test, ckpt, step, seed, lambdas)
+        write(run / "eval" / f"step_{step}" / "validation.json", "sepo", {**test, "safety": valid_safety}, ckpt, step,
+              seed, lambdas, "validation")
+    (run / "DONE").write_text("{}\n")
+
+
+def test_deltas_are_paired_by_seed_at_each_runs_validation_chosen_checkpoint(tmp_path):
+    write(tmp_path / "sft" / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.5, 0.25, 0.2, 1.0), train_seed=0)
+    (tmp_path / "sft" / "DONE").write_text("{}\n")
+    zero = {"e": 0.0, "c": 0.0, "x": 0.0}
+    # seed 0 validates step 10 (its test safety 1.5), seed 1 validates final (test safety 2.5)
+    sepo_run(tmp_path, "sepo0", 0, LAMBDAS_TRAIN, [(10, metrics(2.5, 0.25, 0.0, 0.1, 1.5), 9.0),
+                                                    (20, metrics(3.0, 1.0, 0.0, 0.0, 9.9), 0.0)])
+    sepo_run(tmp_path, "sepo1", 1, LAMBDAS_TRAIN, [(10, metrics(2.0, 0.5, 0.5, 0.2, 0.0), 0.0),
+                                                    (20, metrics(2.2, 0.3, 0.1, 0.1, 2.5), 1.0)])
+    sepo_run(tmp_path, "po0", 0, zero, [(20, metrics(3.0, 3.0, 0.0, 0.0, -2.0), -2.0)])
+    sepo_run(tmp_path, "po1", 1, zero, [(20, metrics(3.0, 3.0, 0.0, 0.0, -1.0), -1.0)])
+
+    ipd = summarise(tmp_path)["ipd"]
+    assert ipd["checkpoints"] == {"0": "step_10", "1": "final"} and ipd["seeds"] == [0, 1]
+
+    def j(pay, exploit, collusion, ext):
+        return S * pay - LAMBDAS_TRAIN["e"] * S * exploit - LAMBDAS_TRAIN["c"] * collusion - LAMBDAS_TRAIN["x"] * ext
+
+    sft_j = j(2.0, 0.5, 0.25, 0.2)
+    dj = [j(2.5, 0.25, 0.0, 0.1) - sft_j, j(2.2, 0.3, 0.1, 0.1) - sft_j]
+    assert ipd["delta_j_train_vs_sft"]["mean"] == pytest.approx(sum(dj) / 2, abs=1e-4)
+    assert ipd["delta_j_train_vs_sft"]["se"] == pytest.approx(abs(dj[0] - dj[1]) / 2, abs=1e-4)  # n = 2: |a - b| / 2
+    assert ipd["delta_safety_vs_sft"] == {"mean": 1.0, "se": 0.5, "n": 2}  # +0.5, +1.5
+    assert ipd["delta_safety_vs_payoff_only"] == {"mean": 3.5, "se": 0.0, "n": 2}  # 1.5 + 2, 2.5 + 1
+    assert ipd["delta_exploit_vs_sft"] == {"mean": -0.225, "se": 0.025, "n": 2}  # -0.25, -0.2
+    final = ipd["final"]  # the final checkpoints: safety 9.9 and 2.5
+    assert final["delta_safety_vs_sft"]["mean"] == pytest.approx((8.9 + 1.5) / 2)
+
+    assert main([str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "tables" / "summary.json").read_text())["ipd"]["delta_safety_vs_sft"]["mean"] == 1.0
+    reported = summarise(tmp_path, "reported")["ipd"]
+    assert reported["checkpoints"] == {"0": "final", "1": "final"}  # 9.9 > 1.5 and 2.5 > 0.0 on the reported episodes
