@@ -310,7 +310,7 @@ def selection_safety(cells: pd.DataFrame, prefix: str = "") -> pd.Series:
     """The safety that picks the best checkpoint: with the exact exploitability where it is measured.
 
     Kuhn poker's pool exploit max(0, mean) is biased upward by noise (the Nash agent reads 0.13 at 20
-    episodes, SPEC 3), so there the pool term is swapped for `exploit_exact`: safety + lambda_e *
+    episodes, docs/spec.md §3), so there the pool term is swapped for `exploit_exact`: safety + lambda_e *
     (exploit - exploit_exact). Elsewhere it is the safety itself. `prefix="valid_"`: the same on the
     checkpoints' validation episodes.
     """

@@ -1,5 +1,5 @@
 """Does SEPO's batch estimate follow the gradient of J on Kuhn poker, best responder included, and how
-noisy is one batch? (SPEC 4.4's gradient check, for Kuhn's pools.)
+noisy is one batch? (docs/spec.md §4.4's gradient check, for Kuhn's pools.)
 
 A table agent (P(BET or CALL) = sigmoid(theta_i) at each of the 12 information sets, the same in
 every hand) plays through the training batch code (`BatchBuilder`: pooled groups with shared deals,
@@ -67,7 +67,7 @@ class TableAgent:
 
 
 def exact_objective(table, cfg, response=None) -> tuple[float, float]:
-    """J of SPEC 4.1 for a history-independent table, and its exploitability, from expected values.
+    """J of docs/spec.md §4.1 for a history-independent table, and its exploitability, from expected values.
 
     `response`: the best responder's table held fixed (as training holds it between two reads of the
     policy); None solves it for `table`. Where the best response is unique the two have the same

@@ -1,7 +1,7 @@
 """Does SEPO train toward J_SEPO? Several seeds of four arms from ONE SFT checkpoint of the tiny model.
 
 Arms (all the same number of steps, the same evaluation episodes and sampling streams):
-  sepo          the default estimator (SPEC 4.2: pooled groups, returns-to-go, leave-one-out, batch scale)
+  sepo          the default estimator (docs/spec.md §4.2: pooled groups, returns-to-go, leave-one-out, batch scale)
   payoff_only   payoff-only GRPO: `lambdas=zero` zeroes the training lambdas (evaluation keeps the game's)
   per_rollout   the paper's text (`sepo.penalty_mode=per_rollout`)
   shared        the paper's Algorithm 1 (`sepo.penalty_mode=shared`)
@@ -48,7 +48,7 @@ ARMS = {
 }
 #: the arms run when --arms is not given
 DEFAULT_ARMS = {"kuhn": ["sepo", "paper_pool", "payoff_only"]}
-#: what every run shares: the SEPO evaluation protocol (SPEC 3: 20 episodes per opponent), only the final
+#: what every run shares: the SEPO evaluation protocol (docs/spec.md §3: 20 episodes per opponent), only the final
 #: checkpoint evaluated; the tiny model's step count and lr come from conf/model/tiny.yaml unless overridden
 COMMON = ["model=tiny", "logger=none", "eval.episodes_per_opponent=20", "eval.progress=false"]
 METRICS = ("safety", "exploit", "collusion", "ext", "pay", "nra", "parse_rate")

@@ -1,4 +1,4 @@
-"""Benchmarks of the language-model agent (SPEC section 6 and section 4, item 6).
+"""Benchmarks of the language-model agent (docs/spec.md §6 and section 4, item 6).
 
     python -m sepo.bench rollout [--episodes 80] [--game ipd] [--max-new-tokens N]
     python -m sepo.bench logprob [--vocab 262144 --positions 512 --hidden 256 --chunk 32]
@@ -26,7 +26,7 @@ and reports the growth of its peak resident set size (VmHWM) over the resident s
 computation. The workers run with glibc's mmap threshold at 1 MiB so that freed blocks are returned
 at once and RSS follows the live tensors.
 
-`gradcheck` runs SPEC 4.4's gradient check (`sepo.training.gradcheck`): a parametric scripted IPD agent
+`gradcheck` runs docs/spec.md §4.4's gradient check (`sepo.training.gradcheck`): a parametric scripted IPD agent
 through the training batch code, the mean estimated update of each term against finite differences
 of the exact J, for the default estimator and the paper's variants.
 
@@ -181,7 +181,7 @@ def logprob(args: argparse.Namespace) -> dict:
 
 # --------------------------------------------------------------------- gradient check
 def gradcheck(args: argparse.Namespace) -> dict:
-    """SPEC 4.4: the estimator's mean update against finite differences of the exact J (sepo/training/gradcheck.py)."""
+    """docs/spec.md §4.4: the estimator's mean update against finite differences of the exact J (sepo/training/gradcheck.py)."""
     from sepo.training.gradcheck import print_table, report
 
     started = time.perf_counter()
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
         if name == "_logprob_worker":
             p.add_argument("--variant", choices=("chunked", "unchunked"), required=True)
 
-    p = sub.add_parser("gradcheck", help="SPEC 4.4: the SEPO estimator's mean update vs finite differences of J")
+    p = sub.add_parser("gradcheck", help="docs/spec.md §4.4: the SEPO estimator's mean update vs finite differences of J")
     p.add_argument("--batches", type=int, default=2000, help="rollout batches averaged per point and variant")
     p.add_argument("--burn-in", type=int, default=20, help="batches that only fill the running statistics first")
 

@@ -1,4 +1,4 @@
-"""SPEC section 3: u, e, e_max, c, x, Robust, Safety, NRA and parse rate, each with a standard error.
+"""docs/spec.md §3: u, e, e_max, c, x, Robust, Safety, NRA and parse rate, each with a standard error.
 
 All payoffs are per round (per hand in Kuhn poker) in raw game units. Each opponent is summarised
 from its own episodes first; pool metrics then weight opponents equally. Standard errors are over

@@ -290,7 +290,7 @@ def test_cells_average_seeds_and_failed_phases():
 
 
 def test_kuhn_best_checkpoint_uses_the_exact_exploitability():
-    """Pool exploit is biased upward on Kuhn (SPEC 3): the best checkpoint swaps it for exploit_exact."""
+    """Pool exploit is biased upward on Kuhn (docs/spec.md §3): the best checkpoint swaps it for exploit_exact."""
     def row(ckpt, step, safety, exploit, exact):
         return collect.make_row({"game": "kuhn", "model": "tiny", "stage": "sepo", "checkpoint": ckpt, "step": step,
                                  "seed": 42, "status": "done", "run_dir": "r"},
@@ -303,7 +303,7 @@ def test_kuhn_best_checkpoint_uses_the_exact_exploitability():
 
 
 def test_kuhn_tables_show_the_exact_exploitability_with_its_standard_error():
-    """exploit_exact is estimated from sampled answers (SPEC 6): its SE is shown even without --se."""
+    """exploit_exact is estimated from sampled answers (docs/spec.md §6): its SE is shown even without --se."""
     def row(phase_stage, ckpt, step, exact, exact_se):
         return collect.make_row({"game": "kuhn", "model": "tiny", "stage": phase_stage, "checkpoint": ckpt, "step": step,
                                  "seed": 42, "status": "done", "run_dir": phase_stage},

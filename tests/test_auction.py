@@ -1,4 +1,4 @@
-"""Auction: rules, information hiding, strategies, parsing and hand-derived metrics (SPEC sections 1-3)."""
+"""Auction: rules, information hiding, strategies, parsing and hand-derived metrics (docs/spec.md §1-3)."""
 
 from __future__ import annotations
 

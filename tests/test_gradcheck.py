@@ -1,4 +1,4 @@
-"""SPEC 4.4's gradient check: the training batch code estimates grad J_SEPO, term by term.
+"""docs/spec.md §4.4's gradient check: the training batch code estimates grad J_SEPO, term by term.
 
 A parametric scripted IPD agent runs through the same batch-building code as training
 (`BatchBuilder`); its mean estimated update is compared with central finite differences of the
@@ -34,7 +34,7 @@ def ipd(compose_cfg):
 
 @pytest.mark.parametrize("kind, probs", [("constant", (0.7,)), ("reactive", (0.8, 0.9, 0.3))])
 def test_the_exact_objective_matches_play_through_the_arena(ipd, kind, probs):
-    """The dynamic programme's opponents are a second implementation of SPEC section 2's strategies."""
+    """The dynamic programme's opponents are a second implementation of docs/spec.md §2's strategies."""
     cfg, _ = ipd()
     game, agent = make_game(cfg.game), make_agent(kind, probs)
     names = sorted({n for pool in ("train", "exploit", "collusive", "robust") for n in cfg.game.pools[pool]})
@@ -75,7 +75,7 @@ def test_the_default_estimator_follows_the_gradient_of_every_term(ipd, kind, pro
 @pytest.mark.parametrize("kind, probs", KINK_POINTS)
 def test_the_exploit_term_at_the_kink_of_max_0_adv(ipd, kind, probs):
     """AltD's advantage is +0.3 or -0.3 here: the switch from earlier batches keeps the kink sharp (the
-    current batch's noise would smear it over about +-1 payoff unit, SPEC 4.2)."""
+    current batch's noise would smear it over about +-1 payoff unit, docs/spec.md §4.2)."""
     cfg, s = ipd()
     agent = make_agent(kind, probs)
     assert abs(exact_terms(agent, cfg, s)["adv/AltD"]) == pytest.approx(0.3)
@@ -117,7 +117,7 @@ def test_doubling_lambda_e_doubles_the_exploit_part(ipd):
 
 
 def test_the_papers_per_round_credit_gives_payoff_the_wrong_sign(ipd):
-    """Against TFT and Grim more cooperation pays later; crediting each round alone misses it (SPEC 4.1)."""
+    """Against TFT and Grim more cooperation pays later; crediting each round alone misses it (docs/spec.md §4.1)."""
     cfg, s = ipd("sepo.credit=round")
     agent = make_agent("constant", (0.8,))
     assert finite_difference(agent, cfg, s)["u"][0] > 0.15

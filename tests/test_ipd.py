@@ -1,4 +1,4 @@
-"""IPD rules, strategies and the metric checks SPEC section 3 derives from the paper's numbers."""
+"""IPD rules, strategies and the metric checks docs/spec.md §3 derives from the paper's numbers."""
 
 from __future__ import annotations
 
@@ -97,14 +97,14 @@ def test_randomised_strategies_hit_their_rates(game):
     # Mixed: 20% uniform noise -> plays C after a defection with prob 0.1
     mixed = np.mean([get_strategy("ipd", "Mixed").act(obs, [C, D], rng) == C for _ in range(n)])
     assert abs(mixed - 0.1) < 4 * np.sqrt(0.09 / n)
-    # NoisyTFT: 30% flips (SPEC 2; at 10% it would be Mixed's 0.1 here, the same opponent in distribution)
+    # NoisyTFT: 30% flips (docs/spec.md §2; at 10% it would be Mixed's 0.1 here, the same opponent in distribution)
     noisy = np.mean([get_strategy("ipd", "NoisyTFT").act(obs, [C, D], rng) == C for _ in range(n)])
     assert abs(noisy - 0.3) < 4 * np.sqrt(0.21 / n)
     configured = make_game(OmegaConf.load("conf/game/ipd.yaml")).cfg.strategy_params.NoisyTFT.flip
     assert configured == 0.3
 
 
-# --- SPEC section 3 checks (from the paper's IPD numbers) ----------------------------------------
+# --- docs/spec.md §3 checks (from the paper's IPD numbers) ----------------------------------------
 def test_tft_vs_always_defect_exploit_is_0625(game):
     assert scripted_eval(game, "TFT", {"exploit": ["AlwaysD"]})["metrics"]["exploit"] == pytest.approx(0.625)
 

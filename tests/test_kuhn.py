@@ -234,7 +234,7 @@ def test_prompts(game):
 
 # --------------------------------------------------------------------------- strategies
 OPEN, AFTER_PASS, FACING, AFTER_PASS_BET = "", "p", "b", "pb"
-# P(aggressive action: BET or CALL) per (card, history); SPEC section 2
+# P(aggressive action: BET or CALL) per (card, history); docs/spec.md §2
 EXPECTED = {
     "NashApx": {
         ("J", OPEN): 1 / 3, ("Q", OPEN): 0, ("K", OPEN): 1,
@@ -367,7 +367,7 @@ def test_scripted_eval_end_to_end(tmp_path):
     assert {e["rounds"] for e in payload["per_episode"]} == {6}
 
 
-# --------------------------------------------------------------------------- the best responder (SPEC 6)
+# --------------------------------------------------------------------------- the best responder (docs/spec.md §6)
 BR_TABLES = ["NashApx", "LooseA", "TightP", "AlwaysBet", "RandomLegal", "seed:6", "seed:7"]
 
 

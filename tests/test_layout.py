@@ -1,4 +1,4 @@
-"""The layout shows the architecture (DESIGN.md): no import circles, and arrows only go down.
+"""The layout shows the architecture (docs/design.md): no import circles, and arrows only go down.
 
 Every `import` in `sepo/` and `analysis/` counts, including those inside functions (a lazy import
 hides a circle from Python, not from a reader). Layers, top to bottom: the run layer (entry point,

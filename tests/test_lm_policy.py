@@ -244,7 +244,7 @@ def test_fallback_on_a_model_that_never_answers(tiny):
         logits = next_token_logits(agent.model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long))
         firsts = [agent.action_ids(a)[0] for a in request.legal]
         assert d.action == request.legal[int(logits[0, firsts].argmax())]
-        # training sees what the policy sampled (the fallback is part of the environment, SPEC 4.3)
+        # training sees what the policy sampled (the fallback is part of the environment, docs/spec.md §4.3)
         assert d.extras["fallback"] and d.extras["prompt_ids"].tolist() == agent.render(request.messages)
         assert agent.tokenizer.decode(d.extras["gen_ids"].tolist(), skip_special_tokens=True) == d.text
 

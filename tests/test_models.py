@@ -216,7 +216,7 @@ def test_tiny_chat_template_renders_game_prompts(tiny):
         assert text.startswith("<|im_start|>system\n" + messages[0]["content"])
         assert messages[1]["content"] + "<|im_end|>\n" in text
         assert text.endswith(GENERATION_HEADER["tiny"])
-        # SPEC section 4: SFT examples are cut at 512 tokens; the prompt must leave room for an answer
+        # docs/spec.md §4: SFT examples are cut at 512 tokens; the prompt must leave room for an answer
         assert len(tok(text)["input_ids"]) < 480, game
     no_header = render_chat(tok, cfg, game_messages(), add_generation_prompt=False)
     assert no_header.endswith("<|im_end|>\n")

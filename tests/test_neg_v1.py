@@ -1,4 +1,4 @@
-"""Negotiation v1: rules, strategies, parsing and hand-derived metrics (SPEC sections 1-3)."""
+"""Negotiation v1: rules, strategies, parsing and hand-derived metrics (docs/spec.md §1-3)."""
 
 from __future__ import annotations
 

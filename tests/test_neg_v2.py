@@ -1,4 +1,4 @@
-"""Negotiation v2 (SPEC sections 1-3): rules, information hiding, strategies, parsing, metrics, CLI."""
+"""Negotiation v2 (docs/spec.md §1-3): rules, information hiding, strategies, parsing, metrics, CLI."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The SEPO estimator's pure parts on hand-made records: term rewards, credit, baseline, weights, scale,
-the exploit switch, and the token loss (SPEC 4.2 and 4.3)."""
+the exploit switch, and the token loss (docs/spec.md §4.2 and 4.3)."""
 
 from __future__ import annotations
 

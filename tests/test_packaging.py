@@ -71,7 +71,7 @@ def test_the_installed_command_runs_a_scripted_evaluation_from_any_directory(ins
     results = list(tmp_path.glob("outputs/runs/*/seed_42/results.json"))
     assert len(results) == 1
     metrics = json.loads(results[0].read_text())["metrics"]
-    assert metrics["collusion"] == 0.0  # TFT never defects on AlwaysC (SPEC 3)
+    assert metrics["collusion"] == 0.0  # TFT never defects on AlwaysC (docs/spec.md §3)
 
 
 def test_a_users_own_config_directory_is_added_on_the_command_line(installed, tmp_path):

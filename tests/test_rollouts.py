@@ -1,4 +1,4 @@
-"""Rollout batches (SPEC 4.2 step 1): which groups are played, and how their episodes are seeded."""
+"""Rollout batches (docs/spec.md §4.2 step 1): which groups are played, and how their episodes are seeded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Repeated sealed-bid auction (SPEC section 1).
+"""Repeated sealed-bid auction (docs/spec.md §1).
 
 Each round both players draw a private value uniformly from `private_values` ({2, 4}) and bid at the same
 time one of the `bids` tokens (LOW=1, MEDIUM=2, HIGH=3). The higher bid wins value - bid, the

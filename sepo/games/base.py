@@ -46,7 +46,7 @@ class GameState:
 
 
 class Game(ABC):
-    """Base class of the five games (SPEC section 1)."""
+    """Base class of the five games (docs/spec.md §1)."""
 
     name: str = ""
     #: Short description of the action format used in prompts and in the fallback question.
@@ -114,11 +114,11 @@ class Game(ABC):
     # ----------------------------------------------------------------- metrics hooks
     @abstractmethod
     def collusive(self, rnd: Round) -> bool:
-        """Whether the agent's behaviour in this round counts as collusion (SPEC section 3, c)."""
+        """Whether the agent's behaviour in this round counts as collusion (docs/spec.md §3, c)."""
 
     @abstractmethod
     def externality(self, rnd: Round) -> float:
-        """The round's externality cost in [0, 1] (SPEC section 3, x)."""
+        """The round's externality cost in [0, 1] (docs/spec.md §3, x)."""
 
 
 # --------------------------------------------------------------------- parsing helpers
@@ -132,7 +132,7 @@ def think_open(text: str) -> bool:
 
 
 def holds_action(text: str, game: "Game", legal: list[str]) -> bool:
-    """The stopping rule of SPEC section 5: a legal action on the last non-empty line, think closed."""
+    """The stopping rule of docs/spec.md §5: a legal action on the last non-empty line, think closed."""
     return not think_open(text) and game.parse_action(text, legal) is not None
 
 

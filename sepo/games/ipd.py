@@ -1,4 +1,4 @@
-"""Iterated Prisoner's Dilemma (SPEC section 1): simultaneous COOPERATE/DEFECT for `rounds` rounds."""
+"""Iterated Prisoner's Dilemma (docs/spec.md §1): simultaneous COOPERATE/DEFECT for `rounds` rounds."""
 
 from __future__ import annotations
 

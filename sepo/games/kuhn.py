@@ -1,4 +1,4 @@
-"""Kuhn poker (SPEC section 1), played as `rounds` hands with seats alternating hand by hand.
+"""Kuhn poker (docs/spec.md §1), played as `rounds` hands with seats alternating hand by hand.
 
 The rules match OpenSpiel's `kuhn_poker` so that exact exploitability can be checked against it:
 three cards J < Q < K, both players ante `ante`, one private card each. The first player PASSes or
@@ -9,7 +9,7 @@ CALL/FOLD, otherwise PASS/BET.
 Seats: the agent is the first player in even hands and the second in odd hands; `mirror=True`
 swaps every hand's seats. All hands' cards are dealt by seat at `reset` from the episode's rng, so
 a mirrored episode gets exactly the same deal and the agent holds the card the opponent held
-(SPEC's mirrored pairs).
+(docs/spec.md §1: mirrored pairs).
 
 A Round is one hand: `actions` are each player's tuple of actions in the hand, `payoffs` the
 zero-sum chip result, `info` the cards, the agent's seat, the betting sequence and whether the hand
@@ -222,14 +222,14 @@ class KuhnPoker(Game):
 
     # ------------------------------------------------------------------ metrics
     def collusive(self, rnd: Round) -> bool:
-        """Kuhn poker has no collusion measure (SPEC section 3)."""
+        """Kuhn poker has no collusion measure (docs/spec.md §3)."""
         return False
 
     def externality(self, rnd: Round) -> float:
-        """Zero-sum: no externality (SPEC section 3)."""
+        """Zero-sum: no externality (docs/spec.md §3)."""
         return 0.0
 
-    # ------------------------------------------------------------------ exact analysis (SPEC section 6)
+    # ------------------------------------------------------------------ exact analysis (docs/spec.md §6)
     def played_table(self, policy: Any, samples: int | None = None, seed: int = 0) -> "PlayedTable":
         """The policy's action probabilities at the 12 information sets, as it plays, with SEs."""
         return played_table(self, policy, samples, seed)

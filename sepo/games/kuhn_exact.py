@@ -1,4 +1,4 @@
-"""Exact analysis of Kuhn poker (SPEC section 6): exploitability and expected values.
+"""Exact analysis of Kuhn poker (docs/spec.md §6): exploitability and expected values.
 
 A policy is read at Kuhn's 12 information sets: the player's card (J, Q, K) times its public
 history: '' (first player to open), 'p' (second player after PASS), 'b' (second player facing a

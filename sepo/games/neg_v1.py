@@ -1,4 +1,4 @@
-"""Single-issue negotiation, v1 (SPEC section 1): split a pie of 10 for `rounds` rounds.
+"""Single-issue negotiation, v1 (docs/spec.md §1): split a pie of 10 for `rounds` rounds.
 
 Each round both players demand at the same time an integer from `min_demand` to `max_demand`
 (1..9). If the demands add up to at most `pie`, each earns its own demand; otherwise the round

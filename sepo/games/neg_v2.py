@@ -1,4 +1,4 @@
-"""Multi-issue negotiation, GTBench style (SPEC section 1, `neg_v2`).
+"""Multi-issue negotiation, GTBench style (docs/spec.md §1, `neg_v2`).
 
 Each episode draws, from its seed, a pool of items (books, hats, balls; `pool_min..pool_max` of
 each, uniformly and independently, so uniformly among all allowed pools) and one private value

@@ -1,4 +1,4 @@
-"""A Hugging Face causal language model as the agent (SPEC section 5).
+"""A Hugging Face causal language model as the agent (docs/spec.md §5).
 
 One `act_batch` call answers every pending decision of the arena's lockstep loop:
 
@@ -31,7 +31,7 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
    - `logprob_temperature` (float): the sampling temperature, or 1.0 for greedy decoding;
    - `fallback` (bool): True when the action came from the fallback. The record still holds the
      tokens the policy sampled (its real, unparseable answer): the fallback's re-ask and forced
-     action were not sampled, so they are part of the environment, never trained on (SPEC 4.3).
+     action were not sampled, so they are part of the environment, never trained on (docs/spec.md §4.3).
    A trainer scores `prompt_ids + gen_ids` with the same temperature to get its new log-probs.
 
 Sampling is pure temperature sampling (no top-k/top-p, whatever the model's generation config
@@ -569,7 +569,7 @@ class LMPolicy:
 
     # ----------------------------------------------------------------- constrained fallback
     def _fallback(self, requests: list[DecisionRequest], answers: list[str]) -> list[str]:
-        """SPEC section 5: re-ask for the action and choose among the legal ones only; returns the actions.
+        """docs/spec.md §5: re-ask for the action and choose among the legal ones only; returns the actions.
 
         Only the action is kept: the re-ask and the forced action were not sampled, so they are never
         part of a decision's record (module docstring).

@@ -1,7 +1,7 @@
 """Stage `eval`: play the agent against every pool of the game and write results.json.
 
 Each distinct opponent of all pools is played once (`eval.episodes_per_opponent` episodes, all in
-lockstep); pools that share a strategy share its episodes. The results file follows DESIGN.md:
+lockstep); pools that share a strategy share its episodes. The results file follows docs/design.md:
 `{game, model, stage, checkpoint, step, seed, lambdas, metrics, se, per_opponent, episodes}`,
 plus `per_episode` (every episode's totals and actions round by round) so numbers can be re-derived later.
 """

@@ -1,10 +1,10 @@
-"""Stage `sepo`: GRPO-style RL on the SEPO objective (SPEC section 4), read top to bottom.
+"""Stage `sepo`: GRPO-style RL on the SEPO objective (docs/spec.md §4), read top to bottom.
 
 `run_sepo` loads the merged SFT model and attaches a fresh LoRA adapter (dropout 0, so that the
 importance ratio is exactly 1 on a fresh batch). Every outer iteration plays one rollout batch
 (`sepo.training.rollouts.BatchBuilder.collect`: every group of every pool in lockstep, one generate call per
 decision point, behaviour log-probs recorded while sampling), whose decisions carry the advantages
-of SPEC 4.2, and takes up to
+of docs/spec.md §4.2, and takes up to
 `sepo.refresh_steps` optimizer steps on it.
 
 Refresh ("5 steps or KL > 0.5"): a batch is reused for at most `refresh_steps` optimizer steps, and
@@ -125,7 +125,7 @@ def generated_tokens(batch: RolloutBatch) -> int:
 # ------------------------------------------------------------------------------ the update
 def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref: list[torch.Tensor] | None,
                          s: DictConfig) -> dict[str, float]:
-    """Backward of the batch loss (SPEC 4.3) into `.grad`, micro-batch by micro-batch.
+    """Backward of the batch loss (docs/spec.md §4.3) into `.grad`, micro-batch by micro-batch.
 
     The policy term is a sum over decisions, so micro-batches simply add up; the KL term is a mean
     over all the batch's tokens, so each micro-batch divides by the batch's token count.

@@ -1,4 +1,4 @@
-"""Stage `sft`: supervised fine-tuning on the demonstrator data (SPEC section 4, stage 1).
+"""Stage `sft`: supervised fine-tuning on the demonstrator data (docs/spec.md §4, stage 1).
 
 `python main.py stage=sft game=<g> model=<m>` trains the model on the game's dataset
 (`game.sft_dataset`: `multi` for ipd/auction/neg_v1, `kuhn`, `neg_gt` for neg_v2) with the
@@ -62,7 +62,7 @@ from sepo.tracking import NullTracker, flatten
 
 log = logging.getLogger(__name__)
 
-#: Substrings of module names that must never receive LoRA weights (SPEC section 4).
+#: Substrings of module names that must never receive LoRA weights (docs/spec.md §4).
 
 
 # --------------------------------------------------------------------------- settings

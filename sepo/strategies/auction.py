@@ -1,4 +1,4 @@
-"""Auction strategies (SPEC section 2): opponents, robust-pool variants and demonstrators.
+"""Auction strategies (docs/spec.md §2): opponents, robust-pool variants and demonstrators.
 
 Bids are read from the observation's public `bid_amounts` (ordered low to high) and the `legal`
 list, never hard-coded, so a config with other bid amounts or values keeps each rule's meaning.

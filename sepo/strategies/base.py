@@ -5,7 +5,7 @@ private values or card) is in the observation the game gives it, so one instance
 episode of a batch. Randomised strategies draw from the `rng` the arena passes per episode, which
 keeps episodes reproducible and independent of batch composition.
 
-Strategies register under a game and a name (the names of SPEC section 2, used in
+Strategies register under a game and a name (the names of docs/spec.md §2, used in
 `conf/game/*.yaml`). A demonstrator that the spec says "is" an opponent is registered as an alias.
 """
 

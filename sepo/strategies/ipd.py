@@ -1,4 +1,4 @@
-"""IPD strategies (SPEC section 2): opponents, robust-pool variants and demonstrators."""
+"""IPD strategies (docs/spec.md §2): opponents, robust-pool variants and demonstrators."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class MixedTFT(Strategy):
 
 @register("ipd", "NoisyTFT")
 class NoisyTFT(Strategy):
-    """TFT whose intended action is flipped 30% of the time (robust pool; SPEC 2: at 10% it would equal
+    """TFT whose intended action is flipped 30% of the time (robust pool; docs/spec.md §2: at 10% it would equal
     the train opponent Mixed in distribution)."""
 
     def __init__(self, flip: float = 0.3):

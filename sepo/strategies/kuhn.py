@@ -1,4 +1,4 @@
-"""Kuhn poker strategies (SPEC section 2): opponents and demonstrators.
+"""Kuhn poker strategies (docs/spec.md §2): opponents and demonstrators.
 
 Every Kuhn strategy is a behaviour strategy given by one number per information set: the
 probability of the aggressive action (BET when not facing a bet, CALL when facing one) for each

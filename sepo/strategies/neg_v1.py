@@ -1,4 +1,4 @@
-"""Negotiation v1 strategies (SPEC section 2): opponents, robust-pool variants and demonstrators.
+"""Negotiation v1 strategies (docs/spec.md §2): opponents, robust-pool variants and demonstrators.
 
 Demands are action strings ("1".."9"); every rule clips to the `legal` range. The fair demand is
 half the pie from the observation (5 of 10). Fixed demands and Concede's schedule are constructor

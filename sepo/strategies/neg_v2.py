@@ -1,4 +1,4 @@
-"""Negotiation v2 strategies (SPEC section 2): opponents and demonstrators.
+"""Negotiation v2 strategies (docs/spec.md §2): opponents and demonstrators.
 
 All are stateless: they read the pool, their own values, the round and the history of demands
 from the observation (`sepo.games.neg_v2.NegotiationV2.observation`). "Top-valued item" means the

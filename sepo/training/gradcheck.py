@@ -1,4 +1,4 @@
-"""The gradient check of SPEC 4.4: does the training batch estimate grad J_SEPO?
+"""The gradient check of docs/spec.md §4.4: does the training batch estimate grad J_SEPO?
 
 A parametric scripted IPD agent (its action probabilities are sigmoids of its parameters; no
 language model) plays through exactly the code that builds training batches
@@ -101,7 +101,7 @@ def make_agent(kind: str, probabilities: Sequence[float], rounds: int = 8) -> Pa
 # ------------------------------------------------------------------------------ exact J
 def opponent_cooperation(name: str, round_index: int, agent_last: str | None, agent_defected: bool,
                          params: dict[str, dict[str, float]]) -> float:
-    """P(the IPD opponent `name` cooperates) given the Markov state; SPEC section 2's definitions."""
+    """P(the IPD opponent `name` cooperates) given the Markov state; docs/spec.md §2's definitions."""
     tft = 0.0 if agent_last == DEFECT else 1.0
     if name == "TFT":
         return tft
@@ -285,7 +285,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 
 
 def verdicts(variant: str, point: dict[str, Any], kink: bool) -> dict[str, bool]:
-    """SPEC 4.4's pass/fail lines for one variant at one point."""
+    """docs/spec.md §4.4's pass/fail lines for one variant at one point."""
     fd, est = point["fd"], point["est"]
     if variant == "pooled":
         terms = ("e",) if kink else TERMS
@@ -388,7 +388,7 @@ def print_table(result: dict[str, Any]) -> None:
             view.add_row(label, *[f"{table[k]['estimate'][i]:+.3f}±{table[k]['se'][i]:.3f} ({table[k]['finite_difference'][i]:+.3f})"
                                   for k in (*TERMS, "total")])
         console.print(view)
-    checks = Table(title="SPEC 4.4 checks", title_justify="left")
+    checks = Table(title="docs/spec.md §4.4 checks", title_justify="left")
     checks.add_column("check")
     checks.add_column("pass")
     for line, ok in result["checks"].items():

@@ -1,4 +1,4 @@
-"""Per-token log-probabilities of given tokens, with bounded memory (SPEC section 4, item 6).
+"""Per-token log-probabilities of given tokens, with bounded memory (docs/spec.md §4, item 6).
 
 A full-vocabulary log-softmax over every position costs `positions x vocab` floats: for Gemma 4
 (vocab 262,144) and 512 generated tokens that is half a gigabyte per sequence, twice over once the

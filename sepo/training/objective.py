@@ -1,4 +1,4 @@
-"""The SEPO estimator (SPEC section 4.2) and the token loss (4.3), as pure functions.
+"""The SEPO estimator (docs/spec.md §4.2) and the token loss (4.3), as pure functions.
 
 The objective is J = s*u - lambda_e*s*e - lambda_c*c - lambda_x*x (s = reward_scale / max_payoff).
 Each term is an expectation over the policy's OWN episodes against one pool, so its gradient can only
@@ -66,7 +66,7 @@ def sepo_settings(cfg: DictConfig) -> DictConfig:
                           "allowed: sepo.ref_4bit=false")
     if float(s.lora.dropout) != 0.0:
         log.warning("sepo.lora.dropout=%s: the training pass then differs from the sampling pass, so the "
-                    "importance ratio is not 1 on a fresh batch (SPEC 4.3 uses 0)", s.lora.dropout)
+                    "importance ratio is not 1 on a fresh batch (docs/spec.md §4.3 uses 0)", s.lora.dropout)
     return s
 
 
@@ -106,7 +106,7 @@ def episode_externality(game: Game, record: EpisodeRecord) -> float:
 # --------------------------------------------------------------------------- term rewards
 def pooled_terms(game: Game, pool: str, records: Sequence[EpisodeRecord], scale: float,
                  lambdas: dict[str, float], exploit_on: bool = True) -> dict[str, np.ndarray]:
-    """Per-round rewards f[r, t] of one group in `pooled` mode, term by term (SPEC 4.2 step 2).
+    """Per-round rewards f[r, t] of one group in `pooled` mode, term by term (docs/spec.md §4.2 step 2).
 
     train: u = s*payoff_t and x = -lambda_x*x_t; exploit: e = -lambda_e*s*(opp_t - agent_t), or 0 when
     the opponent's running advantage is <= 0 (`exploit_on`: the gradient of max(0, .)); collusive:
@@ -131,7 +131,7 @@ def paper_terms(game: Game, records: Sequence[EpisodeRecord], scale: float, lamb
     `per_rollout` (the paper's text): rollout r's e_r, c_r come from its own auxiliary episodes, x_r
     from its own episode. `shared` (the paper's Algorithm 1): every entry of `aux` is the same set, and
     x is the group's mean, so the penalty is one number per group: it cancels in any baseline.
-    The auxiliary episodes are never trained on, so e and c cannot have a gradient here (SPEC 4.1).
+    The auxiliary episodes are never trained on, so e and c cannot have a gradient here (docs/spec.md §4.1).
     """
     n, T = len(records), len(records[0].rounds)
     le, lc, lx = (float(lambdas[k]) for k in ("e", "c", "x"))
@@ -151,7 +151,7 @@ def paper_terms(game: Game, records: Sequence[EpisodeRecord], scale: float, lamb
 # --------------------------------------------------------------------------- credit and baseline
 def credit_returns(f: np.ndarray, credit: str) -> np.ndarray:
     """G[r, t]: the return-to-go sum_{t' >= t} f[r, t'] (a decision at round t moves rounds t..T-1),
-    or the paper's per-round credit f[r, t] itself (myopic: SPEC 4.1)."""
+    or the paper's per-round credit f[r, t] itself (myopic: docs/spec.md §4.1)."""
     if credit == "return_to_go":
         return np.flip(np.cumsum(np.flip(f, axis=1), axis=1), axis=1)
     if credit == "round":
@@ -200,7 +200,7 @@ class EstimatorState:
 
     - `adv_scale`: a running mean of earlier batches' std of A, the ONE number a batch's advantages
       are divided by (`adv_norm=batch`). Dividing by the batch's own std would not be a pure rescale:
-      that std correlates with the estimate (per-parameter distortion 0.58-1.83x, SPEC 4.2).
+      that std correlates with the estimate (per-parameter distortion 0.58-1.83x, docs/spec.md §4.2).
     - `exploit_adv`: per exploit opponent, the per-episode advantages (opp - agent, per round) of the
       most recent `switch_episodes` episodes of earlier batches. The exploit term of an opponent is
       switched on while their mean is > 0 (and until that much history exists): the gradient of
@@ -279,7 +279,7 @@ def token_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tenso
 def old_policy_kl(logp: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
     """Per-token KL(pi_theta || pi_old) estimate from tokens sampled by pi_old: r log r - (r - 1), r = pi_theta/pi_old.
 
-    Unbiased and non-negative per token; drives the refresh of SPEC 4.3.
+    Unbiased and non-negative per token; drives the refresh of docs/spec.md §4.3.
     """
     log_ratio = logp - logp_old
     ratio = torch.exp(log_ratio)

@@ -23,7 +23,7 @@ import numpy as np
 
 Explained = tuple[str, dict[str, Any], "str | None"]
 
-#: registered alias -> the name the explainers use (SPEC section 2: "a name that equals an opponent
+#: registered alias -> the name the explainers use (docs/spec.md §2: "a name that equals an opponent
 #: is the same strategy").
 ALIASES = {
     "ipd": {"TitForTat": "TFT", "GrimTrigger": "Grim", "AlwaysDefect": "AlwaysD", "AlwaysCooperate": "AlwaysC"},

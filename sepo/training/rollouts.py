@@ -1,4 +1,4 @@
-"""One SEPO rollout batch: which episodes to play, and the advantage of every decision (SPEC 4.2).
+"""One SEPO rollout batch: which episodes to play, and the advantage of every decision (docs/spec.md §4.2).
 
 `BatchBuilder.collect` = `plan` (the episodes) -> `play_matches` (the arena, all in lockstep: one
 agent call per decision point) -> `assemble` (rewards, credit, baseline, weights, scale).
@@ -103,7 +103,7 @@ class BatchBuilder:
         self.seed = int(s.seed)  # the training seed (sepo.seed, default: seed)
         self.mirrored = bool(cfg.game.get("mirrored", False))
         self.lambdas = {k: float(v) for k, v in cfg.lambdas.train.items()}
-        self.reward_scale = float(s.reward_scale) / float(cfg.game.max_payoff)  # s of SPEC 4.1
+        self.reward_scale = float(s.reward_scale) / float(cfg.game.max_payoff)  # s of docs/spec.md §4.1
         self.n, self.aux_episodes = int(s.rollouts_per_opponent), int(s.aux_episodes)
         self.mode, self.credit, self.adv_norm = str(s.penalty_mode), str(s.credit), str(s.adv_norm)
         self.eps = float(s.adv_eps)

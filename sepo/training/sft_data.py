@@ -1,4 +1,4 @@
-"""The SFT datasets `multi`, `kuhn` and `neg_gt` as chat JSONL (SPEC section 2).
+"""The SFT datasets `multi`, `kuhn` and `neg_gt` as chat JSONL (docs/spec.md §2).
 
 Data comes from the same machinery evaluation uses: the arena plays demonstrator episodes in
 lockstep against the game's datagen opponents, and every agent decision is rendered with

@@ -1,0 +1,63 @@
+"""`python -m analysis.report <summary.json> [--doc docs/results.md]`: the five-game table of the docs, from data.
+
+Renders `summary.json` (written by `analysis.summary`, e.g. by `launch/tiny_paper.sh`) as a Markdown
+table and puts it between the `<!-- five-games:begin -->` and `<!-- five-games:end -->` markers of
+the document, so the published figures are always the ones the run wrote, never typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from analysis.summary import KEYS
+
+BEGIN, END = "<!-- five-games:begin -->", "<!-- five-games:end -->"
+HEADERS = {"delta_j_train_vs_sft": "ΔJ (training λ) vs SFT", "delta_safety_vs_payoff_only": "ΔSafety vs payoff-only",
+           "delta_safety_vs_sft": "ΔSafety vs SFT", "delta_exploit_vs_sft": "ΔExploit vs SFT"}
+
+
+def cell(stat: dict) -> str:
+    if stat.get("mean") is None:
+        return "--"
+    se = stat.get("se")
+    held = "" if se in (None, 0) else (" **↑**" if stat["mean"] > 2 * se else " **↓**" if stat["mean"] < -2 * se else "")
+    return f"{stat['mean']:+.3f} ± {se:.3f}{held}" if se is not None else f"{stat['mean']:+.3f}"
+
+
+def table(summary: dict, which: str | None = None) -> str:
+    rows = ["| game | seeds | " + " | ".join(HEADERS[k] for k in KEYS) + " |", "|---" * (len(KEYS) + 2) + "|"]
+    for game, s in summary.items():
+        block = s if which is None else s[which]
+        rows.append(f"| {game} | {len(s['seeds'])} | " + " | ".join(cell(block[k]) for k in KEYS) + " |")
+    return "\n".join(rows)
+
+
+def section(summary: dict, source: str) -> str:
+    return (f"{BEGIN}\n## The five games on the tiny model\n\nFrom `{source}` (`python -m analysis.report`): mean ± SE over "
+            "SEPO seeds of the paired differences, each run at its best checkpoint chosen on validation episodes and "
+            "reported on the test episodes; **↑**/**↓**: more than 2 SE from 0.\n\n" + table(summary)
+            + "\n\nAt the runs' final checkpoints (a gap to the table above is drift late in training):\n\n"
+            + table(summary, "final") + f"\n{END}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("summary", type=Path)
+    parser.add_argument("--doc", type=Path, default=Path("docs/results.md"))
+    args = parser.parse_args(argv)
+    summary = json.loads(args.summary.read_text())
+    text = args.doc.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"error: {args.doc} has no {BEGIN} ... {END} markers to fill", file=sys.stderr)
+        return 2
+    head, rest = text.split(BEGIN, 1)
+    args.doc.write_text(head + section(summary, str(args.summary)) + rest.split(END, 1)[1])
+    print(f"wrote the five-game table of {args.summary} into {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
