@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     for game, s in summary.items():
-        print(f"{game}: " + ", ".join(f"{k.removeprefix('delta_')} {s[k]['mean']:+.3f} ± {s[k]['se'] or float('nan'):.3f}"
+        print(f"{game}: " + ", ".join(f"{k.removeprefix('delta_')} {s[k]['mean']:+.3f} ± {s[k]['se'] if s[k]['se'] is not None else float('nan'):.3f}"
                                       for k in KEYS if s[k]["mean"] is not None))
     print(f"wrote {out}")
     return 0

@@ -18,8 +18,8 @@ the evaluation: every run, and the SFT model, is evaluated on the same episodes 
 Re-running with the same --root reuses every finished run (their DONE markers). Prints a per-seed
 table, mean +- SE over seeds of safety, exploit, collusion, ext, pay (and exploit_exact on Kuhn) per
 arm, and the paired differences SEPO - payoff-only and SEPO - SFT; the last line is a JSON object
-{"game", "seeds", "steps", "runs", "summary", "delta_safety_vs_payoff_only", "delta_collusion_vs_payoff_only",
- "delta_safety_vs_sft", "delta_exploit_vs_sft", "sft", "collusion_by_round", "targets", "seconds"}
+{"game", "seeds", "steps", "runs", "summary", "delta_j_train_vs_sft", "delta_safety_vs_payoff_only",
+ "delta_collusion_vs_payoff_only", "delta_safety_vs_sft", "delta_exploit_vs_sft", "sft", "collusion_by_round", "targets", "seconds"}
 (collusion_by_round: per arm, the mean over seeds of the collusive-pool share by round, and the SFT model's).
 """
 
@@ -37,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from analysis.summary import j_train, objective  # noqa: E402  (J at the training lambdas, as summary.json)
 ARMS = {
     "sepo": [],
     "payoff_only": ["lambdas=zero"],
@@ -132,7 +134,7 @@ def main() -> None:
                      f"sepo.steps={args.steps}", "sepo.checkpoint_steps=[]", *arms[arm], *args.overrides],
                     out, threads, root / f"{arm}_seed_{seed}.log")
         run = run_dir(out)
-        return job, json.loads((run / "eval" / f"step_{args.steps}" / "results.json").read_text())
+        return job, {**json.loads((run / "eval" / f"step_{args.steps}" / "results.json").read_text()), "run_dir": run}
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = dict(pool.map(train, jobs))
@@ -166,13 +168,17 @@ def main() -> None:
         out["collusion_by_round"] = {**({"sft": sft_row} if sft_row else {}), **{
             arm: [round(float(sum(col)) / len(col), 4) for col in zip(*rows)] for arm, rows in by_round.items()
             if rows and all(rows)}}
-    if "sepo" in args.arms:
+    if "sepo" in args.arms:  # the keys of analysis.summary (summary.json), at the final checkpoint
+        out["delta_j_train_vs_sft"] = mean_se([j_train(results[("sepo", s)]["metrics"], objective(results[("sepo", s)]["run_dir"]))
+                                               - j_train(sft["metrics"], objective(results[("sepo", s)]["run_dir"]))
+                                               for s in args.seeds])
+        if "payoff_only" in args.arms:
+            out["delta_safety_vs_payoff_only"] = paired("safety", "payoff_only")
         out["delta_safety_vs_sft"] = paired("safety", None)
         out["delta_exploit_vs_sft"] = paired("exploit", None)
         if "exploit_exact" in keys:
             out["delta_exploit_exact_vs_sft"] = paired("exploit_exact", None)
         if "payoff_only" in args.arms and not exact:  # Kuhn: kuhn_targets above
-            out["delta_safety_vs_payoff_only"] = paired("safety", "payoff_only")
             out["delta_collusion_vs_payoff_only"] = paired("collusion", "payoff_only")
             for arm in [a for a in args.arms if a not in ARMS]:
                 out[f"{arm}_delta_collusion_vs_payoff_only"] = paired("collusion", "payoff_only", arm)
