@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--launch", default="slurm", choices=("slurm", "submitit_local", "local"),
                         help="conf/launch preset (default slurm; submitit_local tries the SLURM code path here)")
     parser.add_argument("--no-tables", action="store_true", help="skip `python -m analysis.tables` after each sweep")
+    parser.add_argument("--tables-anyway", action="store_true", help="write the tables even when a job failed")
     args, overrides = parser.parse_known_args()
     overrides = [e for e in args.experiments if "=" in e] + overrides  # key=value words are Hydra overrides
     args.experiments = [e for e in args.experiments if "=" not in e]
@@ -70,9 +71,15 @@ def main() -> None:
             continue
         command = [sys.executable, "main.py", "-m", f"+experiment={experiment}", f"+launch={args.launch}", *overrides]
         print("+ " + shlex.join(command), file=sys.stderr, flush=True)
-        subprocess.run(command, cwd=ROOT, check=True)
+        code = subprocess.run(command, cwd=ROOT).returncode
+        if code and not args.tables_anyway:
+            print(f"error: sweep {sweep_name} exited {code} (failed jobs: outputs/sweeps/{sweep_name}/sweep_summary.json); "
+                  "tables not written (--tables-anyway writes them)", file=sys.stderr)
+            sys.exit(1)
         if not args.no_tables:
-            subprocess.run([sys.executable, "-m", "analysis.tables", f"outputs/sweeps/{sweep_name}"], cwd=ROOT, check=True)
+            code = subprocess.run([sys.executable, "-m", "analysis.tables", f"outputs/sweeps/{sweep_name}"], cwd=ROOT).returncode
+            if code:
+                sys.exit(code)
 
 
 if __name__ == "__main__":

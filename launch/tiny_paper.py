@@ -87,8 +87,9 @@ def expand(phase: Phase, out: Path, overrides: list[str]) -> list[list[str]]:
 
 
 def failed_jobs(sweep_dir: Path) -> list[str]:
+    """The failed jobs the sweep's summary names (the sweep exits 1 when there are any)."""
     summary = sweep_dir / "sweep_summary.json"
-    return json.loads(summary.read_text()).get("failed", []) if summary.exists() else ["(no sweep_summary.json)"]
+    return json.loads(summary.read_text()).get("failed", []) if summary.exists() else []
 
 
 def run(command: list[str]) -> int:
@@ -129,7 +130,7 @@ def main() -> int:
         t0 = time.time()
         code = run(sweep_command(phase, out, args.jobs, overrides))
         seconds[phase.name] = round(time.time() - t0, 1)
-        failed = failed_jobs(out / phase.name) if code == 0 else [f"the sweep itself exited {code}"]
+        failed = failed_jobs(out / phase.name) or ([f"the sweep itself exited {code}"] if code else [])
         failures += [f"{phase.name}/{name}" for name in failed]
         if failed and phase.name in ("sft", "sft_eval") and not args.tables_anyway:
             break  # nothing downstream can start without its SFT

@@ -110,3 +110,7 @@ def main() -> None:
         print(error, file=sys.stderr)
         sys.exit(2)
     _hydra_main()
+    from sepo import sweep
+
+    if sweep.last_sweep_failures:  # a sweep succeeds only when every job is done or skipped
+        sys.exit(1)

@@ -40,6 +40,10 @@ def summarise(sweep_dir: Path, since: float = 0.0) -> dict[str, list[str]]:
     return jobs
 
 
+#: failed jobs of the last sweep this process launched (None: no sweep); `sepo.cli` exits 1 when > 0
+last_sweep_failures: int | None = None
+
+
 class SweepSummary(Callback):
     def __init__(self) -> None:
         self.started = time.time()
@@ -55,3 +59,5 @@ class SweepSummary(Callback):
         lines += [f"  FAILED {name} (see its FAILED file)" for name in jobs["failed"]]
         print("\n".join(lines), flush=True)
         (sweep_dir / "sweep_summary.json").write_text(json.dumps(jobs, indent=2) + "\n")
+        global last_sweep_failures
+        last_sweep_failures = counts["failed"]
