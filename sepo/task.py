@@ -7,12 +7,16 @@ cell from a missing one. The tracker is always finished, even when the stage rai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -30,6 +34,34 @@ log = logging.getLogger(__name__)
 DATA_PARALLEL_STAGES = ("sft", "sepo", "pipeline")
 
 
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT) or SIGTERM (what SLURM sends before preempting a job) arrived: the run stops, is
+    marked FAILED, closes its tracker, and a re-run resumes it. A BaseException, like KeyboardInterrupt,
+    so that no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interruptible():
+    """SIGINT and SIGTERM raise `Interrupted` inside the stage (only the main thread can take signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def _multirun() -> bool:
     try:
         return HydraConfig.get().mode == RunMode.MULTIRUN
@@ -38,6 +70,11 @@ def _multirun() -> bool:
 
 
 def run_task(cfg: DictConfig) -> dict | None:
+    with interruptible():
+        return _run_task(cfg)
+
+
+def _run_task(cfg: DictConfig) -> dict | None:
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.resume == "auto" and (out / "DONE").exists():
@@ -67,6 +104,11 @@ def run_task(cfg: DictConfig) -> dict | None:
                                                   "processes": distributed.world_size()}) + "\n")
             record_status(out, "done")
         return result
+    except Interrupted as err:  # one line, a FAILED marker that says so, and the conventional 128 + signal
+        (out / "FAILED").write_text(f"interrupted by {err}; re-run the same command to resume\n")
+        record_status(out, "failed", f"interrupted by {err}")
+        print(f"error: interrupted by {err}; {out} is marked FAILED, re-run the same command to resume", file=sys.stderr)
+        sys.exit(128 + err.signum)
     except ConfigError as err:
         (out / "FAILED").write_text(f"ConfigError: {err}\n")
         record_status(out, "failed", str(err))

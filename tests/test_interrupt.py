@@ -1,0 +1,41 @@
+"""Ctrl-C and SIGTERM (SLURM preemption) stop a run with one line, a FAILED marker that says so, and a
+re-run that completes it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT
+
+LONG_EVAL = ["stage=eval", "model=scripted", "logger=wandb", "eval.progress=false", "eval.episodes_per_opponent=400"]
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_marks_failed_closes_the_tracker_and_a_rerun_resumes(tmp_path, cli, signum, code):
+    env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), *LONG_EVAL], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list((tmp_path / "outputs").rglob("wandb/offline-run-*")) and time.time() < deadline:
+        time.sleep(0.2)  # the stage has started once its tracker exists
+    time.sleep(1.0)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-3000:]
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and signal.Signals(signum).name in lines[0] and "Traceback" not in err, err[-3000:]
+    (failed,) = list((tmp_path / "outputs").rglob("FAILED"))
+    assert "interrupted by " + signal.Signals(signum).name in failed.read_text()
+    assert not list((tmp_path / "outputs").rglob("DONE"))
+    (run,) = list((tmp_path / "outputs").rglob("wandb/offline-run-*"))
+    assert list(run.glob("*.wandb"))  # the tracker wrote its file and was finished
+
+    again = cli(*LONG_EVAL)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert list((tmp_path / "outputs").rglob("DONE")) and not list((tmp_path / "outputs").rglob("FAILED"))
