@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from sepo import distributed, tracking
+from sepo import distributed, reuse, tracking
 from sepo.config import validate
 from sepo.errors import ConfigError
 from sepo.stages import get_stage
@@ -69,6 +69,26 @@ def _multirun() -> bool:
         return False
 
 
+def _skip_finished(out: Path, cfg: DictConfig) -> None:
+    """A finished run is skipped when it ran with these settings, refused (one line) when it did not;
+    either way it keeps its results, its DONE and its own .hydra record."""
+    differing = reuse.differences(out, cfg)
+    reuse.restore_hydra_record(out)
+    if differing:
+        message = (f"{out} finished with other settings: {'; '.join(differing[:5])}"
+                   + (f" (and {len(differing) - 5} more)" if len(differing) > 5 else "")
+                   + "; allowed: the same settings, another run dir (hydra.run.dir=...), or resume=never to rerun it")
+        record_status(out, "failed", message)
+        print(f"error: {message}", file=sys.stderr)
+        if _multirun():
+            return None
+        sys.exit(2)
+    log.info("skipping %s: DONE marker present (resume=auto)%s", out,
+             "" if differing is not None else "; it saved no settings to compare (finished before they were saved)")
+    record_status(out, "skipped")
+    return None
+
+
 def run_task(cfg: DictConfig) -> dict | None:
     with interruptible():
         return _run_task(cfg)
@@ -78,9 +98,7 @@ def _run_task(cfg: DictConfig) -> dict | None:
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.resume == "auto" and (out / "DONE").exists():
-        log.info("skipping %s: DONE marker present (resume=auto)", out)
-        record_status(out, "skipped")
-        return None
+        return _skip_finished(out, cfg)
     (out / "FAILED").unlink(missing_ok=True)
     log.info("%s", share_cores())  # before any torch work: parallel jobs must not fight over the cores
 
@@ -100,6 +118,7 @@ def _run_task(cfg: DictConfig) -> dict | None:
         result = stage(cfg, tracker) if main or cfg.stage.name in DATA_PARALLEL_STAGES else None
         distributed.barrier()
         if main:
+            reuse.save_finished(out, cfg)  # what a later launch of this dir must match to be skipped
             (out / "DONE").write_text(json.dumps({"stage": cfg.stage.name, "seconds": round(time.time() - started, 2),
                                                   "processes": distributed.world_size()}) + "\n")
             record_status(out, "done")

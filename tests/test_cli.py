@@ -80,3 +80,21 @@ def test_long_override_lists_give_bounded_stable_run_names():
     name = _run_name(long)
     assert len(name.encode()) <= MAX_RUN_NAME and name == _run_name(long) != _run_name(long + "x")
     assert _run_name("") == "default" and _run_name("a=b/c") == "a=b_c"
+
+
+def test_a_finished_run_is_reused_only_with_the_same_settings(cli, tmp_path):
+    """The same run dir asked for with another game is refused in one line naming the key; the finished
+    run keeps its results and its own .hydra record; a result-neutral key (eval.progress) is still a skip."""
+    run = tmp_path / "run"
+    args = ["stage=eval", "model=scripted", "logger=none", "eval.episodes_per_opponent=2", f"hydra.run.dir={run}"]
+    assert cli(*args, "game=ipd").returncode == 0
+    again = cli(*args, "game=ipd", "eval.progress=false")
+    assert again.returncode == 0 and "skipping" in again.stdout + again.stderr
+
+    other = cli(*args, "game=kuhn")
+    assert other.returncode == 2, other.stderr[-2000:]
+    lines = [line for line in other.stderr.strip().splitlines() if not line.startswith("warning: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "game.name='ipd' (now 'kuhn')" in lines[0], lines
+    assert "; allowed: " in lines[0] and not (run / "FAILED").exists() and (run / "DONE").exists()
+    assert json.loads((run / "results.json").read_text())["game"] == "ipd"
+    assert "name: ipd" in (run / ".hydra" / "config.yaml").read_text()
