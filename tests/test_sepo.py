@@ -157,6 +157,28 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
     assert any("eval/safety" in h for h in history)
 
 
+def test_a_damaged_checkpoint_falls_back_to_the_one_before_it(cli, tmp_path):
+    """The latest checkpoint's adapter truncated to half: the re-run says so in one log line naming its
+    path, resumes from the checkpoint before, and ends with the uninterrupted run's weights."""
+    args = [*SMALL, "sepo.steps=3", "sepo.checkpoint_steps=[1,2]", "sepo.refresh_steps=1", "logger=none"]
+    straight = cli(*args, "paths.root_dir=" + str(tmp_path / "a"))
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = cli(*args, "sepo.debug_kill_after_step=2", "paths.root_dir=" + str(tmp_path / "b"))
+    assert killed.returncode == -9
+    (run,) = [p.parent.parent for p in (tmp_path / "b" / "outputs").rglob("latest")]
+    adapter = run / "checkpoints" / "step_2" / "adapter" / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[: adapter.stat().st_size // 2])
+    assert not list((run / "checkpoints").glob(".*tmp"))  # every checkpoint was renamed into place whole
+
+    resumed = cli(*args, "paths.root_dir=" + str(tmp_path / "b"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = resumed.stdout + resumed.stderr
+    assert f"checkpoint {run / 'checkpoints' / 'step_2'} does not load" in log and "step_1 (step 1)" in log
+    (a,) = [final_adapter(r) for r in run_dirs(tmp_path / "a", "DONE")]
+    b = final_adapter(run)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
 def test_the_importance_ratio_is_one_on_a_fresh_batch(setup):
     """LoRA dropout 0 (the SEPO default): the training pass scores the sampled tokens exactly as sampling did."""
     from sepo.stages.sepo_loop import _pad, _policy_logprobs
