@@ -151,12 +151,16 @@ def collect_dir(root: str | Path) -> pd.DataFrame:
     root = Path(root)
     rows, runs_with_results = [], set()
     for path in sorted(root.rglob("results.json")):
+        run = run_dir_of(path)
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:  # e.g. a run killed mid-write
-            log.warning("skipping unreadable %s: %s", path, err)
+        except (OSError, json.JSONDecodeError) as err:  # e.g. a run killed mid-write: a failed row, with the reason
+            log.warning("unreadable %s: %s", path, err)
+            runs_with_results.add(run)
+            checkpoint = path.parent.name if path.parent.parent.name == "eval" else None
+            rows.append(make_row({**run_config(run), "checkpoint": checkpoint, "status": "failed",
+                                  "error": f"unreadable {path.name}: {err}", "run_dir": str(run.relative_to(root))}))
             continue
-        run = run_dir_of(path)
         runs_with_results.add(run)
         status, error = run_status(run)
         meta = {**data, "status": status, "error": error, "run_dir": str(run.relative_to(root))}

@@ -96,8 +96,8 @@ def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: La
     scripted = model.startswith("scripted:")
     for phase, label in (("base", "Base"), ("sft", "SFT")):
         cell = collect.latest(c, game, model, phase)
-        if cell is not None or not scripted:
-            yield ("Eval" if scripted else label), "---", cell, missing[phase]
+        if cell is not None or not scripted or (phase == "base" and collect.latest(c, game, model, "sft") is None):
+            yield ("Eval" if scripted else label), "---", cell, missing[phase]  # a scripted agent: one row, even failed
     if scripted:
         return
     best = collect.best_sepo(c, game, model, choose)

@@ -70,6 +70,8 @@ def check_group_overrides(argv: list[str]) -> str | None:
         if key not in groups:
             continue
         allowed = group_options(key, extra)
+        if not value.strip():
+            return f"error: {key}= is empty; allowed: {', '.join(allowed)}"
         values = value.removeprefix("choice(").removesuffix(")").split(",")
         for v in (v.strip() for v in values):
             if v and v != "null" and v not in allowed:
@@ -99,13 +101,84 @@ def check_root_dir(argv: list[str]) -> str | None:
     return None
 
 
+def check_hydra_dirs(argv: list[str]) -> str | None:
+    """The error line when `hydra.run.dir=` / `hydra.sweep.dir=` names a place no run dir can be made."""
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "${" not in value and not can_hold_outputs(value):
+            return f"error: {key}={value} is not allowed; allowed: a writable directory (or one that can be created)"
+    return None
+
+
+#: a `+key=` may add keys only to these free-form nodes (everything else is a typo the schema would hide)
+FREE_FORM = ("model.chat_template_kwargs",)
+
+
+def _known_keys(cfg: DictConfig) -> list[str]:
+    flat = []
+
+    def walk(node: object, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                flat.append(prefix + str(k))
+                walk(v, prefix + str(k) + ".")
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return flat
+
+
+def check_keys(argv: list[str]) -> str | None:
+    """The error line for the first override naming a key the config does not have (with the closest
+    known key), or a `+key` the schema does not know; None when every key exists.
+
+    The config is composed with the command line's group choices (the first of a sweep's values), so
+    the keys are those of the game, model, ... asked for. Hydra's own keys are left to Hydra."""
+    import difflib
+
+    from hydra import compose, initialize_config_dir
+
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+    choices, keys = [], []
+    for arg in argv:
+        if "=" not in arg or arg.startswith(("hydra.", "-")) or arg.startswith("~"):
+            continue
+        key, value = arg.split("=", 1)
+        if key.lstrip("+") in groups:
+            choices.append(f"{key}={value.removeprefix('choice(').removesuffix(')').split(',')[0]}")
+        else:
+            keys.append(key)
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=choices)
+    except Exception:  # noqa: BLE001 (a composition problem of its own: Hydra reports it)
+        return None
+    known = _known_keys(cfg)
+    for key in keys:
+        plain = key.lstrip("+")
+        exists = OmegaConf.select(cfg, plain, default=_MISSING) is not _MISSING
+        if key.startswith("+") and not exists and not plain.startswith(FREE_FORM):
+            close = difflib.get_close_matches(plain, known, n=1)
+            return (f"error: +{plain} adds a key the config does not know; allowed: an existing key"
+                    + (f" (did you mean {close[0]}?)" if close else "") + f", or new keys under {', '.join(FREE_FORM)}")
+        if not key.startswith("+") and not exists:
+            close = difflib.get_close_matches(plain, known, n=1)
+            return (f"error: {plain} is not a known key; allowed: a key of the config"
+                    + (f" (did you mean {close[0]}?)" if close else ""))
+    return None
+
+
+_MISSING = object()
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {message}\n"
 
 
 def main() -> None:
     warnings.formatwarning = _one_line_warning  # e.g. a pool overlap: one line, not a source excerpt
-    error = check_group_overrides(sys.argv[1:]) or check_root_dir(sys.argv[1:])
+    argv = sys.argv[1:]
+    error = (check_group_overrides(argv) or check_root_dir(argv) or check_hydra_dirs(argv)
+             or (None if user_config_dirs(argv) else check_keys(argv)))
     if error:
         print(error, file=sys.stderr)
         sys.exit(2)

@@ -134,6 +134,29 @@ def check_rules(cfg: DictConfig) -> None:
         _require(ok(value), f"{key}={value!r} is not allowed; allowed: {allowed}")
 
 
+TORCH_DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+LOGGER_MODES = ("offline", "online", "disabled")
+
+
+def check_model_and_logger(cfg: DictConfig) -> None:
+    dtype = cfg.model.get("dtype")
+    if cfg.model.name != "scripted":
+        _require(dtype in TORCH_DTYPES, f"model.dtype={dtype} is not allowed; allowed: {', '.join(TORCH_DTYPES)}")
+    if cfg.logger.get("name") == "wandb":
+        mode = cfg.logger.get("mode")
+        _require(mode in LOGGER_MODES, f"logger.mode={mode} is not allowed; allowed: {', '.join(LOGGER_MODES)}")
+        for key in ("project", "group"):
+            value = cfg.logger.get(key)
+            _require(isinstance(value, str) and value.strip() != "",
+                     f"logger.{key}={value!r} is not allowed; allowed: a non-empty name")
+        entity = cfg.logger.get("entity")
+        _require(entity is None or (isinstance(entity, str) and entity.strip() != ""),
+                 f"logger.entity={entity!r} is not allowed; allowed: null (your default) or a team or user name")
+        tags = OmegaConf.to_container(cfg.logger.tags) if OmegaConf.is_config(cfg.logger.get("tags")) else cfg.logger.get("tags")
+        _require(isinstance(tags, list) and all(isinstance(x, str) for x in tags),
+                 f"logger.tags={tags!r} is not allowed; allowed: a list of strings, e.g. [ablation]")
+
+
 def check_paths(cfg: DictConfig) -> None:
     """Paths a run will read or write, checked before any work (not deep inside a loader)."""
     root = str(cfg.paths.root_dir)
@@ -226,6 +249,7 @@ def validate(cfg: DictConfig) -> None:
     _require(0.0 < cfg.datagen.valid_fraction < 1.0,
              f"datagen.valid_fraction={cfg.datagen.valid_fraction} is not allowed; allowed: a number in (0, 1)")
     check_rules(cfg)
+    check_model_and_logger(cfg)
     _require(cfg.eval.get("phase") in (None, "sft"), f"eval.phase={cfg.eval.get('phase')} is not allowed; allowed: null, sft")
     if cfg.stage.name in ("sepo", "pipeline"):
         _require(cfg.eval.validation_seed != cfg.seed,

@@ -9,6 +9,7 @@ config directory is added with Hydra's `--config-dir DIR` (its groups extend or 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -23,7 +24,17 @@ CONF_DIR = _conf_dir()
 
 
 def can_hold_outputs(root: str | Path) -> bool:
-    """Whether run dirs can be created under `root`: its nearest existing ancestor is a writable directory."""
+    """Whether run dirs can be created under `root`: a file can actually be created (and is removed
+    again) in its nearest existing ancestor. Permission bits are not enough: as root, os.access says
+    yes to /proc, where nothing can be created."""
     path = Path(root).expanduser().absolute()
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    return existing is not None and existing.is_dir() and os.access(existing, os.W_OK)
+    if existing is None or not existing.is_dir():
+        return False
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".sepo-probe-", dir=existing)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import signal
 import sys
 import threading
@@ -69,6 +70,22 @@ def _multirun() -> bool:
         return False
 
 
+#: what a run dir holds when the run was rejected before any work (Hydra's record and log, our markers)
+UNTOUCHED = {".hydra", "FAILED", "launch_status.json"}
+
+
+def _remove_if_untouched(out: Path) -> None:
+    """Remove the run dir Hydra made for a command line that was then rejected, and its empty parents
+    (never a dir holding anything a run wrote: results, checkpoints, DONE)."""
+    if not out.is_dir() or any(p.name not in UNTOUCHED and p.suffix != ".log" for p in out.iterdir()):
+        return
+    shutil.rmtree(out)
+    for parent in out.parents:
+        if parent.name in ("runs", "outputs") or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
 def _skip_finished(out: Path, cfg: DictConfig) -> None:
     """A finished run is skipped when it ran with these settings, refused (one line) when it did not;
     either way it keeps its results, its DONE and its own .hydra record."""
@@ -94,9 +111,25 @@ def run_task(cfg: DictConfig) -> dict | None:
         return _run_task(cfg)
 
 
+def _reject(out: Path, err: ConfigError) -> None:
+    """One line for a bad value. Alone it leaves no run dir (no work was done) and exits 2; in a sweep
+    the job is marked FAILED (unless it is a finished run, which keeps its results) and the sweep goes on."""
+    print(f"error: {err}", file=sys.stderr)
+    if not _multirun():
+        _remove_if_untouched(out)
+        sys.exit(2)
+    if not (out / "DONE").exists():
+        (out / "FAILED").write_text(f"ConfigError: {err}\n")
+    record_status(out, "failed", str(err))
+
+
 def _run_task(cfg: DictConfig) -> dict | None:
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        validate(cfg)  # every value before any work, and before a finished run is reused
+    except ConfigError as err:
+        return _reject(out, err)
     if cfg.resume == "auto" and (out / "DONE").exists():
         return _skip_finished(out, cfg)
     (out / "FAILED").unlink(missing_ok=True)
@@ -105,7 +138,6 @@ def _run_task(cfg: DictConfig) -> dict | None:
     tracker = None
     started = time.time()
     try:
-        validate(cfg)
         distributed.init()  # under torchrun: one process per device; rank 0 alone writes markers and logs
         main = distributed.is_main()
         if not main:  # one log: the other processes report warnings and errors only
@@ -128,13 +160,8 @@ def _run_task(cfg: DictConfig) -> dict | None:
         record_status(out, "failed", f"interrupted by {err}")
         print(f"error: interrupted by {err}; {out} is marked FAILED, re-run the same command to resume", file=sys.stderr)
         sys.exit(128 + err.signum)
-    except ConfigError as err:
-        (out / "FAILED").write_text(f"ConfigError: {err}\n")
-        record_status(out, "failed", str(err))
-        print(f"error: {err}", file=sys.stderr)
-        if _multirun():
-            return None
-        sys.exit(2)
+    except ConfigError as err:  # a stage's own check
+        return _reject(out, err)
     except Exception as err:  # keep the sweep going; the marker holds the traceback
         (out / "FAILED").write_text(f"{type(err).__name__}: {err}\n\n{traceback.format_exc()}")
         record_status(out, "failed", f"{type(err).__name__}: {err}")

@@ -93,7 +93,7 @@ def test_game_and_model_defaults_of_stage_settings_and_command_line_precedence(c
     assert compose_cfg("game=kuhn", "model=scripted", "sepo.lr=1e-4").sepo.lr == 1e-4
     assert ipd.sepo.steps == 100 and ipd.eval.max_new_tokens == 256 and ipd.eval.episodes_per_opponent == 20
     tiny = compose_cfg("game=kuhn", "model=tiny")  # the model's own defaults, then the game's, then docs/spec.md §4
-    assert (tiny.sepo.lr, tiny.sepo.beta, tiny.sepo.steps, tiny.eval.max_new_tokens) == (1.0e-3, 0.2, 10, 48)
+    assert (tiny.sepo.lr, tiny.sepo.beta, tiny.sepo.steps, tiny.eval.max_new_tokens) == (1.0e-3, 0.2, 60, 48)
     assert compose_cfg("model=tiny", "sepo.steps=3", "eval.max_new_tokens=7").sepo.steps == 3
 
 
@@ -105,6 +105,7 @@ EXPECTED_CHOICES = {
     "paper_sft_degradation": {"stage": "pipeline"},
     "paper_grid": {"stage": "pipeline"},
     "ablation_penalty_mode": {"stage": "sepo", "game": "ipd"},
+    "tiny_paper": {"model": "tiny", "logger": "none"},  # launch/tiny_paper.sh's shared settings, not a sweep
 }
 
 
@@ -119,6 +120,9 @@ def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
     for group, option in EXPECTED_CHOICES[preset].items():
         assert choices[group] == option, (preset, group)
     assert choices["lambdas"] == choices["game"]  # lambdas still follow the preset's game
+    if preset == "tiny_paper":  # the launcher makes the sweeps; the preset holds what all its jobs share
+        assert (cfg.sepo.steps, cfg.eval.episodes_per_opponent) == (40, 20)
+        return
     assert cfg.sweep_name == preset
     assert cfg.hydra.mode.name == "MULTIRUN"
     if preset == "ablation_penalty_mode":
