@@ -345,3 +345,39 @@ def test_the_best_checkpoint_is_chosen_on_validation_episodes_and_reported_on_th
     (run / "eval" / "step_5" / "validation.json").unlink()  # an older run: no validation episodes
     fallback = collect.best_sepo(collect.cells(collect.collect_dir(tmp_path / "sweep")), "ipd", "tiny")
     assert (fallback["checkpoint"], fallback["chosen_on"]) == ("step_5", "reported")
+
+
+def test_tables_show_what_is_missing(tmp_path):
+    """An unreadable results.json is a failed row with its reason; a game whose only job failed still
+    gets its table, of --(dagger)."""
+    import yaml
+
+    good = tmp_path / "ipd_run"
+    good.mkdir()
+    (good / "results.json").write_text(json.dumps({"game": "ipd", "model": "scripted:TFT", "stage": "eval",
+                                                   "seed": 42, "lambdas": {"e": 1, "c": 1, "x": 1},
+                                                   "metrics": {"pay": 2.0, "safety": 1.0}, "se": {}}))
+    (good / "DONE").write_text("{}\n")
+    broken = tmp_path / "ipd_sepo" / "eval" / "step_5"
+    broken.mkdir(parents=True)
+    (broken / "results.json").write_text('{"game": "ipd", "metr')  # killed mid-write
+    (tmp_path / "ipd_sepo" / ".hydra").mkdir()
+    (tmp_path / "ipd_sepo" / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+        {"game": {"name": "ipd"}, "model": {"name": "tiny"}, "stage": {"name": "sepo"}, "seed": 42}))
+    failed = tmp_path / "kuhn_run"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+        {"game": {"name": "kuhn", "reference_strategy": "NashApx"}, "model": {"name": "scripted", "strategy": None},
+         "stage": {"name": "eval"}, "seed": 42}))
+    (failed / "FAILED").write_text("RuntimeError: boom\n")
+
+    df = collect.collect_dir(tmp_path)
+    unreadable = df[df["run_dir"] == "ipd_sepo"].iloc[0]
+    assert unreadable["status"] == "failed" and unreadable["error"].startswith("unreadable results.json")
+    assert unreadable["checkpoint"] == "step_5" and unreadable["phase"] == "sepo"
+    written = tables.write_all(df, tmp_path / "tables")
+    kuhn = (tmp_path / "tables" / "table_kuhn.tex").read_text()
+    assert r"--$^\dagger$" in kuhn and r"$^\dagger$: run failed" in kuhn and "Scripted NashApx" in kuhn
+    ipd = (tmp_path / "tables" / "table_ipd.tex").read_text()
+    assert r"SEPO & --$^\dagger$" in ipd  # the tiny model's SEPO cell: its only results file is unreadable
+    assert any(p.name == "results.csv" for p in written)
