@@ -157,6 +157,21 @@ def check_model_and_logger(cfg: DictConfig) -> None:
                  f"logger.tags={tags!r} is not allowed; allowed: a list of strings, e.g. [ablation]")
 
 
+def in_hub_cache(repo_id: str, revision: str | None) -> bool:
+    """Whether the hub id's config is in the local Hugging Face cache (no network is touched)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    return isinstance(found, str)
+
+
+def hub_download_hint(repo_id: str, revision: str | None) -> str:
+    rev = f" --revision {revision}" if revision else ""
+    return (f"model.path={repo_id} is not in the Hugging Face cache and model.download=false; allowed: a local copy "
+            f"(`hf download {repo_id}{rev}` where the hub is reachable, then model.path=<its directory> or the same "
+            "hub id), or model.download=true to fetch it now")
+
+
 def check_paths(cfg: DictConfig) -> None:
     """Paths a run will read or write, checked before any work (not deep inside a loader)."""
     root = str(cfg.paths.root_dir)
@@ -169,6 +184,8 @@ def check_paths(cfg: DictConfig) -> None:
         _require(local.is_dir() or looks_like_hub_id,
                  f"model.path={path} is not allowed; allowed: an existing checkpoint directory, or a hub id "
                  "(org/name) already in the Hugging Face cache")
+        if looks_like_hub_id and not local.is_dir() and not cfg.model.get("download", False):
+            _require(in_hub_cache(str(path), cfg.model.get("revision")), hub_download_hint(str(path), cfg.model.get("revision")))
 
 
 def validate_pools(game: str, pools: Any, key: str = "game.pools") -> list[str]:

@@ -245,7 +245,9 @@ def load_model_and_tokenizer(model_cfg: Any, cache_dir: str | Path, device: str 
     dtype = model_cfg.get("dtype", "float32")
     dtype = dtype if dtype == "auto" else _resolve(dtype, "model.dtype", torch)  # auto: the checkpoint's own
     common = {"trust_remote_code": bool(model_cfg.get("trust_remote_code", False)),
-              "revision": model_cfg.get("revision")}
+              "revision": model_cfg.get("revision"),
+              # a hub id is read from the local cache unless model.download says to fetch it: no network waits
+              "local_files_only": not _looks_local(path) and not Path(path).is_dir() and not model_cfg.get("download", False)}
     extra = {"attn_implementation": model_cfg.attn_implementation} if model_cfg.get("attn_implementation") else {}
     if _looks_local(path):
         path = str(Path(path).expanduser())

@@ -51,3 +51,14 @@ def test_a_bad_value_is_one_line_exit_2_and_no_done(cli, tmp_path, args, named):
     assert lines[0].startswith("error: ") and named in lines[0] and "; allowed: " in lines[0], lines[0]
     assert not list(tmp_path.rglob("DONE"))
     assert not list((tmp_path / "outputs" / "runs").glob("*")) if (tmp_path / "outputs" / "runs").exists() else True
+
+
+def test_a_hub_id_not_in_the_cache_fails_in_seconds_naming_the_download(cli, tmp_path):
+    """Offline by default: no network wait, one line with the `hf download` command."""
+    import time
+
+    started = time.time()
+    proc = cli("stage=eval", "model=gemma4", "logger=none", env={"HF_HOME": str(tmp_path / "empty_hf_home")})
+    assert proc.returncode == 2 and time.time() - started < 30, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning: ")]
+    assert len(lines) == 1 and "hf download google/gemma-4-E4B-it" in lines[0] and "model.download=true" in lines[0]

@@ -324,6 +324,6 @@ def test_config_validation_requires_a_model_path(compose_cfg):
     from sepo.config import validate
 
     validate(compose_cfg("model=tiny"))
-    validate(compose_cfg("model=qwen"))
+    validate(compose_cfg("model=qwen", "model.download=true"))  # fetched when the run loads it
     with pytest.raises(ConfigError, match=r"model\.path"):
         validate(compose_cfg("model=gemma4", "model.path=null"))
