@@ -359,6 +359,15 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path,
     assert third["resumed_from_step"] is None and third["global_step"] == 2
 
 
+def test_a_share_of_the_run_as_save_steps_checkpoints_every_fifth(compose_cfg, tmp_path, shared_cache):
+    """Tiny's default save_steps 0.2: a checkpoint every fifth of the run, whatever its length, so a kill
+    loses at most a fifth of it."""
+    run_task(compose_cfg("stage=sft", "model=tiny", f"paths.cache_dir={shared_cache}", *QUICK, *TINY_QUICK,
+                         "sft.max_steps=10", "sft.eval_steps=5", "sft.save_total_limit=null"))
+    assert compose_cfg("model=tiny").sft.save_steps == 0.2
+    assert sorted(int(p.name.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir()) == [2, 4, 6, 8, 10]
+
+
 # --------------------------------------------------------------------------- learning (slow)
 @pytest.mark.slow
 def test_default_tiny_sft_on_ipd_learns_the_demonstrators(tmp_path):

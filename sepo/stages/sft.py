@@ -103,7 +103,11 @@ def sft_settings(cfg: DictConfig) -> DictConfig:
         raise ConfigError(f"sft.dataset is not set and game.sft_dataset is missing for game={cfg.game.name}")
     if not 0.0 <= float(s.warmup_ratio) < 1.0:
         raise ConfigError(f"sft.warmup_ratio={s.warmup_ratio} is not allowed; allowed: a number in [0, 1)")
-    for key in ("per_device_batch_size", "grad_accum", "max_length", "eval_steps", "save_steps", "logging_steps",
+    save = s.save_steps
+    if not ((isinstance(save, int) and save >= 1) or (isinstance(save, float) and 0.0 < save < 1.0)):
+        raise ConfigError(f"sft.save_steps={save!r} is not allowed; allowed: an integer >= 1 (optimizer steps) or a "
+                          "number in (0, 1) (a share of the run's steps)")
+    for key in ("per_device_batch_size", "grad_accum", "max_length", "eval_steps", "logging_steps",
                 "eval_batch_size", "agreement_batch_size", "agreement_max_new_tokens", "prefix_min_tokens"):
         if not isinstance(s[key], int) or s[key] < 1:
             raise ConfigError(f"sft.{key}={s[key]!r} is not allowed; allowed: an integer >= 1")
@@ -440,7 +444,7 @@ def training_arguments(s: DictConfig, out: Path, has_valid: bool, progress: bool
         eval_strategy="steps" if has_valid else "no",
         eval_steps=int(s.eval_steps),
         save_strategy="steps",
-        save_steps=int(s.save_steps),
+        save_steps=s.save_steps,  # an int: steps; a float in (0, 1): that share of the run's steps
         save_total_limit=s.save_total_limit,
         logging_steps=int(s.logging_steps),
         logging_first_step=True,
