@@ -353,6 +353,12 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path,
     train_steps = [e["step"] for e in state["log_history"] if "loss" in e]
     assert train_steps == [1, 2, 3, 4]  # steps 1-2 come from the first run's checkpoint, 3-4 from the resumed run
 
+    (tmp_path / "DONE").unlink()  # the newest checkpoint damaged (weights cut in half): resume from the one before
+    weights = next((tmp_path / "checkpoints" / "checkpoint-4").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    run_task(compose_cfg(*common, "sft.max_steps=4", "resume=auto"))
+    assert json.loads((tmp_path / "sft_metrics.json").read_text())["resumed_from_step"] == 3
+
     (tmp_path / "DONE").unlink()
     run_task(compose_cfg(*common, "sft.max_steps=2", "resume=never"))  # never: old checkpoints are discarded
     third = json.loads((tmp_path / "sft_metrics.json").read_text())

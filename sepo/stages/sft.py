@@ -495,9 +495,42 @@ def training_data(s: DictConfig, model: Any, model_name: str, collator: ChatSFTC
     return trainer_cls, ListDataset(train_items), ListDataset(valid_items) if valid_items else None, batches
 
 
+def checkpoint_loads(ckpt: Path) -> str | None:
+    """None when every weight file and the trainer state of a Trainer checkpoint can be read, else why not."""
+    from safetensors import safe_open
+
+    try:
+        json.loads((ckpt / "trainer_state.json").read_text())
+        files = sorted(ckpt.glob("*.safetensors"))
+        if not files:
+            return "no .safetensors weights"
+        for file in files:
+            with safe_open(str(file), framework="pt") as weights:
+                for name in weights.keys():
+                    weights.get_slice(name)  # reads each tensor's header: a truncated file fails here
+        if (ckpt / "optimizer.pt").exists():
+            torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 (safetensors, pickle and JSON raise their own kinds)
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return None
+
+
+def newest_loadable_checkpoint(ckpt_dir: Path) -> str | None:
+    """The newest Trainer checkpoint that loads; a damaged one is reported in one line and skipped."""
+    if not ckpt_dir.is_dir():
+        return None
+    found = sorted((p for p in ckpt_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()),
+                   key=lambda p: int(p.name.split("-")[1]), reverse=True)
+    for ckpt in found:
+        problem = checkpoint_loads(ckpt)
+        if problem is None:
+            return str(ckpt)
+        log.warning("sft: checkpoint %s does not load (%s); falling back to the one before it", ckpt, problem)
+    return None
+
+
 def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
     from transformers import set_seed
-    from transformers.trainer_utils import get_last_checkpoint
 
     started = time.time()
     s = sft_settings(cfg)
@@ -537,7 +570,7 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
 
     # ---- training (resume=auto continues from the last Trainer checkpoint)
     ckpt_dir = out / "checkpoints"
-    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    last = newest_loadable_checkpoint(ckpt_dir)
     if cfg.resume != "auto" and ckpt_dir.exists():
         log.info("sft: resume=%s: removing old checkpoints in %s", cfg.resume, ckpt_dir)
         shutil.rmtree(ckpt_dir)
