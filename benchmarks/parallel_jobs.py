@@ -37,7 +37,9 @@ def environment(root: Path) -> dict[str, str]:
 
 
 def main_py(root: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "main.py"), *SMALL_SFT, *args], cwd=ROOT,
+    flags = [a for a in args if a.startswith("-")]  # Hydra's flags (-m) go before the overrides
+    return subprocess.Popen([sys.executable, str(ROOT / "main.py"), *flags, *SMALL_SFT,
+                             *[a for a in args if not a.startswith("-")]], cwd=ROOT,
                             env=environment(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
