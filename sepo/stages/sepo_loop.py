@@ -40,6 +40,7 @@ from omegaconf import DictConfig
 
 from sepo import distributed
 from sepo.stages.evaluate import evaluate_policy, pools_of, write_results
+from sepo.errors import one_line
 from sepo.games import Game, make_game
 from sepo.training.best_response import BestResponseSchedule
 from sepo.training.logprobs import token_logprobs
@@ -253,8 +254,7 @@ def load_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, pol
             saved = read_checkpoint(ckpt)
             best_response.load(ckpt)
         except Exception as err:  # noqa: BLE001 (any damage: safetensors, pickle, JSON, a missing file)
-            log.warning("checkpoint %s does not load (%s: %s); falling back to the one before it", ckpt,
-                        type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+            log.warning("checkpoint %s does not load (%s); falling back to the one before it", ckpt, one_line(err))
             continue
         set_peft_model_state_dict(model, saved["adapter"])
         state = saved["train_state"]

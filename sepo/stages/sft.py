@@ -54,7 +54,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sepo import distributed
-from sepo.errors import ConfigError
+from sepo.errors import ConfigError, one_line
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, lora_module_names, render_chat
 from sepo.training.sft_batching import (SFTBatchCollator, check_prefix_sharing, encode_examples, greedy_answers,
                                sft_trainer_class)
@@ -511,7 +511,7 @@ def checkpoint_loads(ckpt: Path) -> str | None:
         if (ckpt / "optimizer.pt").exists():
             torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")
     except Exception as err:  # noqa: BLE001 (safetensors, pickle and JSON raise their own kinds)
-        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return one_line(err)
     return None
 
 
