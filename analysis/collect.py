@@ -338,10 +338,14 @@ def best_sepo(c: pd.DataFrame, game: str, model: str, choose: str = "validation"
     """
     sel = phase_cells(c, game, model, phase)
     sel = sel[sel["safety"].notna()]
-    if sel.empty:
-        return None
-    validated = choose == "validation" and "valid_safety" in sel and sel["valid_safety"].notna().all()
-    best = sel.loc[selection_safety(sel, "valid_" if validated else "").idxmax()].copy()
+    return None if sel.empty else choose_best(sel, choose)
+
+
+def choose_best(checkpoints: pd.DataFrame, choose: str) -> pd.Series:
+    """The highest-`selection_safety` row of checkpoints that all have a safety (see `best_sepo`)."""
+    validated = (choose == "validation" and "valid_safety" in checkpoints
+                 and checkpoints["valid_safety"].notna().all())
+    best = checkpoints.loc[selection_safety(checkpoints, "valid_" if validated else "").idxmax()].copy()
     best["chosen_on"] = "validation" if validated else "reported"
     return best
 

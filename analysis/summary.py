@@ -60,13 +60,6 @@ def exploit_of(point: pd.Series) -> float:
     return exact if exact is not None and not pd.isna(exact) else point["exploit"]
 
 
-def chosen_checkpoint(run: pd.DataFrame, choose: str) -> pd.Series:
-    """A run's best checkpoint: highest safety on its validation episodes (or, `reported`, on the test ones)."""
-    run = run[run["safety"].notna()]
-    validated = choose == "validation" and "valid_safety" in run and run["valid_safety"].notna().all()
-    return run.loc[collect.selection_safety(run, "valid_" if validated else "").idxmax()]
-
-
 def runs_by_seed(df: pd.DataFrame, game: str, phase: str, choose: str) -> dict[int, dict[str, pd.Series]]:
     """train seed -> {"best": chosen checkpoint, "final": final checkpoint, "run_dir": ...} of one arm."""
     out = {}
@@ -75,7 +68,8 @@ def runs_by_seed(df: pd.DataFrame, game: str, phase: str, choose: str) -> dict[i
         final = run[run["checkpoint"] == "final"]
         if seed.empty or final.empty:
             continue  # unfinished or from before train seeds were recorded
-        out[int(seed.iloc[0])] = {"best": chosen_checkpoint(run, choose), "final": final.iloc[-1], "run_dir": run_dir}
+        best = collect.choose_best(run[run["safety"].notna()], choose)  # this run's own best, as the tables choose
+        out[int(seed.iloc[0])] = {"best": best, "final": final.iloc[-1], "run_dir": run_dir}
     return out
 
 
