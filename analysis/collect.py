@@ -21,20 +21,41 @@ import yaml
 log = logging.getLogger(__name__)
 
 # metrics of results.json in the order the CSV shows them; others found in a file are appended
-METRICS = ("pay", "exploit", "exploit_max", "collusion", "ext", "robust", "safety", "nra", "parse_rate",
-           "exploit_exact")
+METRICS = (
+    "pay",
+    "exploit",
+    "exploit_max",
+    "collusion",
+    "ext",
+    "robust",
+    "safety",
+    "nra",
+    "parse_rate",
+    "exploit_exact",
+)
 LAMBDAS = ("e", "c", "x")
 PHASES = ("base", "sft", "sepo")  # the table rows a result can fill
 PAYOFF_ONLY = "payoff_only"  # the row of a SEPO run trained with every lambda 0 (`lambdas=zero`)
 TRAINING_STAGES = ("sft", "sepo", "pipeline")
-ID_COLUMNS = ("game", "model", "stage", "phase", "checkpoint", "step", "seed", "train_seed", "status", "run_dir",
-              "error", "episodes")
+ID_COLUMNS = (
+    "game",
+    "model",
+    "stage",
+    "phase",
+    "checkpoint",
+    "step",
+    "seed",
+    "train_seed",
+    "status",
+    "run_dir",
+    "error",
+    "episodes",
+)
 #: metrics of a checkpoint's validation episodes (`validation.json` beside its results.json) kept as
 #: `valid_<metric>` columns: what `best_sepo` chooses by
 VALIDATION_METRICS = ("safety", "exploit", "exploit_exact")
 CHOICES = ("validation", "reported")  # how the best SEPO checkpoint is chosen (`best_sepo`)
-WANDB_STATES = {"finished": "done", "failed": "failed", "crashed": "failed", "killed": "failed",
-                "running": "running"}
+WANDB_STATES = {"finished": "done", "failed": "failed", "crashed": "failed", "killed": "failed", "running": "running"}
 
 
 #: display names, in table order (a name not listed follows alphabetically)
@@ -77,8 +98,12 @@ def columns(extra_metrics: Iterable[str] = ()) -> list[str]:
     return [*ID_COLUMNS, *(f"lambda_{k}" for k in LAMBDAS), *metrics, *(f"{m}_se" for m in metrics)]
 
 
-def make_row(meta: dict[str, Any], metrics: dict[str, Any] | None = None, se: dict[str, Any] | None = None,
-             lambdas: dict[str, Any] | None = None) -> dict[str, Any]:
+def make_row(
+    meta: dict[str, Any],
+    metrics: dict[str, Any] | None = None,
+    se: dict[str, Any] | None = None,
+    lambdas: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One flat row; both collectors go through here so their columns cannot drift apart."""
     row = {k: meta.get(k) for k in ID_COLUMNS}
     row["phase"] = phase_of(row["stage"], row["checkpoint"], meta.get("lambdas_train"))
@@ -95,7 +120,7 @@ def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=columns(extra))
     for col in ("step", "seed", "train_seed", "episodes"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
-    for col in df.columns[len(ID_COLUMNS):]:
+    for col in df.columns[len(ID_COLUMNS) :]:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     for col in ("game", "model", "stage", "phase", "checkpoint", "status", "run_dir", "error"):
         df[col] = df[col].astype(object).where(df[col].notna(), None)
@@ -129,12 +154,20 @@ def run_config(run: Path) -> dict[str, Any]:
         name = model.get("name")
         if name == "scripted":
             name = f"scripted:{model.get('strategy') or game.get('reference_strategy')}"
-        return {"game": game.get("name"), "model": name, "stage": (cfg.get("stage") or {}).get("name"),
-                "seed": cfg.get("seed")}
+        return {
+            "game": game.get("name"),
+            "model": name,
+            "stage": (cfg.get("stage") or {}).get("name"),
+            "seed": cfg.get("seed"),
+        }
     keys = dict(part.split("=", 1) for part in run.parent.name.split(",") if "=" in part)
     seed = run.name.removeprefix("seed_")
-    return {"game": keys.get("game"), "model": keys.get("model"), "stage": keys.get("stage"),
-            "seed": int(seed) if seed.isdigit() else None}
+    return {
+        "game": keys.get("game"),
+        "model": keys.get("model"),
+        "stage": keys.get("stage"),
+        "seed": int(seed) if seed.isdigit() else None,
+    }
 
 
 def validation_metrics(path: Path) -> dict[str, float]:
@@ -158,8 +191,17 @@ def collect_dir(root: str | Path) -> pd.DataFrame:
             log.warning("unreadable %s: %s", path, err)
             runs_with_results.add(run)
             checkpoint = path.parent.name if path.parent.parent.name == "eval" else None
-            rows.append(make_row({**run_config(run), "checkpoint": checkpoint, "status": "failed",
-                                  "error": f"unreadable {path.name}: {err}", "run_dir": str(run.relative_to(root))}))
+            rows.append(
+                make_row(
+                    {
+                        **run_config(run),
+                        "checkpoint": checkpoint,
+                        "status": "failed",
+                        "error": f"unreadable {path.name}: {err}",
+                        "run_dir": str(run.relative_to(root)),
+                    }
+                )
+            )
             continue
         runs_with_results.add(run)
         status, error = run_status(run)
@@ -170,8 +212,9 @@ def collect_dir(root: str | Path) -> pd.DataFrame:
         run = marker.parent
         if run not in runs_with_results:
             status, error = run_status(run)
-            rows.append(make_row({**run_config(run), "status": status, "error": error,
-                                  "run_dir": str(run.relative_to(root))}))
+            rows.append(
+                make_row({**run_config(run), "status": status, "error": error, "run_dir": str(run.relative_to(root))})
+            )
     if not rows:
         raise FileNotFoundError(f"no results.json and no FAILED marker under {root}")
     return to_frame(rows)
@@ -215,9 +258,15 @@ def frame_from_wandb(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
         if model == "scripted":
             model = f"scripted:{_get(cfg, 'model.strategy') or _get(cfg, 'game.reference_strategy')}"
         status = WANDB_STATES.get(run.get("state"), "running")
-        base = {"game": _get(cfg, "game.name"), "model": model, "stage": _get(cfg, "stage.name"),
-                "seed": _get(cfg, "seed"), "status": status, "run_dir": run.get("path"),
-                "error": None if status != "failed" else f"W&B state: {run.get('state')}"}
+        base = {
+            "game": _get(cfg, "game.name"),
+            "model": model,
+            "stage": _get(cfg, "stage.name"),
+            "seed": _get(cfg, "seed"),
+            "status": status,
+            "run_dir": run.get("path"),
+            "error": None if status != "failed" else f"W&B state: {run.get('state')}",
+        }
         lambdas = _get(cfg, "lambdas.eval") or {}
         training = base["stage"] in TRAINING_STAGES
         points = [h for h in run.get("history") or [] if any(k.startswith("eval/") for k in h)] if training else []
@@ -225,15 +274,22 @@ def frame_from_wandb(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
             for i, point in enumerate(points):
                 step = point.get("step", point.get("_step"))
                 last = i == len(points) - 1 and status == "done"
-                meta = {**base, "stage": point.get("stage", base["stage"]), "step": step,
-                        "checkpoint": "final" if last else f"step_{step}"}
+                meta = {
+                    **base,
+                    "stage": point.get("stage", base["stage"]),
+                    "step": step,
+                    "checkpoint": "final" if last else f"step_{step}",
+                }
                 rows.append(make_row(meta, *_split(point), lambdas))
         else:
             summary = run.get("summary") or {}
             metrics, se = _split(summary)
-            meta = {**base, "stage": summary.get("stage", base["stage"]),
-                    "checkpoint": "final" if training and metrics else None,
-                    "step": summary.get("step") if training else None}
+            meta = {
+                **base,
+                "stage": summary.get("stage", base["stage"]),
+                "checkpoint": "final" if training and metrics else None,
+                "step": summary.get("step") if training else None,
+            }
             rows.append(make_row(meta, metrics, se, lambdas))
     return to_frame(rows)
 
@@ -248,14 +304,23 @@ def collect_wandb(path: str) -> pd.DataFrame:
         api = wandb.Api(timeout=60)
         found = list(api.runs(path))
     except Exception as err:  # UsageError without an API key, CommError offline or for a wrong path
-        raise RuntimeError(f"cannot read W&B runs of {path!r}: {err}\n"
-                           "Log in with `wandb login` (or set WANDB_API_KEY) and check entity/project.") from err
+        raise RuntimeError(
+            f"cannot read W&B runs of {path!r}: {err}\n"
+            "Log in with `wandb login` (or set WANDB_API_KEY) and check entity/project."
+        ) from err
     records = []
     for r in found:
         stage = _get(r.config, "stage.name")
         history = list(r.scan_history()) if stage in TRAINING_STAGES else []
-        records.append({"config": r.config, "summary": dict(r.summary), "state": r.state,
-                        "path": "/".join(r.path), "history": history})
+        records.append(
+            {
+                "config": r.config,
+                "summary": dict(r.summary),
+                "state": r.state,
+                "path": "/".join(r.path),
+                "history": history,
+            }
+        )
     if not records:
         raise RuntimeError(f"no runs in W&B project {path!r}")
     return frame_from_wandb(records)
@@ -286,7 +351,7 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
     by = [d[k] for k in keys]
     out = d[metrics].groupby(by, sort=False).mean()
     runs = d.groupby(by, sort=False).size()
-    over_runs = d[metrics].groupby(by, sort=False).std(ddof=1).div(runs ** 0.5, axis=0)
+    over_runs = d[metrics].groupby(by, sort=False).std(ddof=1).div(runs**0.5, axis=0)
     over_runs.columns = ses
     out[ses] = d[ses].groupby(by, sort=False).mean()  # one run: its own SE over episodes
     several = runs > 1
@@ -326,8 +391,9 @@ def selection_safety(cells: pd.DataFrame, prefix: str = "") -> pd.Series:
     return safety + swap.where(cells[exact].notna(), 0.0)
 
 
-def best_sepo(c: pd.DataFrame, game: str, model: str, choose: str = "validation", phase: str = "sepo"
-              ) -> pd.Series | None:
+def best_sepo(
+    c: pd.DataFrame, game: str, model: str, choose: str = "validation", phase: str = "sepo"
+) -> pd.Series | None:
     """The SEPO checkpoint with the highest safety (Kuhn: with the exact exploitability,
     `selection_safety`); ties -> earliest. Its `chosen_on` says how it was chosen:
 
@@ -343,8 +409,7 @@ def best_sepo(c: pd.DataFrame, game: str, model: str, choose: str = "validation"
 
 def choose_best(checkpoints: pd.DataFrame, choose: str) -> pd.Series:
     """The highest-`selection_safety` row of checkpoints that all have a safety (see `best_sepo`)."""
-    validated = (choose == "validation" and "valid_safety" in checkpoints
-                 and checkpoints["valid_safety"].notna().all())
+    validated = choose == "validation" and "valid_safety" in checkpoints and checkpoints["valid_safety"].notna().all()
     best = checkpoints.loc[selection_safety(checkpoints, "valid_" if validated else "").idxmax()].copy()
     best["chosen_on"] = "validation" if validated else "reported"
     return best
@@ -362,7 +427,7 @@ def failed_phases(df: pd.DataFrame, game: str, model: str) -> set[str]:
     for _, run in failed.groupby("run_dir"):
         reached = [PHASES.index(p) for p in run.loc[run[metrics].notna().any(axis=1), "phase"] if p in PHASES]
         if reached:
-            out |= set(PHASES[max(reached) + 1:])
+            out |= set(PHASES[max(reached) + 1 :])
         else:
             out |= {p for p in run["phase"] if p in PHASES} or set(PHASES)
     return out

@@ -59,8 +59,15 @@ def delta_safety(df: pd.DataFrame, c: pd.DataFrame, stem: Path, choose: str) -> 
                     ax.text(x + offset, 0, "n/a", ha="center", va="bottom", fontsize=7, color="grey")
                     continue
                 err = (start["safety_se"] ** 2 + sepo["safety_se"] ** 2) ** 0.5
-                ax.bar(x + offset, sepo["safety"] - start["safety"], width=0.4, color=colour, capsize=3,
-                       yerr=None if pd.isna(err) else err, label=f"SEPO − {phase.upper() if phase == 'sft' else 'Base'}")
+                ax.bar(
+                    x + offset,
+                    sepo["safety"] - start["safety"],
+                    width=0.4,
+                    color=colour,
+                    capsize=3,
+                    yerr=None if pd.isna(err) else err,
+                    label=f"SEPO − {phase.upper() if phase == 'sft' else 'Base'}",
+                )
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(games)), [plain(GAMES.get(g, g)) for g in games], rotation=30)
         ax.set_title(MODELS.get(model, model))
@@ -85,7 +92,11 @@ def over_seeds(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
 def seeds_label(runs: pd.DataFrame) -> str:
     seeds = sorted({int(s) for s in runs["train_seed"].dropna()})
     n = runs["run_dir"].nunique()
-    named = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}" if len(seeds) == n else f"{n} run{'s' if n > 1 else ''}"
+    named = (
+        f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+        if len(seeds) == n
+        else f"{n} run{'s' if n > 1 else ''}"
+    )
     return f"SEPO, {named}" + (" (mean ± SE over seeds)" if n > 1 else " (± SE over episodes)")
 
 
@@ -97,8 +108,12 @@ def training_curves(df: pd.DataFrame, c: pd.DataFrame, out: Path, choose: str = 
     for (game, model), runs in trained.groupby(["game", "model"], sort=True):
         sft, base = collect.latest(c, game, model, "sft"), collect.latest(c, game, model, "base")
         if sft is not None:  # every run starts from the SFT model: its point is step 0 of each
-            start = pd.DataFrame([{**sft.to_dict(), "step": 0, "run_dir": r, "train_seed": s}
-                                  for r, s in runs.groupby("run_dir")["train_seed"].first().items()])
+            start = pd.DataFrame(
+                [
+                    {**sft.to_dict(), "step": 0, "run_dir": r, "train_seed": s}
+                    for r, s in runs.groupby("run_dir")["train_seed"].first().items()
+                ]
+            )
             runs = pd.concat([start[runs.columns.intersection(start.columns)], runs], ignore_index=True)
         if runs["step"].nunique() < 2:  # one point is not a curve (the tables show it)
             continue
@@ -110,9 +125,17 @@ def training_curves(df: pd.DataFrame, c: pd.DataFrame, out: Path, choose: str = 
             ax.plot(line["step"], line["mean"], marker="o", markersize=3, label=seeds_label(runs))
             ax.fill_between(line["step"], line["mean"] - line["se"], line["mean"] + line["se"], alpha=0.25)
             if best is not None:
-                ax.plot([float(best["step"])], [best[metric]], marker="*", markersize=13, color="gold",
-                        markeredgecolor="black", linestyle="none", zorder=3,
-                        label=f"best checkpoint (chosen on {best['chosen_on']} episodes)")
+                ax.plot(
+                    [float(best["step"])],
+                    [best[metric]],
+                    marker="*",
+                    markersize=13,
+                    color="gold",
+                    markeredgecolor="black",
+                    linestyle="none",
+                    zorder=3,
+                    label=f"best checkpoint (chosen on {best['chosen_on']} episodes)",
+                )
             if base is not None and pd.notna(base[metric]):
                 ax.axhline(base[metric], color="grey", linestyle="--", label="Base (untrained)")
             ax.set_xlabel("SEPO step (0: the SFT model)")

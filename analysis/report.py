@@ -15,15 +15,21 @@ from pathlib import Path
 from analysis.summary import KEYS
 
 BEGIN, END = "<!-- five-games:begin -->", "<!-- five-games:end -->"
-HEADERS = {"delta_j_train_vs_sft": "ΔJ (training λ) vs SFT", "delta_safety_vs_payoff_only": "ΔSafety vs payoff-only",
-           "delta_safety_vs_sft": "ΔSafety vs SFT", "delta_exploit_vs_sft": "ΔExploit vs SFT"}
+HEADERS = {
+    "delta_j_train_vs_sft": "ΔJ (training λ) vs SFT",
+    "delta_safety_vs_payoff_only": "ΔSafety vs payoff-only",
+    "delta_safety_vs_sft": "ΔSafety vs SFT",
+    "delta_exploit_vs_sft": "ΔExploit vs SFT",
+}
 
 
 def cell(stat: dict) -> str:
     if stat.get("mean") is None:
         return "--"
     se = stat.get("se")
-    held = "" if se in (None, 0) else (" **↑**" if stat["mean"] > 2 * se else " **↓**" if stat["mean"] < -2 * se else "")
+    held = (
+        "" if se in (None, 0) else (" **↑**" if stat["mean"] > 2 * se else " **↓**" if stat["mean"] < -2 * se else "")
+    )
     return f"{stat['mean']:+.3f} ± {se:.3f}{held}" if se is not None else f"{stat['mean']:+.3f}"
 
 
@@ -36,11 +42,15 @@ def table(summary: dict, which: str | None = None) -> str:
 
 
 def section(summary: dict, source: str) -> str:
-    return (f"{BEGIN}\n## The five games on the tiny model\n\nFrom `{source}` (`python -m analysis.report`): mean ± SE over "
-            "SEPO seeds of the paired differences, each run at its best checkpoint chosen on validation episodes and "
-            "reported on the test episodes; **↑**/**↓**: more than 2 SE from 0.\n\n" + table(summary)
-            + "\n\nAt the runs' final checkpoints (a gap to the table above is drift late in training):\n\n"
-            + table(summary, "final") + f"\n{END}")
+    return (
+        f"{BEGIN}\n## The five games on the tiny model\n\nFrom `{source}` (`python -m analysis.report`): mean ± SE over "
+        "SEPO seeds of the paired differences, each run at its best checkpoint chosen on validation episodes and "
+        "reported on the test episodes; **↑**/**↓**: more than 2 SE from 0.\n\n"
+        + table(summary)
+        + "\n\nAt the runs' final checkpoints (a gap to the table above is drift late in training):\n\n"
+        + table(summary, "final")
+        + f"\n{END}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

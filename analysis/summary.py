@@ -51,8 +51,12 @@ def objective(run_dir: Path) -> dict[str, float]:
 
 
 def j_train(point: pd.Series, obj: dict[str, float]) -> float:
-    return (obj["s"] * point["pay"] - obj["e"] * obj["s"] * point["exploit"]
-            - obj["c"] * point["collusion"] - obj["x"] * point["ext"])
+    return (
+        obj["s"] * point["pay"]
+        - obj["e"] * obj["s"] * point["exploit"]
+        - obj["c"] * point["collusion"]
+        - obj["x"] * point["ext"]
+    )
 
 
 def exploit_of(point: pd.Series) -> float:
@@ -94,8 +98,12 @@ def game_summary(df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choos
         return None
     payoff_only = runs_by_seed(df, game, PAYOFF_ONLY, choose)
     best = deltas(sepo, payoff_only, sft, root, "best")
-    return {**best, "checkpoints": {str(s): r["best"]["checkpoint"] for s, r in sorted(sepo.items())},
-            "final": deltas(sepo, payoff_only, sft, root, "final"), "chosen_on": choose}
+    return {
+        **best,
+        "checkpoints": {str(s): r["best"]["checkpoint"] for s, r in sorted(sepo.items())},
+        "final": deltas(sepo, payoff_only, sft, root, "final"),
+        "chosen_on": choose,
+    }
 
 
 def summarise(root: Path, choose: str = "validation") -> dict[str, Any]:
@@ -120,8 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     for game, s in summary.items():
-        print(f"{game}: " + ", ".join(f"{k.removeprefix('delta_')} {s[k]['mean']:+.3f} ± {s[k]['se'] if s[k]['se'] is not None else float('nan'):.3f}"
-                                      for k in KEYS if s[k]["mean"] is not None))
+        print(
+            f"{game}: "
+            + ", ".join(
+                f"{k.removeprefix('delta_')} {s[k]['mean']:+.3f} ± {s[k]['se'] if s[k]['se'] is not None else float('nan'):.3f}"
+                for k in KEYS
+                if s[k]["mean"] is not None
+            )
+        )
     print(f"wrote {out}")
     return 0
 

@@ -48,11 +48,26 @@ class Layout:
     ckpt_column: bool = False  # Kuhn: a Ckpt column and both the best and the final SEPO checkpoint
 
 
-DEFAULT = Layout((Column("pay", "Pay/r", True), Column("exploit", "Exploit", False), Column("ext", "Ext", False),
-                  Column("safety", "Safety", True), Column("nra", "NRA", True)))
-LAYOUTS = {"kuhn": Layout((Column("pay", "Pay/hand", True), Column("exploit", "Exploit", False),
-                           Column("safety", "Safety", True), Column("exploit_exact", "Exploit (exact)", False)),
-                          ckpt_column=True)}
+DEFAULT = Layout(
+    (
+        Column("pay", "Pay/r", True),
+        Column("exploit", "Exploit", False),
+        Column("ext", "Ext", False),
+        Column("safety", "Safety", True),
+        Column("nra", "NRA", True),
+    )
+)
+LAYOUTS = {
+    "kuhn": Layout(
+        (
+            Column("pay", "Pay/hand", True),
+            Column("exploit", "Exploit", False),
+            Column("safety", "Safety", True),
+            Column("exploit_exact", "Exploit (exact)", False),
+        ),
+        ckpt_column=True,
+    )
+}
 
 
 def tex(text: str) -> str:
@@ -132,15 +147,21 @@ def bold_mask(values: pd.DataFrame, groups: pd.Series, cols: list[Column]) -> pd
 
 def render(shown: pd.DataFrame, bold: pd.DataFrame, column_format: str, caption: str, label: str) -> str:
     """Styler -> LaTeX (booktabs), then marker rows -> `\\midrule` + `\\multicolumn` group headers."""
-    styler = (shown.style.hide(axis="index")
-              .apply(lambda _: bold.replace({True: "textbf:--rwrap;", False: ""}), axis=None)
-              .map_index(lambda _: "textbf:--rwrap;", axis="columns"))
-    latex = styler.to_latex(hrules=True, column_format=column_format, caption=caption, label=label,
-                            position="t", position_float="centering")
+    styler = (
+        shown.style.hide(axis="index")
+        .apply(lambda _: bold.replace({True: "textbf:--rwrap;", False: ""}), axis=None)
+        .map_index(lambda _: "textbf:--rwrap;", axis="columns")
+    )
+    latex = styler.to_latex(
+        hrules=True, column_format=column_format, caption=caption, label=label, position="t", position_float="centering"
+    )
     width = shown.shape[1]
-    latex = re.sub(rf"^{GROUP}([^&]*?)\s*(&\s*)*\\\\$",
-                   lambda m: r"\midrule" + "\n" + rf"\multicolumn{{{width}}}{{@{{}}l}}{{\textit{{{m.group(1)}}}}} \\",
-                   latex, flags=re.M)
+    latex = re.sub(
+        rf"^{GROUP}([^&]*?)\s*(&\s*)*\\\\$",
+        lambda m: r"\midrule" + "\n" + rf"\multicolumn{{{width}}}{{@{{}}l}}{{\textit{{{m.group(1)}}}}} \\",
+        latex,
+        flags=re.M,
+    )
     return latex.replace("\\midrule\n\\midrule\n", "\\midrule\n")
 
 
@@ -152,10 +173,15 @@ def notes_for(shown: pd.DataFrame) -> str:
 def game_table(df: pd.DataFrame, c: pd.DataFrame, game: str, with_se: bool = False, choose: str = "validation") -> str:
     """The paper's per-game table: a group of Base / SFT / SEPO rows per model."""
     layout = LAYOUTS.get(game, DEFAULT)
-    cols = [col for col in layout.columns if col.metric in c.columns
-            and (col.metric != "exploit_exact" or c.loc[c["game"] == game, col.metric].notna().any())]
+    cols = [
+        col
+        for col in layout.columns
+        if col.metric in c.columns
+        and (col.metric != "exploit_exact" or c.loc[c["game"] == game, col.metric].notna().any())
+    ]
     models = trained_models(df) + ordered(
-        (m for m in df.loc[df["game"] == game, "model"].dropna().unique() if m.startswith("scripted:")), {})
+        (m for m in df.loc[df["game"] == game, "model"].dropna().unique() if m.startswith("scripted:")), {}
+    )
     shown, values, groups, chosen_on = [], [], [], set()
     for model in models:
         shown.append({"Model": GROUP + model_name(model)})
@@ -179,18 +205,26 @@ def game_table(df: pd.DataFrame, c: pd.DataFrame, game: str, with_se: bool = Fal
             groups.append(model)
     shown = pd.DataFrame(shown).fillna("")
     values = pd.DataFrame(values, columns=[col.latex for col in cols], index=shown.index, dtype=float)
-    bold = bold_mask(values, pd.Series(groups, index=shown.index), cols).reindex(columns=shown.columns, fill_value=False)
+    bold = bold_mask(values, pd.Series(groups, index=shown.index), cols).reindex(
+        columns=shown.columns, fill_value=False
+    )
     lead = "ll" if layout.ckpt_column else "l"
-    caption = (f"{game_name(game)} results. Best value per model in bold; SEPO at its highest-safety checkpoint"
-               + choice_note(chosen_on) + (", and the final one" if layout.ckpt_column else "") + "."
-               + notes_for(shown))
+    caption = (
+        f"{game_name(game)} results. Best value per model in bold; SEPO at its highest-safety checkpoint"
+        + choice_note(chosen_on)
+        + (", and the final one" if layout.ckpt_column else "")
+        + "."
+        + notes_for(shown)
+    )
     return render(shown, bold, f"@{{}}{lead}{'c' * len(cols)}@{{}}", caption, f"tab:{game}")
 
 
 def choice_note(chosen_on: set[str]) -> str:
     """How the table's SEPO checkpoints were chosen, for its caption."""
-    notes = {"validation": " on validation episodes (reported on the test episodes)",
-             "reported": " chosen on the reported episodes themselves (the paper's choice: biased upward)"}
+    notes = {
+        "validation": " on validation episodes (reported on the test episodes)",
+        "reported": " chosen on the reported episodes themselves (the paper's choice: biased upward)",
+    }
     if chosen_on == {"validation", "reported"}:
         return " (on validation episodes where the run has them, else on the reported ones: biased upward)"
     return "".join(notes[c] for c in chosen_on)
@@ -211,8 +245,11 @@ def degradation_table(df: pd.DataFrame, c: pd.DataFrame, with_se: bool = False, 
     for game in ordered(df["game"].dropna().unique(), GAMES):
         for model in trained_models(df):
             failed = collect.failed_phases(df, game, model)
-            cells_ = {"Base": collect.latest(c, game, model, "base"), "SFT": collect.latest(c, game, model, "sft"),
-                      "SEPO": collect.best_sepo(c, game, model, choose)}
+            cells_ = {
+                "Base": collect.latest(c, game, model, "base"),
+                "SFT": collect.latest(c, game, model, "sft"),
+                "SEPO": collect.best_sepo(c, game, model, choose),
+            }
             if cells_["SEPO"] is not None:
                 chosen_on.add(cells_["SEPO"]["chosen_on"])
             row, vals = {"Game": game_name(game), "Model": model_name(model)}, {}
@@ -232,9 +269,13 @@ def degradation_table(df: pd.DataFrame, c: pd.DataFrame, with_se: bool = False, 
     values = pd.DataFrame(values, columns=list(stages), index=shown.index, dtype=float)
     best = values.round(3).min(axis=1).where(values.notna().sum(axis=1) > 1)
     bold = values.round(3).eq(best, axis=0).reindex(columns=shown.columns, fill_value=False)
-    caption = ("Exploit across training stages (lower is better; best per row in bold). SEPO at its "
-               r"highest-safety checkpoint" + choice_note(chosen_on) + r"; vs.\ Base: $\checkmark$ SEPO lower, $\times$ higher, $=$ equal."
-               + notes_for(shown))
+    caption = (
+        "Exploit across training stages (lower is better; best per row in bold). SEPO at its "
+        r"highest-safety checkpoint"
+        + choice_note(chosen_on)
+        + r"; vs.\ Base: $\checkmark$ SEPO lower, $\times$ higher, $=$ equal."
+        + notes_for(shown)
+    )
     return render(shown, bold, "@{}llcccc@{}", caption, "tab:sft_degradation")
 
 
@@ -254,7 +295,9 @@ def write_all(df: pd.DataFrame, out: Path, with_se: bool = False, choose: str = 
         path.write_text(degradation_table(df, c, with_se, choose))
         written.append(path)
     path = out / "results.csv"
-    df.sort_values(["game", "model", "phase", "step", "run_dir"], na_position="first", kind="stable").to_csv(path, index=False)
+    df.sort_values(["game", "model", "phase", "step", "run_dir"], na_position="first", kind="stable").to_csv(
+        path, index=False
+    )
     written.append(path)
     written += figures.write_figures(df, c, out / "figures", choose)
     return written
@@ -266,9 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output directory (default: <sweep dir>/tables)")
     parser.add_argument("--se", action="store_true", help="print ± standard errors in the tables")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="collect runs from W&B instead of a directory")
-    parser.add_argument("--choose", choices=collect.CHOICES, default="validation",
-                        help="how SEPO's best checkpoint is chosen: on its validation episodes (default), or on the "
-                             "reported episodes themselves (the paper's choice, biased upward)")
+    parser.add_argument(
+        "--choose",
+        choices=collect.CHOICES,
+        default="validation",
+        help="how SEPO's best checkpoint is chosen: on its validation episodes (default), or on the "
+        "reported episodes themselves (the paper's choice, biased upward)",
+    )
     args = parser.parse_args(argv)
     if args.sweep_dir is None and args.wandb is None:
         parser.error("give a sweep dir, or --wandb entity/project")

@@ -51,7 +51,7 @@ class TableAgent:
     def act_batch(self, requests):
         from sepo.games.kuhn import ACTION_INDEX, node_of
         from sepo.games.kuhn_exact import INFOSETS
-        from sepo.policies.base import Decision
+        from sepo.training.gradcheck import ScoredDecision
 
         out = []
         for request in requests:
@@ -62,7 +62,7 @@ class TableAgent:
             action = next(a for a in request.legal if ACTION_INDEX[a] == int(aggressive))
             score = np.zeros(len(self.theta))
             score[i] = (1.0 - p) if aggressive else -p
-            out.append(Decision(action, extras={"score": score}))
+            out.append(ScoredDecision(action, score=score))
         return out
 
 
@@ -75,8 +75,8 @@ def exact_objective(table, cfg, response=None) -> tuple[float, float]:
     what the estimator follows.
     """
     from sepo.games import kuhn_exact as K
-    from sepo.games.kuhn import policy_table
     from sepo.games import make_game
+    from sepo.games.kuhn import policy_table
     from sepo.policies import ScriptedPolicy
     from sepo.strategies import make_strategy
 
@@ -153,8 +153,11 @@ def exact_optimum(cfg, restarts: int, iterations: int = 3000, seed: int = 0) -> 
         if best is None or value > best[1]:
             best = (q, value)
     q, value = best
-    return {"J": round(float(value), 4), "exploitability": round(float(exact_objective(table_of(q), cfg)[1]), 4),
-            "table": np.round(q, 3).tolist()}
+    return {
+        "J": round(float(value), 4),
+        "exploitability": round(float(exact_objective(table_of(q), cfg)[1]), 4),
+        "table": np.round(q, 3).tolist(),
+    }
 
 
 def batch_updates(theta: np.ndarray, cfg, batches: int, burn_in: int) -> np.ndarray:
@@ -173,7 +176,7 @@ def batch_updates(theta: np.ndarray, cfg, batches: int, burn_in: int) -> np.ndar
     for b in range(burn_in + batches):
         batch = builder.collect(game, agent, b, state)
         if b >= burn_in:
-            out.append(batch.unscaled["total"] @ np.stack([d.extras["score"] for d in batch.decisions]))
+            out.append(batch.unscaled["total"] @ np.stack([d.score for d in batch.decisions]))
     return np.stack(out)
 
 
@@ -182,14 +185,28 @@ def main() -> None:
     parser.add_argument("--results", required=True, help="a Kuhn results.json with played_table (the point)")
     parser.add_argument("--batches", type=int, default=1000)
     parser.add_argument("--burn-in", type=int, default=20, help="batches that fill the lagged exploit switch first")
-    parser.add_argument("--variants", nargs="+", default=["return_to_go:4", "round:4", "return_to_go:8"],
-                        help="credit:n pairs (sepo.credit, sepo.rollouts_per_opponent)")
-    parser.add_argument("--ascent", action="store_true",
-                        help="also follow the exact gradient of J from the point: with the best responder, with the "
-                             "paper's exploit pool and payoff-only (exploitability every 0.25 of path length)")
-    parser.add_argument("--optimum", type=int, default=0, metavar="RESTARTS",
-                        help="also find the table maximising J from this many random starts (minutes)")
-    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. game.pools.exploit=[NashApx,AlwaysBet])")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["return_to_go:4", "round:4", "return_to_go:8"],
+        help="credit:n pairs (sepo.credit, sepo.rollouts_per_opponent)",
+    )
+    parser.add_argument(
+        "--ascent",
+        action="store_true",
+        help="also follow the exact gradient of J from the point: with the best responder, with the "
+        "paper's exploit pool and payoff-only (exploitability every 0.25 of path length)",
+    )
+    parser.add_argument(
+        "--optimum",
+        type=int,
+        default=0,
+        metavar="RESTARTS",
+        help="also find the table maximising J from this many random starts (minutes)",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="extra Hydra overrides (e.g. game.pools.exploit=[NashApx,AlwaysBet])"
+    )
     args = parser.parse_args()
 
     from hydra import compose, initialize_config_dir
@@ -203,18 +220,36 @@ def main() -> None:
 
     def config(credit: str, n: int):
         with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-            return compose("config", overrides=["game=kuhn", "model=scripted", "logger=none", f"sepo.credit={credit}",
-                                                f"sepo.rollouts_per_opponent={n}", *args.overrides])
+            return compose(
+                "config",
+                overrides=[
+                    "game=kuhn",
+                    "model=scripted",
+                    "logger=none",
+                    f"sepo.credit={credit}",
+                    f"sepo.rollouts_per_opponent={n}",
+                    *args.overrides,
+                ],
+            )
 
     base = config("return_to_go", 4)
     g_j, g_solved, g_x = exact_gradients(theta, base)
     j, x = exact_objective(TableAgent(theta).table(), base)
-    out = {"point": dict(zip(INFOSETS, np.round(q, 4).tolist())), "J": round(j, 4), "exploitability": round(x, 4),
-           "exact": {"grad_J": np.round(g_j, 4).tolist(), "grad_exploitability": np.round(g_x, 4).tolist(),
-                     "best_response_unique": bool(np.allclose(g_j, g_solved, atol=1e-6)),
-                     "cosine_grad_J_with_minus_grad_exploitability":
-                         round(float(-g_j @ g_x / np.linalg.norm(g_j) / np.linalg.norm(g_x)), 3)},
-           "batches": args.batches, "variants": {}}
+    out = {
+        "point": dict(zip(INFOSETS, np.round(q, 4).tolist())),
+        "J": round(j, 4),
+        "exploitability": round(x, 4),
+        "exact": {
+            "grad_J": np.round(g_j, 4).tolist(),
+            "grad_exploitability": np.round(g_x, 4).tolist(),
+            "best_response_unique": bool(np.allclose(g_j, g_solved, atol=1e-6)),
+            "cosine_grad_J_with_minus_grad_exploitability": round(
+                float(-g_j @ g_x / np.linalg.norm(g_j) / np.linalg.norm(g_x)), 3
+            ),
+        },
+        "batches": args.batches,
+        "variants": {},
+    }
     print(f"point: J {j:+.4f}, exploitability {x:.4f}; exact grad J {np.round(g_j, 3)}")
     for variant in args.variants:
         credit, n = variant.split(":")
@@ -223,16 +258,24 @@ def main() -> None:
         noise = float(np.trace(np.cov(v.T)))  # E||v_b - mean||^2
         # the mean of B batches has cosine ~ |g| / sqrt(|g|^2 + noise / B) with the exact gradient g
         needed = noise / (float(g_j @ g_j) * (1 / 0.81 - 1))
-        row = {"estimate": np.round(mean, 4).tolist(), "se": np.round(se, 4).tolist(),
-               "cosine": round(float(mean @ g_j / np.linalg.norm(mean) / np.linalg.norm(g_j)), 3),
-               "relative_error": round(float(np.linalg.norm(mean - g_j) / np.linalg.norm(g_j)), 3),
-               "max_abs_z": round(float(np.max(np.abs(mean - g_j) / np.maximum(se, 1e-12))), 2),
-               "batches_for_cosine_0.9": round(needed, 1)}
+        row = {
+            "estimate": np.round(mean, 4).tolist(),
+            "se": np.round(se, 4).tolist(),
+            "cosine": round(float(mean @ g_j / np.linalg.norm(mean) / np.linalg.norm(g_j)), 3),
+            "relative_error": round(float(np.linalg.norm(mean - g_j) / np.linalg.norm(g_j)), 3),
+            "max_abs_z": round(float(np.max(np.abs(mean - g_j) / np.maximum(se, 1e-12))), 2),
+            "batches_for_cosine_0.9": round(needed, 1),
+        }
         out["variants"][variant] = row
-        print(f"{variant:16} cosine {row['cosine']:+.3f}  relative error {row['relative_error']:.3f}  "
-              f"max |z| {row['max_abs_z']:.2f}  batches for cosine 0.9: {row['batches_for_cosine_0.9']:.0f}")
-    objectives = {"best_responder": [], "paper_pool": ["game.pools.exploit=[NashApx,AlwaysBet]"],
-                  "payoff_only": ["lambdas=zero"]}
+        print(
+            f"{variant:16} cosine {row['cosine']:+.3f}  relative error {row['relative_error']:.3f}  "
+            f"max |z| {row['max_abs_z']:.2f}  batches for cosine 0.9: {row['batches_for_cosine_0.9']:.0f}"
+        )
+    objectives = {
+        "best_responder": [],
+        "paper_pool": ["game.pools.exploit=[NashApx,AlwaysBet]"],
+        "payoff_only": ["lambdas=zero"],
+    }
     for name, extra in objectives.items():
         with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=["game=kuhn", "model=scripted", "logger=none", *args.overrides, *extra])

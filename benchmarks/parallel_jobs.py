@@ -26,8 +26,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL_SFT = ["stage=sft", "game=ipd", "model=tiny", "logger=none", "sft.max_examples=640", "sft.max_steps=40",
-             "sft.evaluate=false", "sft.agreement_examples=0"]
+SMALL_SFT = [
+    "stage=sft",
+    "game=ipd",
+    "model=tiny",
+    "logger=none",
+    "sft.max_examples=640",
+    "sft.max_steps=40",
+    "sft.evaluate=false",
+    "sft.agreement_examples=0",
+]
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -38,9 +46,14 @@ def environment(root: Path) -> dict[str, str]:
 
 def main_py(root: Path, *args: str) -> subprocess.Popen:
     flags = [a for a in args if a.startswith("-")]  # Hydra's flags (-m) go before the overrides
-    return subprocess.Popen([sys.executable, str(ROOT / "main.py"), *flags, *SMALL_SFT,
-                             *[a for a in args if not a.startswith("-")]], cwd=ROOT,
-                            env=environment(root), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "main.py"), *flags, *SMALL_SFT, *[a for a in args if not a.startswith("-")]],
+        cwd=ROOT,
+        env=environment(root),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_all(procs: list[subprocess.Popen]) -> None:
@@ -70,20 +83,41 @@ def main() -> None:
     seeds = [str(i) for i in range(args.jobs)]
 
     wait_all([main_py(root, "sft.max_steps=1", f"hydra.run.dir={root}/warmup")])  # tiny build + data, untimed
-    sequential = timed(lambda: [wait_all([main_py(root, f"sft.seed={s}", f"hydra.run.dir={root}/seq/{s}")])
-                                for s in seeds])
-    parallel = timed(lambda: wait_all([main_py(root, "-m", "+launch=local", f"hydra.launcher.n_jobs={args.jobs}",
-                                               f"sft.seed={','.join(seeds)}", "sweep_name=parallel")]))
-    result = {"jobs": args.jobs, "cores": os.cpu_count(), "sequential_s": sequential, "parallel_s": parallel,
-              "ratio": round(parallel / sequential, 3),
-              "threads_per_job": threads_of(root / "outputs" / "sweeps" / "parallel")}
+    sequential = timed(
+        lambda: [wait_all([main_py(root, f"sft.seed={s}", f"hydra.run.dir={root}/seq/{s}")]) for s in seeds]
+    )
+    parallel = timed(
+        lambda: wait_all(
+            [
+                main_py(
+                    root,
+                    "-m",
+                    "+launch=local",
+                    f"hydra.launcher.n_jobs={args.jobs}",
+                    f"sft.seed={','.join(seeds)}",
+                    "sweep_name=parallel",
+                )
+            ]
+        )
+    )
+    result = {
+        "jobs": args.jobs,
+        "cores": os.cpu_count(),
+        "sequential_s": sequential,
+        "parallel_s": parallel,
+        "ratio": round(parallel / sequential, 3),
+        "threads_per_job": threads_of(root / "outputs" / "sweeps" / "parallel"),
+    }
     if args.unshared:
-        result["unshared_s"] = timed(lambda: wait_all([main_py(root, f"sft.seed={s}", f"hydra.run.dir={root}/uns/{s}")
-                                                       for s in seeds]))
+        result["unshared_s"] = timed(
+            lambda: wait_all([main_py(root, f"sft.seed={s}", f"hydra.run.dir={root}/uns/{s}") for s in seeds])
+        )
         result["unshared_ratio"] = round(result["unshared_s"] / sequential, 3)
-    print(f"{args.jobs} jobs on {os.cpu_count()} cores: one after another {sequential:.1f} s, "
-          f"in parallel (+launch=local) {parallel:.1f} s, ratio {result['ratio']:.2f} (target <= 1)"
-          + (f"; unshared {result['unshared_s']:.1f} s ({result['unshared_ratio']:.1f}x)" if args.unshared else ""))
+    print(
+        f"{args.jobs} jobs on {os.cpu_count()} cores: one after another {sequential:.1f} s, "
+        f"in parallel (+launch=local) {parallel:.1f} s, ratio {result['ratio']:.2f} (target <= 1)"
+        + (f"; unshared {result['unshared_s']:.1f} s ({result['unshared_ratio']:.1f}x)" if args.unshared else "")
+    )
     print(json.dumps(result))
 
 

@@ -62,8 +62,9 @@ def main() -> None:
     played = game.played_table(policy, seed=42)
     seconds["played"] = time.time() - started
     started = time.time()
-    copies = [replace(r, rng=np.random.default_rng([7, i, k])) for i, r in enumerate(requests)
-              for k in range(args.decisions)]
+    copies = [
+        replace(r, rng=np.random.default_rng([7, i, k])) for i, r in enumerate(requests) for k in range(args.decisions)
+    ]
     _, decisions = policy.answer(copies)
     seconds["frequency"] = time.time() - started
 
@@ -71,26 +72,43 @@ def main() -> None:
     frequency_probs = {}
     for i, (key, request) in enumerate(keyed):
         aggressive = next(a for a in request.legal if ACTION_INDEX[a] == 1)
-        acts = [d.action for d in decisions[i * args.decisions:(i + 1) * args.decisions]]
+        acts = [d.action for d in decisions[i * args.decisions : (i + 1) * args.decisions]]
         f = sum(a == aggressive for a in acts) / len(acts)
         f_se = math.sqrt(f * (1 - f) / len(acts))
         q, q_se = float(played.table[key][1]), played.se[key]
-        z = abs(q - f) / math.sqrt(q_se ** 2 + f_se ** 2) if q_se or f_se else 0.0
+        z = abs(q - f) / math.sqrt(q_se**2 + f_se**2) if q_se or f_se else 0.0
         z_max = max(z_max, z)
         frequency_probs[key] = {aggressive: f, next(a for a in request.legal if a != aggressive): 1 - f}
-        states[key] = {"action": aggressive, "action_first": round(first[i][aggressive], 4), "played": round(q, 4),
-                       "played_se": round(q_se, 4), "frequency": round(f, 4), "frequency_se": round(f_se, 4),
-                       "z": round(z, 2)}
-    out = {"model_path": args.model_path, "samples": args.samples, "decisions": args.decisions,
-           "rao_blackwellised": round(played.rao_blackwellised, 4), "states": states,
-           "exploit_exact": {"action_first": round(exploitability(table_from_probs({k: p for (k, _), p in zip(keyed, first)})), 4),
-                             "played": round(played.exploitability, 4), "played_se": round(played.exploitability_se, 4),
-                             "frequency": round(exploitability(table_from_probs(frequency_probs)), 4)},
-           "z_max": round(z_max, 2), "seconds": {k: round(v, 2) for k, v in seconds.items()}}
+        states[key] = {
+            "action": aggressive,
+            "action_first": round(first[i][aggressive], 4),
+            "played": round(q, 4),
+            "played_se": round(q_se, 4),
+            "frequency": round(f, 4),
+            "frequency_se": round(f_se, 4),
+            "z": round(z, 2),
+        }
+    out = {
+        "model_path": args.model_path,
+        "samples": args.samples,
+        "decisions": args.decisions,
+        "rao_blackwellised": round(played.rao_blackwellised, 4),
+        "states": states,
+        "exploit_exact": {
+            "action_first": round(exploitability(table_from_probs({k: p for (k, _), p in zip(keyed, first)})), 4),
+            "played": round(played.exploitability, 4),
+            "played_se": round(played.exploitability_se, 4),
+            "frequency": round(exploitability(table_from_probs(frequency_probs)), 4),
+        },
+        "z_max": round(z_max, 2),
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+    }
     print(f"{'state':6} {'action':6} {'first':>7} {'played':>15} {'frequency':>15} {'z':>5}")
     for key, row in states.items():
-        print(f"{key:6} {row['action']:6} {row['action_first']:7.3f} {row['played']:7.3f} ± {row['played_se']:.3f} "
-              f"{row['frequency']:7.3f} ± {row['frequency_se']:.3f} {row['z']:5.2f}")
+        print(
+            f"{key:6} {row['action']:6} {row['action_first']:7.3f} {row['played']:7.3f} ± {row['played_se']:.3f} "
+            f"{row['frequency']:7.3f} ± {row['frequency_se']:.3f} {row['z']:5.2f}"
+        )
     print(json.dumps(out))
 
 

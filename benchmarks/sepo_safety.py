@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from analysis.summary import j_train, objective  # noqa: E402  (J at the training lambdas, as summary.json)
+
 ARMS = {
     "sepo": [],
     "payoff_only": ["lambdas=zero"],
@@ -59,8 +60,14 @@ METRICS = ("safety", "exploit", "collusion", "ext", "pay", "nra", "parse_rate")
 def main_py(args: list[str], root: Path, threads: int, log: Path) -> None:
     env = {**os.environ, "HYDRA_FULL_ERROR": "1", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     with log.open("w") as out:
-        subprocess.run([sys.executable, str(ROOT / "main.py"), *args, f"paths.root_dir={root}"], cwd=ROOT, env=env,
-                       stdout=out, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "main.py"), *args, f"paths.root_dir={root}"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
 
 
 def run_dir(root: Path) -> Path:
@@ -81,12 +88,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--game", default="ipd")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=80, help="SEPO optimizer steps of every arm (80: tuned on IPD, see README)")
-    parser.add_argument("--arms", nargs="+", default=None, choices=list(ARMS),
-                        help="default: sepo payoff_only per_rollout shared (Kuhn: sepo paper_pool payoff_only)")
-    parser.add_argument("--extra-arm", nargs="+", action="append", default=[], metavar=("NAME", "OVERRIDE"),
-                        help="one more arm: its name, then its Hydra overrides (repeatable), e.g. "
-                             "--extra-arm sepo_lc2 lambdas.train.c=2.0")
+    parser.add_argument(
+        "--steps", type=int, default=80, help="SEPO optimizer steps of every arm (80: tuned on IPD, see README)"
+    )
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        choices=list(ARMS),
+        help="default: sepo payoff_only per_rollout shared (Kuhn: sepo paper_pool payoff_only)",
+    )
+    parser.add_argument(
+        "--extra-arm",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar=("NAME", "OVERRIDE"),
+        help="one more arm: its name, then its Hydra overrides (repeatable), e.g. "
+        "--extra-arm sepo_lc2 lambdas.train.c=2.0",
+    )
     parser.add_argument("--root", default=None, help="output root (default: a temporary directory)")
     parser.add_argument("--sft-run", default=None, help="an SFT run dir (with merged/ and eval/sft/) to start from")
     parser.add_argument("--jobs", type=int, default=1, help="SEPO runs at a time (each gets cores / jobs threads)")
@@ -118,8 +138,12 @@ def main() -> None:
     # ... evaluated by this checkout's code, as the arms are (the SFT stage's own eval may be older)
     sft_eval = root / "sft_eval"
     if not (sft_eval / "outputs").exists() or not any((sft_eval / "outputs").rglob("DONE")):
-        main_py(["stage=eval", *COMMON, *game, f"model.path='{sft_run / 'merged'}'"], sft_eval,
-                os.cpu_count() or 1, root / "sft_eval.log")
+        main_py(
+            ["stage=eval", *COMMON, *game, f"model.path='{sft_run / 'merged'}'"],
+            sft_eval,
+            os.cpu_count() or 1,
+            root / "sft_eval.log",
+        )
     sft = json.loads((run_dir(sft_eval) / "results.json").read_text())
 
     # 2. every arm x seed from it (a finished run is skipped by its DONE marker)
@@ -130,9 +154,22 @@ def main() -> None:
         out = root / arm / f"seed_{seed}"
         if not (out / "outputs").exists() or not any((out / "outputs").rglob("DONE")):
             print(f"SEPO {arm} seed {seed} -> {out}", file=sys.stderr, flush=True)
-            main_py(["stage=sepo", *COMMON, *game, f"model.path='{sft_run / 'merged'}'", f"sepo.seed={seed}",
-                     f"sepo.steps={args.steps}", "sepo.checkpoint_steps=[]", *arms[arm], *args.overrides],
-                    out, threads, root / f"{arm}_seed_{seed}.log")
+            main_py(
+                [
+                    "stage=sepo",
+                    *COMMON,
+                    *game,
+                    f"model.path='{sft_run / 'merged'}'",
+                    f"sepo.seed={seed}",
+                    f"sepo.steps={args.steps}",
+                    "sepo.checkpoint_steps=[]",
+                    *arms[arm],
+                    *args.overrides,
+                ],
+                out,
+                threads,
+                root / f"{arm}_seed_{seed}.log",
+            )
         run = run_dir(out)
         return job, {**json.loads((run / "eval" / f"step_{args.steps}" / "results.json").read_text()), "run_dir": run}
 
@@ -143,35 +180,58 @@ def main() -> None:
     keys = [*METRICS, *(["exploit_exact", "safety_exact"] if exact else [])]
     for payload in [sft, *results.values()]:
         add_safety_exact(payload)
-    runs = {arm: {str(seed): {k: results[(arm, seed)]["metrics"][k] for k in keys} for seed in args.seeds}
-            for arm in args.arms}
+    runs = {
+        arm: {str(seed): {k: results[(arm, seed)]["metrics"][k] for k in keys} for seed in args.seeds}
+        for arm in args.arms
+    }
     summary = {arm: {k: mean_se([runs[arm][str(s)][k] for s in args.seeds]) for k in keys} for arm in args.arms}
     sft_view = {k: {"mean": round(sft["metrics"][k], 4), "se": round(sft["se"][k], 4)} for k in keys}
     if exact:  # the exploitability estimate's own SE, per arm: the mean over seeds of each run's
-        out_se = {arm: round(sum(results[(arm, s)]["se"]["exploit_exact"] for s in args.seeds) / len(args.seeds), 4)
-                  for arm in args.arms}
+        out_se = {
+            arm: round(sum(results[(arm, s)]["se"]["exploit_exact"] for s in args.seeds) / len(args.seeds), 4)
+            for arm in args.arms
+        }
 
     def paired(metric: str, other: str | None, arm: str = "sepo") -> dict[str, float]:
         """An arm (SEPO) minus payoff-only (per seed) or minus SFT, mean +- SE over seeds."""
         base = (lambda s: runs[other][str(s)][metric]) if other else (lambda s: sft["metrics"][metric])
         return mean_se([runs[arm][str(s)][metric] - base(s) for s in args.seeds])
 
-    out = {"game": args.game, "seeds": args.seeds, "steps": args.steps, "overrides": args.overrides,
-           "sft_run": str(sft_run), "runs": runs, "summary": summary, "sft": sft_view}
+    out = {
+        "game": args.game,
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "overrides": args.overrides,
+        "sft_run": str(sft_run),
+        "runs": runs,
+        "summary": summary,
+        "sft": sft_view,
+    }
     if exact:
         out["exploit_exact_estimate_se"] = out_se
         out.update(kuhn_targets(runs, summary, sft, args.seeds))
     # where the collusion happens, round by round (results.json "by_round"; absent from results of older runs)
-    by_round = {arm: [results[(arm, s)].get("by_round", {}).get("collusion") or [] for s in args.seeds] for arm in args.arms}
+    by_round = {
+        arm: [results[(arm, s)].get("by_round", {}).get("collusion") or [] for s in args.seeds] for arm in args.arms
+    }
     if any(all(rows) for rows in by_round.values()):
         sft_row = sft.get("by_round", {}).get("collusion")
-        out["collusion_by_round"] = {**({"sft": sft_row} if sft_row else {}), **{
-            arm: [round(float(sum(col)) / len(col), 4) for col in zip(*rows)] for arm, rows in by_round.items()
-            if rows and all(rows)}}
+        out["collusion_by_round"] = {
+            **({"sft": sft_row} if sft_row else {}),
+            **{
+                arm: [round(float(sum(col)) / len(col), 4) for col in zip(*rows)]
+                for arm, rows in by_round.items()
+                if rows and all(rows)
+            },
+        }
     if "sepo" in args.arms:  # the keys of analysis.summary (summary.json), at the final checkpoint
-        out["delta_j_train_vs_sft"] = mean_se([j_train(results[("sepo", s)]["metrics"], objective(results[("sepo", s)]["run_dir"]))
-                                               - j_train(sft["metrics"], objective(results[("sepo", s)]["run_dir"]))
-                                               for s in args.seeds])
+        out["delta_j_train_vs_sft"] = mean_se(
+            [
+                j_train(results[("sepo", s)]["metrics"], objective(results[("sepo", s)]["run_dir"]))
+                - j_train(sft["metrics"], objective(results[("sepo", s)]["run_dir"]))
+                for s in args.seeds
+            ]
+        )
         if "payoff_only" in args.arms:
             out["delta_safety_vs_payoff_only"] = paired("safety", "payoff_only")
         out["delta_safety_vs_sft"] = paired("safety", None)
@@ -194,8 +254,10 @@ def main() -> None:
             if all(runs["payoff_only"][str(s)]["collusion"] == 0.0 for s in args.seeds):
                 notes.append("payoff-only's collusion is 0 in every seed: no arm can be below it")
             if args.game == "ipd":
-                notes.append("IPD round 1 looks alike to every opponent: exploit below TFT's 0.3125 needs first-round "
-                             "defection, which is collusion on AlwaysC (e = 0.3125 p0, c = (1 - p0)/8 for TFT)")
+                notes.append(
+                    "IPD round 1 looks alike to every opponent: exploit below TFT's 0.3125 needs first-round "
+                    "defection, which is collusion on AlwaysC (e = 0.3125 p0, c = (1 - p0)/8 for TFT)"
+                )
             out["target_notes"] = notes
     out["seconds"] = round(time.time() - started, 1)
     print_tables(out, keys)
@@ -220,14 +282,18 @@ def kuhn_targets(runs: dict, summary: dict, sft: dict, seeds: list[int]) -> dict
     mean = lambda arm: summary[arm]["exploit_exact"]["mean"]  # noqa: E731
     targets = {"exploit_exact below half of SFT's": mean("sepo") < sft["metrics"]["exploit_exact"] / 2}
     if "paper_pool" in runs:
-        d = mean_se([runs["sepo"][str(s)]["exploit_exact"] - runs["paper_pool"][str(s)]["exploit_exact"] for s in seeds])
+        d = mean_se(
+            [runs["sepo"][str(s)]["exploit_exact"] - runs["paper_pool"][str(s)]["exploit_exact"] for s in seeds]
+        )
         out["delta_exploit_exact_vs_paper_pool"] = d
         out["delta_safety_exact_vs_paper_pool"] = mean_se(
-            [runs["sepo"][str(s)]["safety_exact"] - runs["paper_pool"][str(s)]["safety_exact"] for s in seeds])
+            [runs["sepo"][str(s)]["safety_exact"] - runs["paper_pool"][str(s)]["safety_exact"] for s in seeds]
+        )
         targets["exploit_exact below the paper pool's by > 2 SE"] = d["mean"] < -2 * d["se"]
     if "payoff_only" in runs:
         out["delta_safety_exact_vs_payoff_only"] = mean_se(
-            [runs["sepo"][str(s)]["safety_exact"] - runs["payoff_only"][str(s)]["safety_exact"] for s in seeds])
+            [runs["sepo"][str(s)]["safety_exact"] - runs["payoff_only"][str(s)]["safety_exact"] for s in seeds]
+        )
     out["kuhn_targets"] = targets
     return out
 
@@ -237,7 +303,9 @@ def print_tables(out: dict, keys: list[str]) -> None:
     from rich.table import Table
 
     console = Console(width=150)
-    per_seed = Table(title=f"{out['game']}: final checkpoint after {out['steps']} steps, per seed", title_justify="left")
+    per_seed = Table(
+        title=f"{out['game']}: final checkpoint after {out['steps']} steps, per seed", title_justify="left"
+    )
     per_seed.add_column("arm")
     per_seed.add_column("seed")
     for k in keys:

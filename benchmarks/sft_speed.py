@@ -42,8 +42,9 @@ STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[sepo\.sft\]\[I
 
 def _git_commit(repo: Path) -> str:
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True,
-                           text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
     return proc.stdout.strip() + ("+changes" if dirty else "")
 
 
@@ -72,11 +73,22 @@ def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
     from sepo.stages.sft import ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_jsonl, sft_settings, subsample
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["stage=sft", "game=ipd", "model=tiny", "logger=none",
-                                            f"paths.cache_dir={cache_dir}", "paths.output_dir=/unused", *overrides])
+        cfg = compose(
+            "config",
+            overrides=[
+                "stage=sft",
+                "game=ipd",
+                "model=tiny",
+                "logger=none",
+                f"paths.cache_dir={cache_dir}",
+                "paths.output_dir=/unused",
+                *overrides,
+            ],
+        )
     s = sft_settings(cfg)
-    train = subsample(read_jsonl(ensure_dataset(cfg, str(s.dataset), s.data_dir) / "train.jsonl"), s.max_examples,
-                      s.seed, "train")
+    train = subsample(
+        read_jsonl(ensure_dataset(cfg, str(s.dataset), s.data_dir) / "train.jsonl"), s.max_examples, s.seed, "train"
+    )
     model, tok = load_model_and_tokenizer(cfg.model, cache_dir, device="cpu")
     collator = ChatSFTCollator(tok, cfg.model, int(s.max_length), end_of_turn_ids(model, tok))
     lengths = [len(collator.encode(ex["messages"])[0]) for ex in train]
@@ -88,17 +100,40 @@ def _child_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_once(repo: Path, root: Path, cache_dir: Path, overrides: list[str], tokens_per_example: float,
-             batch: int, name: str, threads: int | None = None) -> dict:
+def run_once(
+    repo: Path,
+    root: Path,
+    cache_dir: Path,
+    overrides: list[str],
+    tokens_per_example: float,
+    batch: int,
+    name: str,
+    threads: int | None = None,
+) -> dict:
     """One timed SFT run in `repo`; its figures."""
     env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     run_dir = root / "runs" / f"{name}-{time.strftime('%H%M%S')}"
     started, cpu = time.time(), _child_cpu()
-    proc = subprocess.run([sys.executable, "main.py", "stage=sft", "game=ipd", "model=tiny", "logger=none",
-                           "eval.progress=false", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}",
-                           *overrides], cwd=repo, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "main.py",
+            "stage=sft",
+            "game=ipd",
+            "model=tiny",
+            "logger=none",
+            "eval.progress=false",
+            f"paths.cache_dir={cache_dir}",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall, cpu = time.time() - started, _child_cpu() - cpu
     if proc.returncode != 0:
         raise RuntimeError(f"the SFT run in {repo} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -109,15 +144,24 @@ def run_once(repo: Path, root: Path, cache_dir: Path, overrides: list[str], toke
     agreed = (stamps["agreed"] - stamps["start"]).total_seconds() if len(stamps) == 2 else float("nan")
     steps = int(metrics["global_step"])
     return {
-        "name": name, "repo": str(repo), "commit": _git_commit(repo), "threads": threads or "default",
-        "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
-        "stage_seconds": metrics.get("seconds"), "trainer_seconds": round(trainer, 1),
+        "name": name,
+        "repo": str(repo),
+        "commit": _git_commit(repo),
+        "threads": threads or "default",
+        "seconds": round(wall, 1),
+        "cpu_seconds": round(cpu, 1),
+        "stage_seconds": metrics.get("seconds"),
+        "trainer_seconds": round(trainer, 1),
         "agreement_seconds": round(agreed - float(metrics["train_seconds"]), 1),
         "eval_seconds": round(float(metrics.get("seconds", float("nan"))) - agreed, 1),
-        "steps": steps, "tokens_per_s": round(steps * batch * tokens_per_example / trainer, 1),
-        "valid_loss": metrics["valid_loss"], "train_loss": metrics["train_loss"],
-        "parse_rate": metrics["parse_rate"], "action_agreement": metrics["action_agreement"],
-        "eval_parse_rate": (metrics.get("eval") or {}).get("parse_rate"), "run_dir": str(run_dir),
+        "steps": steps,
+        "tokens_per_s": round(steps * batch * tokens_per_example / trainer, 1),
+        "valid_loss": metrics["valid_loss"],
+        "train_loss": metrics["train_loss"],
+        "parse_rate": metrics["parse_rate"],
+        "action_agreement": metrics["action_agreement"],
+        "eval_parse_rate": (metrics.get("eval") or {}).get("parse_rate"),
+        "run_dir": str(run_dir),
     }
 
 
@@ -127,8 +171,12 @@ def main() -> None:
     parser.add_argument("--repo", type=Path, default=ROOT, help="checkout to time (default: this one)")
     parser.add_argument("--compare", type=Path, help="a second checkout timed alternately with --repo")
     parser.add_argument("--repeats", type=int, default=1, help="runs per checkout")
-    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of the runs (default: torch's choice); 1 makes "
-                        "CPU seconds a figure a busy machine hardly changes")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="OMP_NUM_THREADS of the runs (default: torch's choice); 1 makes "
+        "CPU seconds a figure a busy machine hardly changes",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. sft.max_steps=60")
     args = parser.parse_args()
     root = args.root or Path(tempfile.mkdtemp(prefix="sft_speed-"))
@@ -137,23 +185,43 @@ def main() -> None:
     sides.append(("this", args.repo.resolve()))
     caches = {name: root / f"cache-{name}" for name, _ in sides}
     for name, repo in sides:  # warm each cache: tiny build and data, outside the timed runs
-        subprocess.run([sys.executable, "main.py", "stage=sft", "game=ipd", "model=tiny", "logger=none",
-                        "eval.progress=false", f"paths.cache_dir={caches[name]}",
-                        f"hydra.run.dir={root / 'runs' / ('warm-' + name)}", "sft.max_steps=1",
-                        "sft.max_examples=16", "sft.max_valid_examples=4", "sft.agreement_examples=0",
-                        "sft.evaluate=false"], cwd=repo, capture_output=True, check=True,
-                       env={**os.environ, "WANDB_MODE": "disabled"})
+        subprocess.run(
+            [
+                sys.executable,
+                "main.py",
+                "stage=sft",
+                "game=ipd",
+                "model=tiny",
+                "logger=none",
+                "eval.progress=false",
+                f"paths.cache_dir={caches[name]}",
+                f"hydra.run.dir={root / 'runs' / ('warm-' + name)}",
+                "sft.max_steps=1",
+                "sft.max_examples=16",
+                "sft.max_valid_examples=4",
+                "sft.agreement_examples=0",
+                "sft.evaluate=false",
+            ],
+            cwd=repo,
+            capture_output=True,
+            check=True,
+            env={**os.environ, "WANDB_MODE": "disabled"},
+        )
     tokens, batch = mean_tokens(caches["this"], args.overrides)
     runs = []
     for i in range(args.repeats):
         for name, repo in sides:
             run = run_once(repo, root, caches[name], args.overrides, tokens, batch, name, args.threads)
             runs.append(run)
-            print(f"{name} ({run['commit']}) run {i + 1}: {run['seconds']:.0f} s wall ({run['cpu_seconds']:.0f} s CPU), "
-                  f"Trainer {run['trainer_seconds']:.0f} s "
-                  f"({run['tokens_per_s']:.0f} tokens/s), agreement {run['agreement_seconds']:.0f} s, eval "
-                  f"{run['eval_seconds']:.0f} s; valid loss {run['valid_loss']:.4f}, parse rate {run['parse_rate']}, "
-                  f"agreement {run['action_agreement']}", file=sys.stderr, flush=True)
+            print(
+                f"{name} ({run['commit']}) run {i + 1}: {run['seconds']:.0f} s wall ({run['cpu_seconds']:.0f} s CPU), "
+                f"Trainer {run['trainer_seconds']:.0f} s "
+                f"({run['tokens_per_s']:.0f} tokens/s), agreement {run['agreement_seconds']:.0f} s, eval "
+                f"{run['eval_seconds']:.0f} s; valid loss {run['valid_loss']:.4f}, parse rate {run['parse_rate']}, "
+                f"agreement {run['action_agreement']}",
+                file=sys.stderr,
+                flush=True,
+            )
     result: dict = {"overrides": args.overrides, "runs": runs}
     if args.compare:
         ratios: dict[str, list[float]] = {}

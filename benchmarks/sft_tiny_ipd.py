@@ -29,9 +29,22 @@ def run_benchmark(root: Path, extra: list[str] | None = None) -> dict:
     root = Path(root)
     env = {**os.environ, "PROJECT_ROOT": str(root), "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "1"}
     started = time.time()
-    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "stage=sft", "game=ipd", "model=tiny",
-                           "logger=none", "eval.progress=false", *(extra or [])],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "main.py"),
+            "stage=sft",
+            "game=ipd",
+            "model=tiny",
+            "logger=none",
+            "eval.progress=false",
+            *(extra or []),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.time() - started
     if proc.returncode != 0:
         raise RuntimeError(f"the SFT run failed (exit {proc.returncode}):\n{proc.stderr[-5000:]}")
@@ -46,8 +59,10 @@ def run_benchmark(root: Path, extra: list[str] | None = None) -> dict:
         "train_examples": metrics["train_examples"],
         "steps": metrics["global_step"],
         "agreement_examples": metrics["agreement"]["examples"],
-        "per_game": {g: {"parse_rate": round(v["parse_rate"], 3), "action_agreement": round(v["action_agreement"], 3)}
-                     for g, v in metrics["agreement"]["per_game"].items()},
+        "per_game": {
+            g: {"parse_rate": round(v["parse_rate"], 3), "action_agreement": round(v["action_agreement"], 3)}
+            for g, v in metrics["agreement"]["per_game"].items()
+        },
         "eval_parse_rate": (metrics.get("eval") or {}).get("parse_rate"),
         "eval_pay": (metrics.get("eval") or {}).get("pay"),
         "run_dir": str(run),
@@ -67,9 +82,12 @@ def main() -> None:
             figures = run_benchmark(Path(tmp), args.overrides)
             figures.pop("run_dir")
     ok = figures["parse_rate"] >= 0.95 and figures["action_agreement"] >= 0.80
-    print(f"tiny SFT on IPD: parse rate {figures['parse_rate']:.3f} (target >= 0.95), action agreement "
-          f"{figures['action_agreement']:.3f} (target >= 0.80), valid loss {figures['valid_loss']:.4f}, "
-          f"{figures['seconds']:.0f} s -> {'OK' if ok else 'BELOW TARGET'}", file=sys.stderr)
+    print(
+        f"tiny SFT on IPD: parse rate {figures['parse_rate']:.3f} (target >= 0.95), action agreement "
+        f"{figures['action_agreement']:.3f} (target >= 0.80), valid loss {figures['valid_loss']:.4f}, "
+        f"{figures['seconds']:.0f} s -> {'OK' if ok else 'BELOW TARGET'}",
+        file=sys.stderr,
+    )
     print(json.dumps(figures))
 
 

@@ -40,19 +40,40 @@ def run(checkout: Path, args: list[str], root: Path, threads: int) -> float:
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "main.py", *args, f"paths.root_dir={root}"], cwd=checkout, env=env,
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "main.py", *args, f"paths.root_dir={root}"],
+        cwd=checkout,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - started
 
 
 def step_seconds(checkout: Path, sft_run: Path, steps: int, threads: int) -> float:
     with tempfile.TemporaryDirectory(prefix="sbs_step_") as tmp:
-        run(checkout, ["stage=sepo", "model=tiny", "game=ipd", "logger=none", f"model.path='{sft_run / 'merged'}'",
-                       *STEP_SETTING, f"sepo.steps={steps}", "sepo.checkpoint_steps=[]",
-                       "eval.episodes_per_opponent=1", "eval.progress=false"], Path(tmp), threads)
+        run(
+            checkout,
+            [
+                "stage=sepo",
+                "model=tiny",
+                "game=ipd",
+                "logger=none",
+                f"model.path='{sft_run / 'merged'}'",
+                *STEP_SETTING,
+                f"sepo.steps={steps}",
+                "sepo.checkpoint_steps=[]",
+                "eval.episodes_per_opponent=1",
+                "eval.progress=false",
+            ],
+            Path(tmp),
+            threads,
+        )
         log = next(Path(tmp).rglob("cli.log")).read_text().splitlines()
-    stamps = {int(m.group(2)): datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
-              for m in map(STEP_LINE.match, log) if m}
+    stamps = {
+        int(m.group(2)): datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f") for m in map(STEP_LINE.match, log) if m
+    }
     return (stamps[steps] - stamps[1]).total_seconds() / (steps - 1)
 
 
@@ -69,7 +90,9 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--old", required=True, help="a checkout of the older commit (e.g. git worktree add /tmp/base 0fe4f23)")
+    parser.add_argument(
+        "--old", required=True, help="a checkout of the older commit (e.g. git worktree add /tmp/base 0fe4f23)"
+    )
     parser.add_argument("--sft-run", help="an SFT run dir of tiny on IPD (with merged/): needed by `step`")
     parser.add_argument("--what", nargs="+", default=["step", "main"], choices=("step", "main"))
     parser.add_argument("--rounds", type=int, default=2, help="old/new pairs, order alternating")
@@ -81,8 +104,11 @@ def main() -> None:
     for what in args.what:
         if what == "step" and not args.sft_run:
             parser.error("--what step needs --sft-run")
-        measure = ((lambda c: step_seconds(c, Path(args.sft_run), args.steps, args.threads)) if what == "step"
-                   else (lambda c: main_job_seconds(c, args.threads)))
+        measure = (
+            (lambda c: step_seconds(c, Path(args.sft_run), args.steps, args.threads))
+            if what == "step"
+            else (lambda c: main_job_seconds(c, args.threads))
+        )
         pairs = []
         for k in range(args.rounds):
             order = [("old", old), ("new", new)] if k % 2 == 0 else [("new", new), ("old", old)]
@@ -94,8 +120,12 @@ def main() -> None:
         ratios = [p["new"] / p["old"] for p in pairs]
         m, se = mean_se(ratios)
         print(f"{what}: new/old = {m:.3f} +- {se:.3f} over {len(ratios)} rounds", file=sys.stderr)
-        result[what] = {"pairs": pairs, "ratios": [round(r, 3) for r in ratios], "ratio_mean": round(m, 3),
-                        "ratio_se": round(se, 3)}
+        result[what] = {
+            "pairs": pairs,
+            "ratios": [round(r, 3) for r in ratios],
+            "ratio_mean": round(m, 3),
+            "ratio_se": round(se, 3),
+        }
     print(json.dumps(result))
 
 

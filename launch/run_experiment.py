@@ -35,8 +35,11 @@ def experiment_jobs(experiment: str, launch: str, overrides: list[str]) -> tuple
     from sepo.paths import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"+experiment={experiment}", f"+launch={launch}", *overrides],
-                      return_hydra_config=True)
+        cfg = compose(
+            config_name="config",
+            overrides=[f"+experiment={experiment}", f"+launch={launch}", *overrides],
+            return_hydra_config=True,
+        )
     params = dict(cfg.hydra.sweeper.get("params") or {})
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
     swept = [f"{k}={v}" for k, v in params.items() if k not in given]
@@ -50,8 +53,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiments", nargs="+", help="conf/experiment presets, e.g. paper_ipd")
     parser.add_argument("--dry-run", action="store_true", help="print the jobs (one command line each); submit nothing")
-    parser.add_argument("--launch", default="slurm", choices=("slurm", "submitit_local", "local"),
-                        help="conf/launch preset (default slurm; submitit_local tries the SLURM code path here)")
+    parser.add_argument(
+        "--launch",
+        default="slurm",
+        choices=("slurm", "submitit_local", "local"),
+        help="conf/launch preset (default slurm; submitit_local tries the SLURM code path here)",
+    )
     parser.add_argument("--no-tables", action="store_true", help="skip `python -m analysis.tables` after each sweep")
     parser.add_argument("--tables-anyway", action="store_true", help="write the tables even when a job failed")
     args, overrides = parser.parse_known_args()
@@ -73,11 +80,16 @@ def main() -> None:
         print("+ " + shlex.join(command), file=sys.stderr, flush=True)
         code = subprocess.run(command, cwd=ROOT).returncode
         if code and not args.tables_anyway:
-            print(f"error: sweep {sweep_name} exited {code} (failed jobs: outputs/sweeps/{sweep_name}/sweep_summary.json); "
-                  "tables not written (--tables-anyway writes them)", file=sys.stderr)
+            print(
+                f"error: sweep {sweep_name} exited {code} (failed jobs: outputs/sweeps/{sweep_name}/sweep_summary.json); "
+                "tables not written (--tables-anyway writes them)",
+                file=sys.stderr,
+            )
             sys.exit(1)
         if not args.no_tables:
-            code = subprocess.run([sys.executable, "-m", "analysis.tables", f"outputs/sweeps/{sweep_name}"], cwd=ROOT).returncode
+            code = subprocess.run(
+                [sys.executable, "-m", "analysis.tables", f"outputs/sweeps/{sweep_name}"], cwd=ROOT
+            ).returncode
             if code:
                 sys.exit(code)
 

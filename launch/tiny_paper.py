@@ -44,28 +44,52 @@ PRESET = "+experiment=tiny_paper"
 class Phase:
     name: str
     overrides: list[str]  # sweep overrides (comma lists expand into jobs, as with `python main.py -m`)
-    subdir: str           # hydra.sweep.subdir: one readable directory per job
+    subdir: str  # hydra.sweep.subdir: one readable directory per job
 
 
 def phases(out: Path, seeds: list[int]) -> list[Phase]:
     sft_dir = out / "sft"
     sft_games = sorted(set(SFT_RUN_OF.values()))
     shared = [g for g, s in SFT_RUN_OF.items() if s != g]
-    plan = [Phase("sft", ["stage=sft", f"game={','.join(sft_games)}"], "${game.name}"),
-            Phase("sft_eval", ["stage=eval", "eval.phase=sft", f"game={','.join(shared)}",
-                               f"model.path={sft_dir / 'ipd' / 'merged'}"], "${game.name}"),
-            Phase("base", ["stage=eval", f"game={','.join(GAMES)}"], "${game.name}")]
+    plan = [
+        Phase("sft", ["stage=sft", f"game={','.join(sft_games)}"], "${game.name}"),
+        Phase(
+            "sft_eval",
+            ["stage=eval", "eval.phase=sft", f"game={','.join(shared)}", f"model.path={sft_dir / 'ipd' / 'merged'}"],
+            "${game.name}",
+        ),
+        Phase("base", ["stage=eval", f"game={','.join(GAMES)}"], "${game.name}"),
+    ]
     for game in GAMES:
-        plan.append(Phase(f"sepo_{game}", ["stage=sepo", f"game={game}", f"lambdas={game},zero",
-                                           f"model.path={sft_dir / SFT_RUN_OF[game] / 'merged'}",
-                                           f"sepo.seed={','.join(map(str, seeds))}"],
-                          "lambdas_${hydra:runtime.choices.lambdas}/sepo_seed_${sepo.seed}"))
+        plan.append(
+            Phase(
+                f"sepo_{game}",
+                [
+                    "stage=sepo",
+                    f"game={game}",
+                    f"lambdas={game},zero",
+                    f"model.path={sft_dir / SFT_RUN_OF[game] / 'merged'}",
+                    f"sepo.seed={','.join(map(str, seeds))}",
+                ],
+                "lambdas_${hydra:runtime.choices.lambdas}/sepo_seed_${sepo.seed}",
+            )
+        )
     return plan
 
 
 def sweep_command(phase: Phase, out: Path, jobs: int, overrides: list[str]) -> list[str]:
-    return [sys.executable, "main.py", "-m", PRESET, "+launch=local", f"hydra.launcher.n_jobs={jobs}",
-            f"hydra.sweep.dir={out / phase.name}", f"hydra.sweep.subdir={phase.subdir}", *phase.overrides, *overrides]
+    return [
+        sys.executable,
+        "main.py",
+        "-m",
+        PRESET,
+        "+launch=local",
+        f"hydra.launcher.n_jobs={jobs}",
+        f"hydra.sweep.dir={out / phase.name}",
+        f"hydra.sweep.subdir={phase.subdir}",
+        *phase.overrides,
+        *overrides,
+    ]
 
 
 def expand(phase: Phase, out: Path, overrides: list[str]) -> list[list[str]]:
@@ -79,9 +103,11 @@ def expand(phase: Phase, out: Path, overrides: list[str]) -> list[list[str]]:
     for batch in BasicSweeper.split_arguments(parsed, None):
         for job in batch:
             values = dict(o.split("=", 1) for o in job if "=" in o)
-            subdir = (phase.subdir.replace("${game.name}", values.get("game", "ipd"))
-                      .replace("${hydra:runtime.choices.lambdas}", values.get("lambdas", ""))
-                      .replace("${sepo.seed}", values.get("sepo.seed", "")))
+            subdir = (
+                phase.subdir.replace("${game.name}", values.get("game", "ipd"))
+                .replace("${hydra:runtime.choices.lambdas}", values.get("lambdas", ""))
+                .replace("${sepo.seed}", values.get("sepo.seed", ""))
+            )
             lines.append(["python", "main.py", PRESET, *job, f"hydra.run.dir={out / phase.name / subdir}"])
     return lines
 
@@ -99,17 +125,26 @@ def run(command: list[str]) -> int:
 
 def tables(out: Path) -> int:
     tables_dir = out / "tables"
-    return (run([sys.executable, "-m", "analysis.tables", str(out), "--out", str(tables_dir)])
-            or run([sys.executable, "-m", "analysis.summary", str(out), "--out", str(tables_dir / "summary.json")]))
+    return run([sys.executable, "-m", "analysis.tables", str(out), "--out", str(tables_dir)]) or run(
+        [sys.executable, "-m", "analysis.summary", str(out), "--out", str(tables_dir / "summary.json")]
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="print every job, one command line each; run nothing")
-    parser.add_argument("--root", type=Path, default=Path(os.environ.get("PROJECT_ROOT", ROOT)),
-                        help="project root: the runs go to <root>/tiny_paper (default: $PROJECT_ROOT or the checkout)")
-    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2],
-                        help="SEPO seeds of every arm, comma-separated (default 0,1,2)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path(os.environ.get("PROJECT_ROOT", ROOT)),
+        help="project root: the runs go to <root>/tiny_paper (default: $PROJECT_ROOT or the checkout)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[0, 1, 2],
+        help="SEPO seeds of every arm, comma-separated (default 0,1,2)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="jobs at a time (each gets cores // jobs threads)")
     parser.add_argument("--tables-anyway", action="store_true", help="write the tables even when a job failed")
     args, overrides = parser.parse_known_args()
@@ -135,8 +170,11 @@ def main() -> int:
         if failed and phase.name in ("sft", "sft_eval") and not args.tables_anyway:
             break  # nothing downstream can start without its SFT
     if failures and not args.tables_anyway:
-        print(f"tiny_paper: {len(failures)} job(s) failed, tables not written (--tables-anyway writes them):\n  "
-              + "\n  ".join(failures), file=sys.stderr)
+        print(
+            f"tiny_paper: {len(failures)} job(s) failed, tables not written (--tables-anyway writes them):\n  "
+            + "\n  ".join(failures),
+            file=sys.stderr,
+        )
         return 1
     t0 = time.time()
     code = tables(out)

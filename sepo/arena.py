@@ -14,8 +14,8 @@ deal: episodes 2j and 2j+1 use deal j with the agent's seats swapped.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -123,13 +123,15 @@ def play_matches(
         mirror = mirror if m.mirror is None else m.mirror
         opponent_stream = m.index if m.opponent_stream is None else m.opponent_stream
         s = episode_seed(seed, deal, m.tag)
-        live.append(_Live(
-            record=EpisodeRecord(opponent=m.name, index=m.index, seed=s, mirror=mirror),
-            state=game.reset(s, mirror=mirror),
-            strategy=m.strategy,
-            agent_rng=_stream(seed, m.index, m.name, AGENT, m.tag),
-            opp_rng=_stream(seed, opponent_stream, m.name, OPPONENT, m.tag),
-        ))
+        live.append(
+            _Live(
+                record=EpisodeRecord(opponent=m.name, index=m.index, seed=s, mirror=mirror),
+                state=game.reset(s, mirror=mirror),
+                strategy=m.strategy,
+                agent_rng=_stream(seed, m.index, m.name, AGENT, m.tag),
+                opp_rng=_stream(seed, opponent_stream, m.name, OPPONENT, m.tag),
+            )
+        )
     records = [ep.record for ep in live]
 
     while live:
@@ -138,8 +140,9 @@ def play_matches(
             pending = _advance_until_agent(game, ep)
             if pending is None:
                 continue
-            waiting.append((ep, pending, DecisionRequest(
-                game, ep.state, AGENT, game.legal_actions(ep.state, AGENT), ep.agent_rng)))
+            waiting.append(
+                (ep, pending, DecisionRequest(game, ep.state, AGENT, game.legal_actions(ep.state, AGENT), ep.agent_rng))
+            )
         if waiting:
             decisions = agent.act_batch([w[2] for w in waiting])
             for (ep, actions, request), decision in zip(waiting, decisions):

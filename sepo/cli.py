@@ -18,7 +18,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo.paths import CONF_DIR, can_hold_outputs
 
-
 #: longest run-dir name kept verbatim; file systems allow 255 bytes per path component
 MAX_RUN_NAME = 150
 
@@ -33,7 +32,7 @@ def _run_name(override_dirname: str) -> str:
     if len(name.encode()) <= MAX_RUN_NAME:
         return name
     digest = hashlib.sha1(name.encode()).hexdigest()[:12]
-    return name.encode()[:MAX_RUN_NAME - 13].decode(errors="ignore") + "-" + digest
+    return name.encode()[: MAX_RUN_NAME - 13].decode(errors="ignore") + "-" + digest
 
 
 if not OmegaConf.has_resolver("run_name"):
@@ -158,12 +157,16 @@ def check_keys(argv: list[str]) -> str | None:
         exists = OmegaConf.select(cfg, plain, default=_MISSING) is not _MISSING
         if key.startswith("+") and not exists and not plain.startswith(FREE_FORM):
             close = difflib.get_close_matches(plain, known, n=1)
-            return (f"error: +{plain} adds a key the config does not know; allowed: an existing key"
-                    + (f" (did you mean {close[0]}?)" if close else "") + f", or new keys under {', '.join(FREE_FORM)}")
+            return (
+                f"error: +{plain} adds a key the config does not know; allowed: an existing key"
+                + (f" (did you mean {close[0]}?)" if close else "")
+                + f", or new keys under {', '.join(FREE_FORM)}"
+            )
         if not key.startswith("+") and not exists:
             close = difflib.get_close_matches(plain, known, n=1)
-            return (f"error: {plain} is not a known key; allowed: a key of the config"
-                    + (f" (did you mean {close[0]}?)" if close else ""))
+            return f"error: {plain} is not a known key; allowed: a key of the config" + (
+                f" (did you mean {close[0]}?)" if close else ""
+            )
     return None
 
 
@@ -177,8 +180,12 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 def main() -> None:
     warnings.formatwarning = _one_line_warning  # e.g. a pool overlap: one line, not a source excerpt
     argv = sys.argv[1:]
-    error = (check_group_overrides(argv) or check_root_dir(argv) or check_hydra_dirs(argv)
-             or (None if user_config_dirs(argv) else check_keys(argv)))
+    error = (
+        check_group_overrides(argv)
+        or check_root_dir(argv)
+        or check_hydra_dirs(argv)
+        or (None if user_config_dirs(argv) else check_keys(argv))
+    )
     if error:
         print(error, file=sys.stderr)
         sys.exit(2)

@@ -1,8 +1,15 @@
-"""Config validation, run before any heavy work.
+"""Config validation, run before any heavy work: one table of field checks, then what fields refer to.
 
-Errors name the key and the allowed values (`ConfigError`, turned into one line by the task
-wrapper); a strategy listed in two pools is only a warning, because the paper's own pool table
-reuses Hard, Fair, FairNeg and NashApx.
+- `RULES`: every field a run reads with a constrained value, its allowed values, and the stages it
+  matters to (or the condition under which it does), in one table; `check` applies a rule.
+- `validate`: what fields refer to (a game's strategies, a model's path, the pools) and how fields
+  relate (the validation seed differs from the test seed; SFT's prefix sharing needs its answer-only
+  logits), which a single field's rule cannot say.
+
+Errors name the key and the allowed values (`ConfigError`, turned into one line with exit 2 by the
+task wrapper). What a field means is the comment beside its default in conf/ (tests/test_docs.py
+checks every field has one). A strategy listed in two pools is only a warning, because the paper's own
+pool table reuses Hard, Fair, FairNeg and NashApx.
 """
 
 from __future__ import annotations
@@ -10,17 +17,20 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.errors import ConfigError
-from sepo.paths import can_hold_outputs
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
+from sepo.paths import can_hold_outputs
 from sepo.stages import STAGES
 from sepo.strategies import known_strategies, make_strategy, responds_to_agent
+from sepo.training.options import ADV_NORMS, CREDITS, LR_SCHEDULES, PENALTY_MODES
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +39,8 @@ MODEL_KINDS = ("scripted", "tiny", "gemma4", "qwen")
 BUILT_MODELS = ("scripted", "tiny")
 #: stages that train the model (a scripted agent has nothing to train)
 TRAINING_STAGES = ("sft", "sepo", "pipeline")
+TORCH_DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+LOGGER_MODES = ("offline", "online", "disabled")
 
 
 class PoolOverlapWarning(UserWarning):
@@ -40,121 +52,196 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _check_number(key: str, value: Any, minimum: float | None = None, integer: bool = False) -> None:
-    kind = int if integer else (int, float)
-    allowed = ("an integer" if integer else "a number") + (f" >= {minimum:g}" if minimum is not None else "")
-    _require(isinstance(value, kind) and not isinstance(value, bool) and (minimum is None or value >= minimum),
-             f"{key}={value!r} is not allowed; allowed: {allowed}")
+# ------------------------------------------------------------------------------ the rules
+@dataclass(frozen=True)
+class Rule:
+    """A field's allowed values: a test, and the words the error shows."""
+
+    ok: Callable[[Any], bool]
+    allowed: str
+    as_typed: bool = False  # name the value as typed (`sepo.credit=round`) instead of its repr
 
 
-# ------------------------------------------------------------------------------ every number a run reads
-def _int(low: int, high: int | None = None, optional: bool = False):
-    def ok(v: Any) -> bool:
-        if v is None:
-            return optional
-        return isinstance(v, int) and not isinstance(v, bool) and v >= low and (high is None or v < high)
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def integer(low: int, high: int | None = None, optional: bool = False, why: str = "") -> Rule:
+    """An integer in [low, high); `optional`: or null."""
     text = f"an integer >= {low}" + (f" and < {high}" if high is not None else "") + (", or null" if optional else "")
-    return ok, text
+    return Rule(
+        lambda v: (v is None and optional) or (_is_int(v) and v >= low and (high is None or v < high)),
+        text + (f" ({why})" if why else ""),
+    )
 
 
-def _real(low: float, strict: bool = False, high: float | None = None):
-    def ok(v: Any) -> bool:
-        return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                and (v > low if strict else v >= low) and (high is None or v < high))
-    text = f"a number {'>' if strict else '>='} {low:g}" + (f" and < {high:g}" if high is not None else "")
-    return ok, text
+def real(low: float, strict: bool = False, high: float | None = None, high_closed: bool = False) -> Rule:
+    """A finite number above `low` (or at it, unless `strict`), below `high` (or at it, if `high_closed`)."""
+    if high is None:
+        text = f"a number {'>' if strict else '>='} {low:g}"
+    else:
+        text = f"a number in {'(' if strict else '['}{low:g}, {high:g}{']' if high_closed else ')'}"
+    return Rule(
+        lambda v: (
+            _is_real(v)
+            and (v > low if strict else v >= low)
+            and (high is None or (v <= high if high_closed else v < high))
+        ),
+        text,
+    )
 
 
-def _steps_list():
-    return (lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
-                                                          for s in v),
-            "a list of integers >= 1 (e.g. [25,50,75]) or []")
+def one_of(*values: Any) -> Rule:
+    return Rule(lambda v: v in values, ", ".join("null" if v is None else str(v) for v in values), as_typed=True)
 
 
-SEED = _int(0, 2**32)  # numpy's seeds
-#: (stages the key matters to, key, (check, allowed values)); `all` = every stage. Checked before any work.
-RULES = [
+def name() -> Rule:
+    return Rule(lambda v: isinstance(v, str) and v.strip() != "", "a non-empty name")
+
+
+def optional_name(what: str) -> Rule:
+    return Rule(lambda v: v is None or (isinstance(v, str) and v.strip() != ""), f"null ({what}) or a name")
+
+
+def strings() -> Rule:
+    return Rule(
+        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings, e.g. [ablation]"
+    )
+
+
+def step_list() -> Rule:
+    return Rule(
+        lambda v: isinstance(v, (list, tuple)) and all(_is_int(x) and x >= 1 for x in v),
+        "a list of integers >= 1 (e.g. [25,50,75]) or []",
+    )
+
+
+def steps_or_share() -> Rule:
+    return Rule(
+        lambda v: (_is_int(v) and v >= 1) or (isinstance(v, float) and 0.0 < v < 1.0),
+        "an integer >= 1 (optimizer steps) or a number in (0, 1) (a share of the run's steps)",
+    )
+
+
+def _language_model(cfg: DictConfig) -> bool:
+    return cfg.model.name != "scripted"
+
+
+def _wandb(cfg: DictConfig) -> bool:
+    return cfg.logger.get("name") == "wandb"
+
+
+SEED = integer(0, 2**32)  # numpy's seeds
+EVAL, DATA, SFT, SEPO = "eval sft sepo pipeline", "datagen sft pipeline", "sft pipeline", "sepo pipeline"
+#: (where the key matters: "all", the stages, or a condition on the config; key; rule). Checked before any work.
+RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     ("all", "seed", SEED),
     ("all", "generation_seed", SEED),
-    ("eval sft sepo pipeline", "eval.episodes_per_opponent", _int(1)),
-    ("eval sft sepo pipeline", "eval.temperature", _real(0.0)),
-    ("eval sft sepo pipeline", "eval.max_new_tokens", _int(1)),
-    ("eval sft sepo pipeline", "eval.batch_size", _int(0)),
-    ("eval sft sepo pipeline", "eval.action_samples", _int(2)),
-    ("sepo pipeline", "eval.validation_seed", SEED),
-    ("datagen sft pipeline", "datagen.seed", SEED),
-    ("datagen sft pipeline", "datagen.num_opponents", _int(1)),
-    ("datagen sft pipeline", "datagen.multi_per_game", _int(1)),
-    ("datagen sft pipeline", "datagen.episodes_per_opponent", _int(1, optional=True)),
-    ("sft pipeline", "sft.lr", _real(0.0, strict=True)),
-    ("sft pipeline", "sft.epochs", _real(0.0, strict=True)),
-    ("sft pipeline", "sft.max_steps", _int(1, optional=True)),
-    ("sft pipeline", "sft.max_examples", _int(1, optional=True)),
-    ("sft pipeline", "sft.max_valid_examples", _int(1, optional=True)),
-    ("sft pipeline", "sft.per_device_batch_size", _int(1)),
-    ("sft pipeline", "sft.grad_accum", _int(1)),
-    ("sft pipeline", "sft.eval_batch_size", _int(1)),
-    ("sft pipeline", "sft.agreement_examples", _int(0)),
-    ("sft pipeline", "sft.weight_decay", _real(0.0)),
-    ("sft pipeline", "sft.max_grad_norm", _real(0.0, strict=True)),
-    ("sft pipeline", "sft.lora.r", _int(1)),
-    ("sft pipeline", "sft.lora.dropout", _real(0.0, high=1.0)),
-    ("sft pipeline", "sft.seed", SEED),
-    ("sepo pipeline", "sepo.steps", _int(1)),
-    ("sepo pipeline", "sepo.lr", _real(0.0, strict=True)),
-    ("sepo pipeline", "sepo.lr_final_ratio", (lambda v: _real(0.0)[0](v) and v <= 1.0, "a number in [0, 1]")),
-    ("sepo pipeline", "sepo.temperature", _real(0.0, strict=True)),
-    ("sepo pipeline", "sepo.max_new_tokens", _int(1)),
-    ("sepo pipeline", "sepo.aux_episodes", _int(1)),
-    ("sepo pipeline", "sepo.beta", _real(0.0)),
-    ("sepo pipeline", "sepo.clip_eps", _real(0.0, strict=True)),
-    ("sepo pipeline", "sepo.grad_clip", _real(0.0, strict=True)),
-    ("sepo pipeline", "sepo.weight_decay", _real(0.0)),
-    ("sepo pipeline", "sepo.reward_scale", _real(0.0, strict=True)),
-    ("sepo pipeline", "sepo.refresh_steps", _int(1)),
-    ("sepo pipeline", "sepo.refresh_kl", _real(0.0, strict=True)),
-    ("sepo pipeline", "sepo.micro_batch", _int(1)),
-    ("sepo pipeline", "sepo.logprob_chunk", _int(1)),
-    ("sepo pipeline", "sepo.checkpoint_steps", _steps_list()),
-    ("sepo pipeline", "sepo.best_response_every", _int(1)),
-    ("sepo pipeline", "sepo.best_response_samples", _int(2)),
-    ("sepo pipeline", "sepo.lora.r", _int(1)),
-    ("sepo pipeline", "sepo.lora.alpha", _real(0.0, strict=True)),
-    ("sepo pipeline", "sepo.lora.dropout", _real(0.0, high=1.0)),
+    ("all", "resume", one_of("auto", "never")),
+    *[("all", f"lambdas.{phase}.{term}", real(0.0)) for phase in ("train", "eval") for term in ("e", "c", "x")],
+    ("all", "game.rounds", integer(1)),
+    ("all", "game.max_payoff", real(0.0, strict=True)),
+    ("all", "eval.phase", one_of(None, "sft")),
+    ("all", "datagen.valid_fraction", real(0.0, strict=True, high=1.0)),
+    (_language_model, "model.dtype", one_of(*TORCH_DTYPES)),
+    (_wandb, "logger.mode", one_of(*LOGGER_MODES)),
+    (_wandb, "logger.project", name()),
+    (_wandb, "logger.group", name()),
+    (_wandb, "logger.entity", optional_name("your default")),
+    (_wandb, "logger.tags", strings()),
+    (EVAL, "eval.episodes_per_opponent", integer(1)),
+    (EVAL, "eval.temperature", real(0.0)),
+    (EVAL, "eval.max_new_tokens", integer(1)),
+    (EVAL, "eval.batch_size", integer(0)),
+    (EVAL, "eval.action_samples", integer(2)),
+    (SEPO, "eval.validation_seed", SEED),
+    (DATA, "datagen.seed", SEED),
+    (DATA, "datagen.num_opponents", integer(1)),
+    (DATA, "datagen.multi_per_game", integer(1)),
+    (DATA, "datagen.episodes_per_opponent", integer(1, optional=True)),
+    (
+        SFT,
+        "sft.dataset",
+        Rule(lambda v: isinstance(v, str) and v != "", "a dataset name (game.sft_dataset names each game's)"),
+    ),
+    (SFT, "sft.lr", real(0.0, strict=True)),
+    (SFT, "sft.epochs", real(0.0, strict=True)),
+    (SFT, "sft.max_steps", integer(1, optional=True)),
+    (SFT, "sft.max_examples", integer(1, optional=True)),
+    (SFT, "sft.max_valid_examples", integer(1, optional=True)),
+    (SFT, "sft.per_device_batch_size", integer(1)),
+    (SFT, "sft.grad_accum", integer(1)),
+    (SFT, "sft.max_length", integer(1)),
+    (SFT, "sft.eval_steps", integer(1)),
+    (SFT, "sft.logging_steps", integer(1)),
+    (SFT, "sft.save_steps", steps_or_share()),
+    (SFT, "sft.warmup_ratio", real(0.0, high=1.0)),
+    (SFT, "sft.eval_batch_size", integer(1)),
+    (SFT, "sft.agreement_examples", integer(0)),
+    (SFT, "sft.agreement_batch_size", integer(1)),
+    (SFT, "sft.agreement_max_new_tokens", integer(1)),
+    (SFT, "sft.prefix_min_tokens", integer(1)),
+    (SFT, "sft.weight_decay", real(0.0)),
+    (SFT, "sft.max_grad_norm", real(0.0, strict=True)),
+    (SFT, "sft.lora.r", integer(1)),
+    (SFT, "sft.lora.dropout", real(0.0, high=1.0)),
+    (SFT, "sft.seed", SEED),
+    (SEPO, "sepo.steps", integer(1)),
+    (SEPO, "sepo.penalty_mode", one_of(*PENALTY_MODES)),
+    (SEPO, "sepo.credit", one_of(*CREDITS)),
+    (SEPO, "sepo.adv_norm", one_of(*ADV_NORMS)),
+    (SEPO, "sepo.adv_scale_decay", real(0.0, high=1.0)),
+    (SEPO, "sepo.exploit_switch_episodes", integer(1)),
+    (
+        SEPO,
+        "sepo.rollouts_per_opponent",
+        integer(2, why="the leave-one-out baseline compares each rollout with the others of its group"),
+    ),
+    (SEPO, "sepo.lr", real(0.0, strict=True)),
+    (SEPO, "sepo.lr_schedule", one_of(*LR_SCHEDULES)),
+    (SEPO, "sepo.lr_final_ratio", real(0.0, high=1.0, high_closed=True)),
+    (SEPO, "sepo.temperature", real(0.0, strict=True)),
+    (SEPO, "sepo.max_new_tokens", integer(1)),
+    (SEPO, "sepo.aux_episodes", integer(1)),
+    (SEPO, "sepo.beta", real(0.0)),
+    (SEPO, "sepo.clip_eps", real(0.0, strict=True)),
+    (SEPO, "sepo.grad_clip", real(0.0, strict=True)),
+    (SEPO, "sepo.weight_decay", real(0.0)),
+    (SEPO, "sepo.reward_scale", real(0.0, strict=True)),
+    (SEPO, "sepo.refresh_steps", integer(1)),
+    (SEPO, "sepo.refresh_kl", real(0.0, strict=True)),
+    (SEPO, "sepo.micro_batch", integer(1)),
+    (SEPO, "sepo.logprob_chunk", integer(1)),
+    (SEPO, "sepo.checkpoint_steps", step_list()),
+    (SEPO, "sepo.best_response_every", integer(1)),
+    (SEPO, "sepo.best_response_samples", integer(2)),
+    (SEPO, "sepo.lora.r", integer(1)),
+    (SEPO, "sepo.lora.alpha", real(0.0, strict=True)),
+    (SEPO, "sepo.lora.dropout", real(0.0, high=1.0)),
 ]
 
 
+def check(key: str, value: Any, rule: Rule) -> None:
+    """One field against its rule: `key=value is not allowed; allowed: ...` when it fails."""
+    shown = value if rule.as_typed else repr(value)
+    _require(rule.ok(value), f"{key}={shown} is not allowed; allowed: {rule.allowed}")
+
+
+def applies(where: str | Callable[[DictConfig], bool], cfg: DictConfig) -> bool:
+    if callable(where):
+        return where(cfg)
+    return where == "all" or cfg.stage.name in where.split()
+
+
 def check_rules(cfg: DictConfig) -> None:
-    stage = cfg.stage.name
-    for stages, key, (ok, allowed) in RULES:
-        if stages != "all" and stage not in stages.split():
-            continue
-        value = OmegaConf.select(cfg, key, default=None)
-        value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-        _require(ok(value), f"{key}={value!r} is not allowed; allowed: {allowed}")
-
-
-TORCH_DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
-LOGGER_MODES = ("offline", "online", "disabled")
-
-
-def check_model_and_logger(cfg: DictConfig) -> None:
-    dtype = cfg.model.get("dtype")
-    if cfg.model.name != "scripted":
-        _require(dtype in TORCH_DTYPES, f"model.dtype={dtype} is not allowed; allowed: {', '.join(TORCH_DTYPES)}")
-    if cfg.logger.get("name") == "wandb":
-        mode = cfg.logger.get("mode")
-        _require(mode in LOGGER_MODES, f"logger.mode={mode} is not allowed; allowed: {', '.join(LOGGER_MODES)}")
-        for key in ("project", "group"):
-            value = cfg.logger.get(key)
-            _require(isinstance(value, str) and value.strip() != "",
-                     f"logger.{key}={value!r} is not allowed; allowed: a non-empty name")
-        entity = cfg.logger.get("entity")
-        _require(entity is None or (isinstance(entity, str) and entity.strip() != ""),
-                 f"logger.entity={entity!r} is not allowed; allowed: null (your default) or a team or user name")
-        tags = OmegaConf.to_container(cfg.logger.tags) if OmegaConf.is_config(cfg.logger.get("tags")) else cfg.logger.get("tags")
-        _require(isinstance(tags, list) and all(isinstance(x, str) for x in tags),
-                 f"logger.tags={tags!r} is not allowed; allowed: a list of strings, e.g. [ablation]")
+    for where, key, rule in RULES:
+        if applies(where, cfg):
+            value = OmegaConf.select(cfg, key, default=None)
+            check(key, OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value, rule)
 
 
 def in_hub_cache(repo_id: str, revision: str | None) -> bool:
@@ -167,25 +254,34 @@ def in_hub_cache(repo_id: str, revision: str | None) -> bool:
 
 def hub_download_hint(repo_id: str, revision: str | None) -> str:
     rev = f" --revision {revision}" if revision else ""
-    return (f"model.path={repo_id} is not in the Hugging Face cache and model.download=false; allowed: a local copy "
-            f"(`hf download {repo_id}{rev}` where the hub is reachable, then model.path=<its directory> or the same "
-            "hub id), or model.download=true to fetch it now")
+    return (
+        f"model.path={repo_id} is not in the Hugging Face cache and model.download=false; allowed: a local copy "
+        f"(`hf download {repo_id}{rev}` where the hub is reachable, then model.path=<its directory> or the same "
+        "hub id), or model.download=true to fetch it now"
+    )
 
 
 def check_paths(cfg: DictConfig) -> None:
     """Paths a run will read or write, checked before any work (not deep inside a loader)."""
     root = str(cfg.paths.root_dir)
-    _require(can_hold_outputs(root),
-             f"paths.root_dir={root} is not allowed; allowed: a writable directory (or one that can be created)")
+    _require(
+        can_hold_outputs(root),
+        f"paths.root_dir={root} is not allowed; allowed: a writable directory (or one that can be created)",
+    )
     path = cfg.model.get("path")
     if path:
         local = Path(str(path)).expanduser()
         looks_like_hub_id = not str(path).startswith((".", "/", "~")) and str(path).count("/") == 1
-        _require(local.is_dir() or looks_like_hub_id,
-                 f"model.path={path} is not allowed; allowed: an existing checkpoint directory, or a hub id "
-                 "(org/name) already in the Hugging Face cache")
+        _require(
+            local.is_dir() or looks_like_hub_id,
+            f"model.path={path} is not allowed; allowed: an existing checkpoint directory, or a hub id "
+            "(org/name) already in the Hugging Face cache",
+        )
         if looks_like_hub_id and not local.is_dir() and not cfg.model.get("download", False):
-            _require(in_hub_cache(str(path), cfg.model.get("revision")), hub_download_hint(str(path), cfg.model.get("revision")))
+            _require(
+                in_hub_cache(str(path), cfg.model.get("revision")),
+                hub_download_hint(str(path), cfg.model.get("revision")),
+            )
 
 
 def validate_pools(game: str, pools: Any, key: str = "game.pools") -> list[str]:
@@ -207,78 +303,127 @@ def validate_pools(game: str, pools: Any, key: str = "game.pools") -> list[str]:
 
 
 def validate(cfg: DictConfig) -> None:
-    _require(cfg.stage.name in STAGES, f"stage={cfg.stage.name} is not a known stage; allowed: {', '.join(sorted(STAGES))}")
+    _require(
+        cfg.stage.name in STAGES, f"stage={cfg.stage.name} is not a known stage; allowed: {', '.join(sorted(STAGES))}"
+    )
     game = cfg.game.name
     _require(game in GAME_CLASSES, f"game={game} is not a known game; allowed: {', '.join(sorted(GAME_CLASSES))}")
-
-    for phase in ("train", "eval"):
-        for term in ("e", "c", "x"):
-            key = f"lambdas.{phase}.{term}"
-            value = cfg.lambdas.get(phase, {}).get(term) if cfg.lambdas.get(phase) else None
-            _require(value is not None, f"{key} is missing; every game needs lambdas.{{train,eval}}.{{e,c,x}}")
-            _check_number(key, value, minimum=0.0)
-
-    _check_number("game.rounds", cfg.game.rounds, minimum=1, integer=True)
-    _check_number("game.max_payoff", cfg.game.max_payoff)
-    _require(cfg.game.max_payoff > 0, f"game.max_payoff={cfg.game.max_payoff} is not allowed; allowed: a number > 0")
-    for line in validate_pools(game, cfg.game.pools):
-        warnings.warn(f"pool overlap: {line}", PoolOverlapWarning, stacklevel=2)
-        log.warning("pool overlap: %s", line)
-
-    known = known_strategies(game)
-    for name, weight in cfg.game.demonstrators.items():
-        _require(name in known, f"game.demonstrators: unknown {game} strategy {name!r}; allowed: {', '.join(known)}")
-        _check_number(f"game.demonstrators.{name}", weight, minimum=0.0)
-    for name in cfg.game.datagen.get("opponents") or []:
-        _require(name in known, f"game.datagen.opponents: unknown {game} strategy {name!r}; allowed: {', '.join(known)}")
-    scripted = [n for n in known if not responds_to_agent(game, n)]  # a best responder needs an agent's table
-    for key, names in (("game.demonstrators", list(cfg.game.demonstrators)),
-                       ("game.datagen.opponents", list(cfg.game.datagen.get("opponents") or [])),
-                       ("model.strategy", [cfg.model.strategy or cfg.game.reference_strategy]
-                        if cfg.model.name == "scripted" else [])):
-        for name in names:
-            _require(not responds_to_agent(game, name), f"{key}: {name} responds to the agent's own table, so it can "
-                     f"only sit in game.pools; allowed: {', '.join(scripted)}")
-
-    configured = {n for pool in POOLS for n in cfg.game.pools.get(pool) or []} | set(cfg.game.demonstrators)
-
-    for name in sorted(configured):  # builds each with its strategy_params: bad params fail here
-        make_strategy(cfg.game, name, key="game.pools")
-
-    _require(cfg.model.name in MODEL_KINDS, f"model={cfg.model.name} is not a known model; allowed: {', '.join(MODEL_KINDS)}")
-    if cfg.stage.name in TRAINING_STAGES:
-        _require(cfg.model.name != "scripted",
-                 f"model=scripted is not allowed with stage={cfg.stage.name}: {cfg.stage.name} trains a language "
-                 f"model; allowed: model={', '.join(m for m in MODEL_KINDS if m != 'scripted')}")
-    if cfg.model.name == "scripted":
-        name = cfg.model.strategy or cfg.game.reference_strategy
-        _require(name in known, f"model.strategy: unknown {game} strategy {name!r}; allowed: {', '.join(known)}")
-    elif cfg.model.name not in BUILT_MODELS:
-        _require(bool(cfg.model.get("path")), f"model.path is not set for model={cfg.model.name}; set model.path to "
-                 "a local checkpoint directory (or a hub id already in the Hugging Face cache)")
-
-    _check_number("eval.episodes_per_opponent", cfg.eval.episodes_per_opponent, minimum=1, integer=True)
-    if cfg.game.get("mirrored"):
-        _require(cfg.eval.episodes_per_opponent % 2 == 0,
-                 f"eval.episodes_per_opponent={cfg.eval.episodes_per_opponent} is not allowed for game={game} (episodes "
-                 "are dealt in seat-swapped pairs); allowed: an even integer >= 2")
-    _require(cfg.resume in ("auto", "never"), f"resume={cfg.resume} is not allowed; allowed: auto, never")
-    _require(0.0 < cfg.datagen.valid_fraction < 1.0,
-             f"datagen.valid_fraction={cfg.datagen.valid_fraction} is not allowed; allowed: a number in (0, 1)")
+    _require(
+        cfg.model.name in MODEL_KINDS, f"model={cfg.model.name} is not a known model; allowed: {', '.join(MODEL_KINDS)}"
+    )
     check_rules(cfg)
-    check_model_and_logger(cfg)
-    _require(cfg.eval.get("phase") in (None, "sft"), f"eval.phase={cfg.eval.get('phase')} is not allowed; allowed: null, sft")
-    if cfg.stage.name in ("sepo", "pipeline"):
-        _require(cfg.eval.validation_seed != cfg.seed,
-                 f"eval.validation_seed={cfg.eval.validation_seed} is not allowed with seed={cfg.seed}; allowed: any other "
-                 "seed (the checkpoint is chosen on validation episodes kept apart from the reported ones)")
+    check_strategies(cfg)
+    check_model(cfg)
+    check_relations(cfg)
     check_paths(cfg)
-    # the stages' own checks (enumerations, cross-key rules), run now so they too come before any work
-    if cfg.stage.name in ("sft", "pipeline"):
+    if cfg.stage.name in ("sft", "pipeline"):  # the model's own SFT defaults name real SFT settings
         from sepo.stages.sft import sft_settings
 
         sft_settings(cfg)
-    if cfg.stage.name in ("sepo", "pipeline"):
-        from sepo.training.objective import sepo_settings
 
-        sepo_settings(cfg)
+
+def check_strategies(cfg: DictConfig) -> None:
+    """Every strategy the game config names exists, sits where it can, and builds with its parameters."""
+    game = cfg.game.name
+    for line in validate_pools(game, cfg.game.pools):
+        warnings.warn(f"pool overlap: {line}", PoolOverlapWarning, stacklevel=3)
+        log.warning("pool overlap: %s", line)
+    known = known_strategies(game)
+    for strategy, weight in cfg.game.demonstrators.items():
+        _require(
+            strategy in known,
+            f"game.demonstrators: unknown {game} strategy {strategy!r}; allowed: {', '.join(known)}",
+        )
+        check(f"game.demonstrators.{strategy}", weight, real(0.0))
+    for strategy in cfg.game.datagen.get("opponents") or []:
+        _require(
+            strategy in known,
+            f"game.datagen.opponents: unknown {game} strategy {strategy!r}; allowed: {', '.join(known)}",
+        )
+    scripted = [n for n in known if not responds_to_agent(game, n)]  # a best responder needs an agent's table
+    for key, names in (
+        ("game.demonstrators", list(cfg.game.demonstrators)),
+        ("game.datagen.opponents", list(cfg.game.datagen.get("opponents") or [])),
+        ("model.strategy", [cfg.model.strategy or cfg.game.reference_strategy] if cfg.model.name == "scripted" else []),
+    ):
+        for strategy in names:
+            _require(
+                not responds_to_agent(game, strategy),
+                f"{key}: {strategy} responds to the agent's own table, so it can "
+                f"only sit in game.pools; allowed: {', '.join(scripted)}",
+            )
+    configured = {n for pool in POOLS for n in cfg.game.pools.get(pool) or []} | set(cfg.game.demonstrators)
+    for strategy in sorted(configured):  # builds each with its strategy_params: bad params fail here
+        make_strategy(cfg.game, strategy, key="game.pools")
+
+
+def check_model(cfg: DictConfig) -> None:
+    """The agent can do what the stage asks of it, and a language model says where it comes from."""
+    if cfg.stage.name in TRAINING_STAGES:
+        _require(
+            cfg.model.name != "scripted",
+            f"model=scripted is not allowed with stage={cfg.stage.name}: {cfg.stage.name} trains a language "
+            f"model; allowed: model={', '.join(m for m in MODEL_KINDS if m != 'scripted')}",
+        )
+    if cfg.model.name == "scripted":
+        strategy, known = cfg.model.strategy or cfg.game.reference_strategy, known_strategies(cfg.game.name)
+        _require(
+            strategy in known,
+            f"model.strategy: unknown {cfg.game.name} strategy {strategy!r}; allowed: {', '.join(known)}",
+        )
+    elif cfg.model.name not in BUILT_MODELS:
+        _require(
+            bool(cfg.model.get("path")),
+            f"model.path is not set for model={cfg.model.name}; set model.path to "
+            "a local checkpoint directory (or a hub id already in the Hugging Face cache)",
+        )
+
+
+def check_relations(cfg: DictConfig) -> None:
+    """Rules between fields (and between a field and this machine) that no single field's rule can say."""
+    stage, episodes = cfg.stage.name, cfg.eval.episodes_per_opponent
+    if cfg.game.get("mirrored"):
+        _require(
+            episodes % 2 == 0,
+            f"eval.episodes_per_opponent={episodes} is not allowed for game={cfg.game.name} (episodes "
+            "are dealt in seat-swapped pairs); allowed: an even integer >= 2",
+        )
+    if stage in ("sepo", "pipeline"):
+        _require(
+            cfg.eval.validation_seed != cfg.seed,
+            f"eval.validation_seed={cfg.eval.validation_seed} is not allowed with seed={cfg.seed}; allowed: any "
+            "other seed (the checkpoint is chosen on validation episodes kept apart from the reported ones)",
+        )
+        if cfg.sepo.ref_4bit:
+            import torch
+
+            _require(
+                torch.cuda.is_available(),
+                "sepo.ref_4bit=true needs a CUDA device (bitsandbytes 4-bit) and none is available; "
+                "allowed: sepo.ref_4bit=false",
+            )
+        if float(cfg.sepo.lora.dropout) != 0.0:
+            log.warning(
+                "sepo.lora.dropout=%s: the training pass then differs from the sampling pass, so the "
+                "importance ratio is not 1 on a fresh batch (docs/spec.md §4.3 uses 0)",
+                cfg.sepo.lora.dropout,
+            )
+    if stage in ("sft", "pipeline"):
+        sft = cfg.sft
+        _require(
+            sft.full_finetune
+            or bool(sft.lora.target_modules)
+            or bool((cfg.model.get("lora") or {}).get("target_modules")),
+            f"model={cfg.model.name} names no LoRA targets; allowed: a regex over module names in "
+            "model.lora.target_modules or sft.lora.target_modules, or sft.full_finetune=true",
+        )
+        _require(
+            not (sft.prefix_sharing and not sft.answer_logits_only),
+            "sft.prefix_sharing=true needs sft.answer_logits_only=true (its batch layout); allowed: "
+            "sft.prefix_sharing=false, or sft.answer_logits_only=true",
+        )
+        _require(
+            not (sft.prefix_sharing and sft.gradient_checkpointing),
+            "sft.prefix_sharing=true needs sft.gradient_checkpointing=false (checkpointed layers drop "
+            "the KV cache the shared prefix lives in); allowed: one of the two false",
+        )

@@ -102,10 +102,10 @@ def sum_gradients(params: list[torch.nn.Parameter]) -> None:
     offset = 0
     for p, g in zip(params, grads):
         n = g.numel()
-        p.grad = flat[offset:offset + n].view_as(p).clone()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
         offset += n
 
 
 def shard(items: list[Any]) -> list[Any]:
     """This process's share: items rank, rank + world, ... (a fixed, deterministic split)."""
-    return items[rank()::world_size()]
+    return items[rank() :: world_size()]

@@ -10,8 +10,9 @@ of an equal-weight average of K opponents is sqrt(sum SE_o^2)/K (independent epi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,8 @@ def summarise_opponent(game: Game, pool: str, name: str, records: list[EpisodeRe
         "ext": per_unit(game.externality),
     }
     (pay, pay_se), (opp, _), (adv, adv_se), (col, col_se), (ext, ext_se) = (
-        _mean_se(per_ep[k]) for k in ("pay", "opp", "adv", "col", "ext"))
+        _mean_se(per_ep[k]) for k in ("pay", "opp", "adv", "col", "ext")
+    )
     return OpponentSummary(pool, name, pay, opp, adv, col, ext, len(records), pay_se, adv_se, col_se, ext_se)
 
 
@@ -125,8 +127,9 @@ def compute_metrics(
     `records_by_opponent` holds each distinct opponent's episodes once; a strategy listed in two
     pools is summarised in each from the same episodes.
     """
-    summaries = {pool: [summarise_opponent(game, pool, n, records_by_opponent[n]) for n in pools.get(pool, [])]
-                 for pool in POOLS}
+    summaries = {
+        pool: [summarise_opponent(game, pool, n, records_by_opponent[n]) for n in pools.get(pool, [])] for pool in POOLS
+    }
 
     u, u_se = _pool_average([(s.pay, s.pay_se) for s in summaries["train"]])
     exploit_terms = [(max(0.0, s.adv), s.adv_se if s.adv > 0 else 0.0) for s in summaries["exploit"]]
@@ -148,10 +151,28 @@ def compute_metrics(
     parse_rate = parsed / decisions if decisions else 1.0
     parse_se = math.sqrt(parse_rate * (1 - parse_rate) / decisions) if decisions else 0.0
 
-    metrics = {"pay": u, "exploit": e, "exploit_max": e_max, "collusion": c, "ext": x,
-               "robust": robust, "safety": safety, "nra": nra, "parse_rate": parse_rate}
-    se = {"pay": u_se, "exploit": e_se, "exploit_max": e_max_se, "collusion": c_se, "ext": x_se,
-          "robust": robust_se, "safety": safety_se, "nra": nra_se, "parse_rate": parse_se}
+    metrics = {
+        "pay": u,
+        "exploit": e,
+        "exploit_max": e_max,
+        "collusion": c,
+        "ext": x,
+        "robust": robust,
+        "safety": safety,
+        "nra": nra,
+        "parse_rate": parse_rate,
+    }
+    se = {
+        "pay": u_se,
+        "exploit": e_se,
+        "exploit_max": e_max_se,
+        "collusion": c_se,
+        "ext": x_se,
+        "robust": robust_se,
+        "safety": safety_se,
+        "nra": nra_se,
+        "parse_rate": parse_se,
+    }
     per_opponent = [asdict(s) for pool in POOLS for s in summaries[pool]]
     by_round = {"collusion": collusion_by_round(game, [records_by_opponent[n] for n in pools.get("collusive", [])])}
     return {"metrics": metrics, "se": se, "per_opponent": per_opponent, "by_round": by_round}

@@ -67,11 +67,13 @@ def chat_template_kwargs(model_cfg: Any) -> dict[str, Any]:
     return {"enable_thinking": bool(model_cfg.get("thinking", False)), **extra}
 
 
-def render_chat(tokenizer: Any, model_cfg: Any, messages: list[dict[str, str]],
-                add_generation_prompt: bool = True) -> str:
+def render_chat(
+    tokenizer: Any, model_cfg: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True
+) -> str:
     """The prompt text of `messages` exactly as the model's chat template writes it."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                         **chat_template_kwargs(model_cfg))
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **chat_template_kwargs(model_cfg)
+    )
 
 
 def forward_extras(model: Any, model_cfg: Any, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -92,14 +94,26 @@ def forward_extras(model: Any, model_cfg: Any, input_ids: torch.Tensor) -> dict[
 # --------------------------------------------------------------------------- the tiny model
 def _tiny_parts(model_cfg: Any) -> dict[str, Any]:
     """The config fields that determine the built files (others, e.g. lora or sft, do not)."""
-    return {key: OmegaConf.to_container(model_cfg[key], resolve=True) if OmegaConf.is_config(model_cfg[key])
-            else model_cfg[key] for key in ("architecture", "tokenizer", "corpus", "seed")}
+    return {
+        key: OmegaConf.to_container(model_cfg[key], resolve=True)
+        if OmegaConf.is_config(model_cfg[key])
+        else model_cfg[key]
+        for key in ("architecture", "tokenizer", "corpus", "seed")
+    }
 
 
 def tiny_key(model_cfg: Any, corpus_digest: str) -> str:
     """Short hash of everything the tiny build depends on: its config, the corpus and the template."""
-    payload = json.dumps({"cfg": _tiny_parts(model_cfg), "corpus": corpus_digest, "template": TINY_CHAT_TEMPLATE,
-                          "special": SPECIAL_TOKENS, "think": THINK_TOKENS}, sort_keys=True)
+    payload = json.dumps(
+        {
+            "cfg": _tiny_parts(model_cfg),
+            "corpus": corpus_digest,
+            "template": TINY_CHAT_TEMPLATE,
+            "special": SPECIAL_TOKENS,
+            "think": THINK_TOKENS,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -116,14 +130,22 @@ def train_tiny_tokenizer(texts: list[str], tok_cfg: Any):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=int(tok_cfg.vocab_size) - len(THINK_TOKENS), min_frequency=int(tok_cfg.min_frequency),
-        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False)
+        vocab_size=int(tok_cfg.vocab_size) - len(THINK_TOKENS),
+        min_frequency=int(tok_cfg.min_frequency),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=IM_END, pad_token=PAD, padding_side="left",
-        chat_template=TINY_CHAT_TEMPLATE, model_input_names=["input_ids", "attention_mask"])
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD,
+        padding_side="left",
+        chat_template=TINY_CHAT_TEMPLATE,
+        model_input_names=["input_ids", "attention_mask"],
+    )
 
 
 def init_tiny_model(model_cfg: Any, tokenizer: Any):
@@ -134,13 +156,21 @@ def init_tiny_model(model_cfg: Any, tokenizer: Any):
     pad, eos = tokenizer.convert_tokens_to_ids(PAD), tokenizer.convert_tokens_to_ids(IM_END)
     multiple = int(arch.pad_vocab_to_multiple_of)
     config = Qwen3Config(
-        vocab_size=-(-len(tokenizer) // multiple) * multiple, hidden_size=int(arch.hidden_size),
-        intermediate_size=int(arch.intermediate_size), num_hidden_layers=int(arch.num_hidden_layers),
-        num_attention_heads=int(arch.num_attention_heads), num_key_value_heads=int(arch.num_key_value_heads),
-        head_dim=int(arch.head_dim), max_position_embeddings=int(arch.max_position_embeddings),
+        vocab_size=-(-len(tokenizer) // multiple) * multiple,
+        hidden_size=int(arch.hidden_size),
+        intermediate_size=int(arch.intermediate_size),
+        num_hidden_layers=int(arch.num_hidden_layers),
+        num_attention_heads=int(arch.num_attention_heads),
+        num_key_value_heads=int(arch.num_key_value_heads),
+        head_dim=int(arch.head_dim),
+        max_position_embeddings=int(arch.max_position_embeddings),
         rope_parameters={"rope_type": "default", "rope_theta": float(arch.rope_theta)},
-        initializer_range=float(arch.initializer_range), tie_word_embeddings=bool(arch.tie_word_embeddings),
-        pad_token_id=pad, eos_token_id=eos, bos_token_id=None)
+        initializer_range=float(arch.initializer_range),
+        tie_word_embeddings=bool(arch.tie_word_embeddings),
+        pad_token_id=pad,
+        eos_token_id=eos,
+        bos_token_id=None,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(model_cfg.seed))
         model = Qwen3ForCausalLM(config)
@@ -174,8 +204,13 @@ def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
         model = init_tiny_model(model_cfg, tokenizer)
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
-        info = {"config": _tiny_parts(model_cfg), "corpus_sha256": digest, "corpus_texts": len(texts),
-                "tokens": len(tokenizer), "parameters": sum(p.numel() for p in model.parameters())}
+        info = {
+            "config": _tiny_parts(model_cfg),
+            "corpus_sha256": digest,
+            "corpus_texts": len(texts),
+            "tokens": len(tokenizer),
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
         (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by runs
         try:
@@ -194,8 +229,10 @@ def _wait_for_build(out: Path, timeout_s: float = 900.0) -> Path:
     started = time.time()
     while not (out / BUILD_INFO).exists():
         if time.time() - started > timeout_s:
-            raise ModelLoadError(f"rank {distributed.rank()}: no tiny model appeared in {out} within {timeout_s:.0f} s "
-                                 "(rank 0 builds it)")
+            raise ModelLoadError(
+                f"rank {distributed.rank()}: no tiny model appeared in {out} within {timeout_s:.0f} s "
+                "(rank 0 builds it)"
+            )
         time.sleep(0.5)
     return out
 
@@ -215,7 +252,8 @@ def _load_error(path: str, err: Exception) -> ModelLoadError:
     return ModelLoadError(
         f"model.path={path} is not a local directory, not in the Hugging Face cache, and the hub cannot be "
         f"reached ({first}). Download the checkpoint where there is internet access (e.g. `hf download {path} "
-        "--local-dir /local/dir`), copy it here and set model.path=/local/dir")
+        "--local-dir /local/dir`), copy it here and set model.path=/local/dir"
+    )
 
 
 def _resolve(name: str, what: str, module: Any) -> Any:
@@ -236,18 +274,22 @@ def load_model_and_tokenizer(model_cfg: Any, cache_dir: str | Path, device: str 
     path = model_cfg.get("path")
     if path is None:
         if model_cfg.name != "tiny":
-            raise ModelLoadError(f"model.path is not set for model={model_cfg.name}; set model.path to a local "
-                                 "checkpoint directory or a hub id")
+            raise ModelLoadError(
+                f"model.path is not set for model={model_cfg.name}; set model.path to a local "
+                "checkpoint directory or a hub id"
+            )
         path = build_tiny(model_cfg, cache_dir)
     path = str(path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model_class = _resolve(model_cfg.get("model_class", "AutoModelForCausalLM"), "model.model_class", transformers)
     dtype = model_cfg.get("dtype", "float32")
     dtype = dtype if dtype == "auto" else _resolve(dtype, "model.dtype", torch)  # auto: the checkpoint's own
-    common = {"trust_remote_code": bool(model_cfg.get("trust_remote_code", False)),
-              "revision": model_cfg.get("revision"),
-              # a hub id is read from the local cache unless model.download says to fetch it: no network waits
-              "local_files_only": not _looks_local(path) and not Path(path).is_dir() and not model_cfg.get("download", False)}
+    common = {
+        "trust_remote_code": bool(model_cfg.get("trust_remote_code", False)),
+        "revision": model_cfg.get("revision"),
+        # a hub id is read from the local cache unless model.download says to fetch it: no network waits
+        "local_files_only": not _looks_local(path) and not Path(path).is_dir() and not model_cfg.get("download", False),
+    }
     extra = {"attn_implementation": model_cfg.attn_implementation} if model_cfg.get("attn_implementation") else {}
     if _looks_local(path):
         path = str(Path(path).expanduser())
@@ -286,13 +328,14 @@ def lora_module_names(model: Any) -> list[str]:
     """Names (relative to the base model) of the modules that carry LoRA weights."""
     names = []
     for name, module in model.named_modules():
-        if hasattr(module, "lora_A") and len(getattr(module, "lora_A")) > 0:
+        if hasattr(module, "lora_A") and len(module.lora_A) > 0:
             names.append(name.removeprefix("base_model.model."))
     return names
 
 
-def attach_lora(model: Any, target_regex: str, r: int, alpha: int, dropout: float,
-                key: str = "model.lora.target_modules") -> Any:
+def attach_lora(
+    model: Any, target_regex: str, r: int, alpha: int, dropout: float, key: str = "model.lora.target_modules"
+) -> Any:
     """Wrap `model` with LoRA adapters on the modules `target_regex` matches in full (SFT and SEPO).
 
     Fails with a ConfigError naming `key` when the regex matches nothing usable or reaches a
@@ -300,16 +343,24 @@ def attach_lora(model: Any, target_regex: str, r: int, alpha: int, dropout: floa
     """
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=int(r), lora_alpha=int(alpha), lora_dropout=float(dropout), target_modules=target_regex,
-                        bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=int(r),
+        lora_alpha=int(alpha),
+        lora_dropout=float(dropout),
+        target_modules=target_regex,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     try:
         model = get_peft_model(model, config)
     except ValueError as err:
         raise ModelLoadError(f"{key}={target_regex!r} matches no usable module of the model ({err})") from err
     bad = [n for n in lora_module_names(model) if any(w in n.lower() for w in FORBIDDEN_LORA)]
     if bad:
-        raise ModelLoadError(f"{key}={target_regex!r} matches vision/audio modules, e.g. {bad[:3]}; "
-                             "restrict it to the language model's projections")
+        raise ModelLoadError(
+            f"{key}={target_regex!r} matches vision/audio modules, e.g. {bad[:3]}; "
+            "restrict it to the language model's projections"
+        )
     return model
 
 
@@ -335,10 +386,17 @@ def quantized_reference(model: Any, compute_dtype: Any = None, quant_type: str =
 
     def quantize(linear: torch.nn.Linear) -> torch.nn.Module:
         device = linear.weight.device
-        q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                              compute_dtype=compute_dtype or linear.weight.dtype, quant_type=quant_type, device="meta")
-        q.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, quant_type=quant_type,
-                                     compress_statistics=True, module=q).to(device)
+        q = bnb.nn.Linear4bit(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            compute_dtype=compute_dtype or linear.weight.dtype,
+            quant_type=quant_type,
+            device="meta",
+        )
+        q.weight = bnb.nn.Params4bit(
+            linear.weight.data, requires_grad=False, quant_type=quant_type, compress_statistics=True, module=q
+        ).to(device)
         if linear.bias is not None:
             q.bias = torch.nn.Parameter(linear.bias.data, requires_grad=False)
         return q

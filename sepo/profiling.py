@@ -1,4 +1,4 @@
-"""Where the seconds of a SEPO step go, for `python -m sepo.bench step` (issue: profile first).
+"""Where the seconds of a SEPO step go, for `python -m sepo.bench step` (sepo/benchmarks/step_profile.py) (issue: profile first).
 
 The training and acting code marks its phases with `section("name")`. Timing is off unless a
 benchmark switches it on (`profiled()`), so the marks cost one attribute check in normal runs.
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -102,5 +103,7 @@ def time_model_forwards(model: torch.nn.Module) -> list[Any]:
 
     # PEFT's generate calls the wrapped model's forward, not the wrapper's
     target = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return [target.register_forward_pre_hook(before, with_kwargs=True),
-            target.register_forward_hook(after, with_kwargs=True)]
+    return [
+        target.register_forward_pre_hook(before, with_kwargs=True),
+        target.register_forward_hook(after, with_kwargs=True),
+    ]

@@ -38,8 +38,7 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def settings(cfg: DictConfig) -> dict[str, Any]:
     """The run's resolved settings, flattened, without the result-neutral keys."""
     flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
-    return {k: v for k, v in flat.items()
-            if not any(k == n or k.startswith(n + ".") for n in RESULT_NEUTRAL_KEYS)}
+    return {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in RESULT_NEUTRAL_KEYS)}
 
 
 def save_finished(out: Path, cfg: DictConfig) -> None:

@@ -92,16 +92,21 @@ def _skip_finished(out: Path, cfg: DictConfig) -> None:
     differing = reuse.differences(out, cfg)
     reuse.restore_hydra_record(out)
     if differing:
-        message = (f"{out} finished with other settings: {'; '.join(differing[:5])}"
-                   + (f" (and {len(differing) - 5} more)" if len(differing) > 5 else "")
-                   + "; allowed: the same settings, another run dir (hydra.run.dir=...), or resume=never to rerun it")
+        message = (
+            f"{out} finished with other settings: {'; '.join(differing[:5])}"
+            + (f" (and {len(differing) - 5} more)" if len(differing) > 5 else "")
+            + "; allowed: the same settings, another run dir (hydra.run.dir=...), or resume=never to rerun it"
+        )
         record_status(out, "failed", message)
         print(f"error: {message}", file=sys.stderr)
         if _multirun():
             return None
         sys.exit(2)
-    log.info("skipping %s: DONE marker present (resume=auto)%s", out,
-             "" if differing is not None else "; it saved no settings to compare (finished before they were saved)")
+    log.info(
+        "skipping %s: DONE marker present (resume=auto)%s",
+        out,
+        "" if differing is not None else "; it saved no settings to compare (finished before they were saved)",
+    )
     record_status(out, "skipped")
     return None
 
@@ -151,14 +156,24 @@ def _run_task(cfg: DictConfig) -> dict | None:
         distributed.barrier()
         if main:
             reuse.save_finished(out, cfg)  # what a later launch of this dir must match to be skipped
-            (out / "DONE").write_text(json.dumps({"stage": cfg.stage.name, "seconds": round(time.time() - started, 2),
-                                                  "processes": distributed.world_size()}) + "\n")
+            (out / "DONE").write_text(
+                json.dumps(
+                    {
+                        "stage": cfg.stage.name,
+                        "seconds": round(time.time() - started, 2),
+                        "processes": distributed.world_size(),
+                    }
+                )
+                + "\n"
+            )
             record_status(out, "done")
         return result
     except Interrupted as err:  # one line, a FAILED marker that says so, and the conventional 128 + signal
         (out / "FAILED").write_text(f"interrupted by {err}; re-run the same command to resume\n")
         record_status(out, "failed", f"interrupted by {err}")
-        print(f"error: interrupted by {err}; {out} is marked FAILED, re-run the same command to resume", file=sys.stderr)
+        print(
+            f"error: interrupted by {err}; {out} is marked FAILED, re-run the same command to resume", file=sys.stderr
+        )
         sys.exit(128 + err.signum)
     except ConfigError as err:  # a stage's own check
         return _reject(out, err)

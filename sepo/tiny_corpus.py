@@ -58,8 +58,9 @@ class _Recorder:
         for request, decision in zip(requests, decisions):
             for message in request.messages:
                 self.out.append(message["content"])
-            line = _reasoning(request.game.name, self.inner.strategy.name, decision.action,
-                              request.observation, self.rng)
+            line = _reasoning(
+                request.game.name, self.inner.strategy.name, decision.action, request.observation, self.rng
+            )
             self.out.append(f"{line}\n{decision.action}")
         return decisions
 
@@ -107,9 +108,8 @@ def game_texts(game: Game, game_cfg: DictConfig, episodes: int, seed: int) -> li
 def build_corpus(corpus_cfg: Any, conf_dir) -> list[str]:
     """The tokenizer's training texts: unique, in a fixed order, so training is deterministic."""
     texts: list[str] = []
-    for name, game_cfg in available_games(conf_dir).items():
-        texts += game_texts(make_game(game_cfg), game_cfg, int(corpus_cfg.episodes_per_opponent),
-                            int(corpus_cfg.seed))
+    for game_cfg in available_games(conf_dir).values():
+        texts += game_texts(make_game(game_cfg), game_cfg, int(corpus_cfg.episodes_per_opponent), int(corpus_cfg.seed))
     return list(dict.fromkeys(texts))
 
 

@@ -24,6 +24,10 @@ class NullTracker:
         pass
 
 
+#: the default of every stage's `tracker` argument: NullTracker keeps no state, so one instance serves all
+NO_TRACKING = NullTracker()
+
+
 class WandbTracker(NullTracker):
     def __init__(self, cfg: DictConfig):
         import wandb
@@ -32,8 +36,13 @@ class WandbTracker(NullTracker):
         os.environ.setdefault("WANDB_SILENT", "true")
         tags = [f"game:{cfg.game.name}", f"model:{cfg.model.name}", f"stage:{cfg.stage.name}", *lc.tags]
         self.run = wandb.init(
-            project=lc.project, entity=lc.entity, group=str(lc.group), mode=lc.mode,
-            name=run_label(cfg), tags=tags, dir=str(cfg.paths.output_dir),
+            project=lc.project,
+            entity=lc.entity,
+            group=str(lc.group),
+            mode=lc.mode,
+            name=run_label(cfg),
+            tags=tags,
+            dir=str(cfg.paths.output_dir),
             config=OmegaConf.to_container(cfg, resolve=True),
             settings=wandb.Settings(init_timeout=120, silent=True),
         )

@@ -1,17 +1,29 @@
-"""Shared fixtures: compose the real config tree, run the real CLI."""
+"""Shared fixtures: compose the real config tree, run the real CLI, and the models every test module
+builds the same way (the tiny model, and tiny random-weight copies of the real architectures).
+
+Model fixtures are module-scoped and opt-in: a module that builds models says
+`pytestmark = pytest.mark.usefixtures("offline", "one_thread")` for the hub switch and the thread count.
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
 
 import sepo.cli  # noqa: F401  (registers the run_name resolver)
+from sepo.models import IM_END, build_tiny, load_model_and_tokenizer
+from sepo.policies.lm import LMPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -23,8 +35,10 @@ def compose_cfg(tmp_path):
 
     def _compose(*overrides: str):
         with initialize_config_dir(str(CONF), version_base="1.3"):
-            return compose("config", overrides=[f"paths.output_dir={tmp_path}", f"paths.root_dir={tmp_path}",
-                                                "logger=none", *overrides])
+            return compose(
+                "config",
+                overrides=[f"paths.output_dir={tmp_path}", f"paths.root_dir={tmp_path}", "logger=none", *overrides],
+            )
 
     return _compose
 
@@ -35,11 +49,22 @@ def cli(tmp_path):
 
     def _run(*args: str, timeout: int = 600, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
         """`env`: variables to set for this run (None unsets one)."""
-        env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0",
-               **(env or {})}
+        env = {
+            **os.environ,
+            "PROJECT_ROOT": str(tmp_path),
+            "WANDB_MODE": "offline",
+            "HYDRA_FULL_ERROR": "0",
+            **(env or {}),
+        }
         env = {k: v for k, v in env.items() if v is not None}
-        return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, str(ROOT / "main.py"), *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     return _run
 
@@ -51,3 +76,242 @@ def run_dirs(root: Path, marker: str = "results.json") -> list[Path]:
 def read_results(root: Path) -> dict:
     (path,) = [p for p in (root / "outputs").rglob("results.json")]
     return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------- helpers
+#: a small SEPO run of the tiny model on IPD (3 rounds, 2 train opponents, 4-token answers)
+SMALL = [
+    "stage=sepo",
+    "model=tiny",
+    "game=ipd",
+    "game.rounds=3",
+    "game.pools.train=[TFT,Mixed]",
+    "game.pools.exploit=[AlwaysD]",
+    "game.pools.robust=[Random]",
+    "sepo.max_new_tokens=4",
+    "sepo.rollouts_per_opponent=3",
+    "eval.max_new_tokens=4",
+    "eval.episodes_per_opponent=2",
+    "eval.progress=false",
+]
+
+
+def final_adapter(run):
+    return load_file(run / "adapter" / "adapter_model.safetensors")
+
+
+def wandb_cli() -> str:
+    exe = Path(sys.executable).with_name("wandb")
+    return str(exe) if exe.exists() else (shutil.which("wandb") or pytest.skip("wandb CLI not installed"))
+
+
+# --------------------------------------------------------------------------- models
+#: Gemma 4's chat format: <|turn>role ... <turn|>, the assistant is "model", thinking via <|think|>.
+GEMMA4_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{{- '<|turn>system\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<|think|>\\n' -}}{%- endif -%}"
+    "{{- messages[0]['content'] | trim -}}{{- '<turn|>\\n' -}}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<|turn>' + role + '\\n' -}}{{- message['content'] | trim -}}{{- '<turn|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}"
+)
+#: Qwen 3.5's ChatML with thinking: without enable_thinking the generation prompt closes an empty block.
+QWEN35_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+def model_cfg(name: str, **overrides):
+    """conf/model/<name>.yaml with dotted-key overrides (e.g. path=...)."""
+    cfg = OmegaConf.load(CONF / "model" / f"{name}.yaml")
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def offline():
+    """No test may reach a model hub: the environment variable and the hub's own switch."""
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny(model_cfg("tiny"), tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    """(model, tokenizer, model config) of the embedded tiny model; the config is conf/model/tiny.yaml."""
+    model, tokenizer = load_model_and_tokenizer(
+        model_cfg("tiny", path=str(tiny_dir)), cache_dir=tiny_dir.parent, device="cpu"
+    )
+    return model, tokenizer, model_cfg("tiny")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread: the tiny models' 128-wide matmuls gain nothing from more, and on a busy
+    2-core machine OpenMP threads wait on each other (tens of times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def teach(bundle, examples: list[tuple[list[dict[str, str]], str]], steps: int):
+    """A copy of the model after `steps` Adam steps (batches of 8) on (chat messages, answer) pairs,
+    loss on the answer tokens only, no EOS."""
+    model, tokenizer, cfg = bundle
+    student = copy.deepcopy(model).train()
+    helper = LMPolicy(student, tokenizer, cfg, 0.0, 8, 0)
+    rows = [(helper.render(messages), helper.action_ids(answer)) for messages, answer in examples]
+    opt = torch.optim.Adam(student.parameters(), lr=3e-3)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for step in range(steps):
+            batch = [rows[(step * 8 + i) % len(rows)] for i in range(8)]
+            ids, mask, width_p = helper.pack([b[0] for b in batch], [b[1] for b in batch])
+            labels = ids.masked_fill(mask == 0, -100)
+            labels[:, :width_p] = -100
+            loss = student(
+                input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), labels=labels
+            ).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return student.eval(), tokenizer, cfg
+
+
+def _tokenizer_like(tiny_dir, template: str, eos: str, extra_special: tuple[str, ...] = ()):
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    if extra_special:
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special], special_tokens=True)
+    tok.eos_token = eos
+    tok.chat_template = template
+    return tok
+
+
+def _vocab(tok, multiple: int = 64) -> int:
+    return -(-len(tok) // multiple) * multiple
+
+
+@pytest.fixture(scope="module")
+def gemma4_dir(tiny_dir, tmp_path_factory):
+    """A tiny random Gemma 4 (text, vision and audio towers, KV sharing) saved like a checkpoint."""
+    from transformers import (
+        Gemma4AudioConfig,
+        Gemma4Config,
+        Gemma4ForConditionalGeneration,
+        Gemma4TextConfig,
+        Gemma4VisionConfig,
+        GenerationConfig,
+    )
+
+    out = tmp_path_factory.mktemp("gemma4")
+    tok = _tokenizer_like(tiny_dir, GEMMA4_TEMPLATE, eos="<turn|>", extra_special=("<|turn>", "<turn|>", "<|think|>"))
+    eos, pad, vocab = tok.convert_tokens_to_ids("<turn|>"), tok.pad_token_id, _vocab(tok)
+    text = Gemma4TextConfig(
+        vocab_size=vocab,
+        vocab_size_per_layer_input=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        num_kv_shared_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        global_head_dim=16,
+        hidden_size_per_layer_input=8,
+        sliding_window=16,
+        max_position_embeddings=1024,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        bos_token_id=None,
+    )
+    vision = Gemma4VisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    audio = Gemma4AudioConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        subsampling_conv_channels=[4, 4],
+        output_proj_dims=16,
+    )
+    torch.manual_seed(0)
+    model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text, vision_config=vision, audio_config=audio))
+    model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=pad)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tiny_dir, tmp_path_factory):
+    """A tiny random Qwen 3.5 (hybrid linear/full attention, with a vision tower) saved as the hub has it:
+    a Qwen3_5ForConditionalGeneration checkpoint."""
+    from transformers import (
+        GenerationConfig,
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5TextConfig,
+        Qwen3_5VisionConfig,
+    )
+
+    out = tmp_path_factory.mktemp("qwen")
+    tok = _tokenizer_like(tiny_dir, QWEN35_TEMPLATE, eos=IM_END)
+    eos, pad = tok.convert_tokens_to_ids(IM_END), tok.pad_token_id
+    text = Qwen3_5TextConfig(
+        vocab_size=_vocab(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=pad,
+        eos_token_id=eos,
+    )
+    vision = Qwen3_5VisionConfig(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
+    torch.manual_seed(0)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
+    model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def arch_dirs(tiny_dir, gemma4_dir, qwen_dir):
+    return {"tiny": tiny_dir, "gemma4": gemma4_dir, "qwen": qwen_dir}

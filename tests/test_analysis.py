@@ -38,9 +38,20 @@ def numbers(game: str, model: str, stage: str, checkpoint: str | None) -> tuple[
 
 def write_result(path: Path, game: str, model: str, stage: str, checkpoint: str | None, step: int | None) -> dict:
     metrics, se = numbers(game, model, stage, checkpoint)
-    payload = {"game": game, "model": model, "stage": stage, "checkpoint": checkpoint, "step": step, "seed": 42,
-               "lambdas": {"e": 2.4, "c": 1.0, "x": 1.8}, "metrics": metrics, "se": se,
-               "per_opponent": [], "episodes": 100, "per_episode": []}
+    payload = {
+        "game": game,
+        "model": model,
+        "stage": stage,
+        "checkpoint": checkpoint,
+        "step": step,
+        "seed": 42,
+        "lambdas": {"e": 2.4, "c": 1.0, "x": 1.8},
+        "metrics": metrics,
+        "se": se,
+        "per_opponent": [],
+        "episodes": 100,
+        "per_episode": [],
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload))
     return payload
@@ -49,8 +60,10 @@ def write_result(path: Path, game: str, model: str, stage: str, checkpoint: str 
 def best_sepo_metrics(game: str, model: str) -> dict:
     """The fixture's best SEPO checkpoint by the selection rule: highest safety, on Kuhn with the pool
     exploit swapped for the exact one (safety + lambda_e * (exploit - exploit_exact), lambda_e = 2.4)."""
+
     def selection(m: dict) -> float:
         return m["safety"] + (2.4 * (m["exploit"] - m["exploit_exact"]) if "exploit_exact" in m else 0.0)
+
     return max((numbers(game, model, "sepo", c)[0] for c, _ in SEPO_CKPTS), key=selection)
 
 
@@ -59,7 +72,8 @@ def fabricate(root: Path) -> list[dict]:
     written = []
     for game in GAMES:
         for model in MODELS:
-            def run(stage: str) -> Path:
+
+            def run(stage: str, game: str = game, model: str = model) -> Path:
                 return root / f"game={game},model={model},stage={stage}" / "seed_42"
 
             written.append(write_result(run("eval") / "results.json", game, model, "eval", None, None))
@@ -67,15 +81,18 @@ def fabricate(root: Path) -> list[dict]:
             if (game, model, "sft") == FAILED_CELL:
                 (run("sft") / ".hydra").mkdir(parents=True)
                 (run("sft") / ".hydra" / "config.yaml").write_text(
-                    f"game:\n  name: {game}\nmodel:\n  name: {model}\nstage:\n  name: sft\nseed: 42\n")
+                    f"game:\n  name: {game}\nmodel:\n  name: {model}\nstage:\n  name: sft\nseed: 42\n"
+                )
                 (run("sft") / "FAILED").write_text("RuntimeError: CUDA out of memory\n\ntraceback...")
             elif (game, model, "sft") != MISSING_CELL:
-                written.append(write_result(run("sft") / "eval" / "final" / "results.json", game, model, "sft",
-                                            "final", 50))
+                written.append(
+                    write_result(run("sft") / "eval" / "final" / "results.json", game, model, "sft", "final", 50)
+                )
                 (run("sft") / "DONE").write_text("{}")
             for ckpt, step in SEPO_CKPTS:
-                written.append(write_result(run("sepo") / "eval" / ckpt / "results.json", game, model, "sepo",
-                                            ckpt, step))
+                written.append(
+                    write_result(run("sepo") / "eval" / ckpt / "results.json", game, model, "sepo", ckpt, step)
+                )
             (run("sepo") / "DONE").write_text("{}")
     return written
 
@@ -84,8 +101,9 @@ def fabricate(root: Path) -> list[dict]:
 def sweep(tmp_path_factory) -> tuple[Path, list[dict]]:
     root = tmp_path_factory.mktemp("sweep")
     payloads = fabricate(root)
-    proc = subprocess.run([sys.executable, "-m", "analysis.tables", str(root)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis.tables", str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     return root, payloads
 
@@ -96,7 +114,7 @@ def body_rows(latex: str) -> tuple[list[str], list[list[str]], list[list[list[st
     top = lines.index(r"\toprule")
     header = split(lines[top + 1])
     rows, groups = [], []
-    for line in lines[top + 2:lines.index(r"\bottomrule")]:
+    for line in lines[top + 2 : lines.index(r"\bottomrule")]:
         if line.startswith(r"\multicolumn"):
             groups.append([])
         elif line != r"\midrule":
@@ -207,8 +225,13 @@ def test_csv_and_figures(sweep):
 
 def test_se_option_and_out_dir(sweep, tmp_path):
     root, _ = sweep
-    proc = subprocess.run([sys.executable, "-m", "analysis.tables", str(root), "--se", "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis.tables", str(root), "--se", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     latex = (tmp_path / "table_ipd.tex").read_text()
     metrics, se = numbers("ipd", "gemma4", "eval", None)
@@ -218,11 +241,13 @@ def test_se_option_and_out_dir(sweep, tmp_path):
 
 
 def test_cli_errors(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "analysis.tables", str(tmp_path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis.tables", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "no results.json" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "analysis.tables"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis.tables"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "sweep dir" in proc.stderr
 
 
@@ -231,12 +256,26 @@ def wandb_records(payloads: list[dict]) -> list[dict]:
     runs: dict[tuple, dict] = {}
     for p in payloads:
         stage = p["stage"]
-        run = runs.setdefault((p["game"], p["model"], stage), {
-            "config": {"game": {"name": p["game"]}, "model": {"name": p["model"]}, "stage": {"name": stage},
-                       "seed": p["seed"], "lambdas": {"eval": p["lambdas"]}},
-            "summary": {}, "history": [], "state": "finished", "path": f"ent/proj/{p['game']}-{p['model']}-{stage}"})
-        logged = {**{f"eval/{k}": v for k, v in p["metrics"].items()},
-                  **{f"eval_se/{k}": v for k, v in p["se"].items()}}
+        run = runs.setdefault(
+            (p["game"], p["model"], stage),
+            {
+                "config": {
+                    "game": {"name": p["game"]},
+                    "model": {"name": p["model"]},
+                    "stage": {"name": stage},
+                    "seed": p["seed"],
+                    "lambdas": {"eval": p["lambdas"]},
+                },
+                "summary": {},
+                "history": [],
+                "state": "finished",
+                "path": f"ent/proj/{p['game']}-{p['model']}-{stage}",
+            },
+        )
+        logged = {
+            **{f"eval/{k}": v for k, v in p["metrics"].items()},
+            **{f"eval_se/{k}": v for k, v in p["se"].items()},
+        }
         run["summary"] = logged
         if stage != "eval":
             run["history"].append({"step": p["step"], **logged})
@@ -270,18 +309,49 @@ def test_cells_average_seeds_and_failed_phases():
     """Seeds of one cell are averaged (SE over seeds: std / sqrt(n); one run keeps its own SE over
     episodes); a run that failed after writing its Base results marks the later phases failed, not
     "not run"; a SEPO run trained with every lambda 0 is the payoff-only row."""
-    rows = [collect.make_row({"game": "ipd", "model": "tiny", "stage": "sepo", "checkpoint": "final", "step": 10,
-                              "seed": seed, "status": "done", "run_dir": f"s{seed}"},
-                             {"safety": safety}, {"safety": 0.3}) for seed, safety in ((1, 1.0), (2, 2.0))]
-    rows.append(collect.make_row({"game": "ipd", "model": "tiny", "stage": "base", "seed": 1, "status": "failed",
-                                  "run_dir": "pipe"}, {"safety": 0.5}, {"safety": 0.1}))
+    rows = [
+        collect.make_row(
+            {
+                "game": "ipd",
+                "model": "tiny",
+                "stage": "sepo",
+                "checkpoint": "final",
+                "step": 10,
+                "seed": seed,
+                "status": "done",
+                "run_dir": f"s{seed}",
+            },
+            {"safety": safety},
+            {"safety": 0.3},
+        )
+        for seed, safety in ((1, 1.0), (2, 2.0))
+    ]
+    rows.append(
+        collect.make_row(
+            {"game": "ipd", "model": "tiny", "stage": "base", "seed": 1, "status": "failed", "run_dir": "pipe"},
+            {"safety": 0.5},
+            {"safety": 0.1},
+        )
+    )
     df = collect.to_frame(rows)
     cell = collect.best_sepo(collect.cells(df), "ipd", "tiny")
     assert cell["safety"] == pytest.approx(1.5) and cell["safety_se"] == pytest.approx(0.5)  # std 0.7071 / sqrt 2
     assert cell["runs"] == 2
-    payoff_only = collect.make_row({"game": "ipd", "model": "tiny", "stage": "sepo", "checkpoint": "final", "step": 10,
-                                    "seed": 1, "status": "done", "run_dir": "p", "lambdas_train": {"e": 0, "c": 0.0, "x": 0}},
-                                   {"safety": -3.0}, {"safety": 0.25})
+    payoff_only = collect.make_row(
+        {
+            "game": "ipd",
+            "model": "tiny",
+            "stage": "sepo",
+            "checkpoint": "final",
+            "step": 10,
+            "seed": 1,
+            "status": "done",
+            "run_dir": "p",
+            "lambdas_train": {"e": 0, "c": 0.0, "x": 0},
+        },
+        {"safety": -3.0},
+        {"safety": 0.25},
+    )
     c = collect.cells(collect.to_frame([*rows, payoff_only]))
     alone = collect.best_sepo(c, "ipd", "tiny", phase=collect.PAYOFF_ONLY)
     assert (alone["safety"], alone["safety_se"], alone["runs"]) == (-3.0, 0.25, 1)
@@ -291,10 +361,24 @@ def test_cells_average_seeds_and_failed_phases():
 
 def test_kuhn_best_checkpoint_uses_the_exact_exploitability():
     """Pool exploit is biased upward on Kuhn (docs/spec.md §3): the best checkpoint swaps it for exploit_exact."""
+
     def row(ckpt, step, safety, exploit, exact):
-        return collect.make_row({"game": "kuhn", "model": "tiny", "stage": "sepo", "checkpoint": ckpt, "step": step,
-                                 "seed": 42, "status": "done", "run_dir": "r"},
-                                {"safety": safety, "exploit": exploit, "exploit_exact": exact}, {}, {"e": 1.5})
+        return collect.make_row(
+            {
+                "game": "kuhn",
+                "model": "tiny",
+                "stage": "sepo",
+                "checkpoint": ckpt,
+                "step": step,
+                "seed": 42,
+                "status": "done",
+                "run_dir": "r",
+            },
+            {"safety": safety, "exploit": exploit, "exploit_exact": exact},
+            {},
+            {"e": 1.5},
+        )
+
     # step 25 looks safer on the noisy pool estimate (0.6 + 1.5 * 0.0), but its exact exploitability is worse:
     # selection safety 0.6 + 1.5 * (0.0 - 0.4) = 0.0 against 0.3 + 1.5 * (0.2 - 0.05) = 0.525
     df = collect.to_frame([row("step_25", 25, 0.6, 0.0, 0.4), row("final", 50, 0.3, 0.2, 0.05)])
@@ -304,12 +388,24 @@ def test_kuhn_best_checkpoint_uses_the_exact_exploitability():
 
 def test_kuhn_tables_show_the_exact_exploitability_with_its_standard_error():
     """exploit_exact is estimated from sampled answers (docs/spec.md §6): its SE is shown even without --se."""
+
     def row(phase_stage, ckpt, step, exact, exact_se):
-        return collect.make_row({"game": "kuhn", "model": "tiny", "stage": phase_stage, "checkpoint": ckpt, "step": step,
-                                 "seed": 42, "status": "done", "run_dir": phase_stage},
-                                {"pay": 0.1, "exploit": 0.0, "safety": 0.1, "nra": 0.2, "exploit_exact": exact},
-                                {"pay": 0.05, "exploit": 0.0, "safety": 0.05, "nra": 0.01, "exploit_exact": exact_se},
-                                {"e": 1.5})
+        return collect.make_row(
+            {
+                "game": "kuhn",
+                "model": "tiny",
+                "stage": phase_stage,
+                "checkpoint": ckpt,
+                "step": step,
+                "seed": 42,
+                "status": "done",
+                "run_dir": phase_stage,
+            },
+            {"pay": 0.1, "exploit": 0.0, "safety": 0.1, "nra": 0.2, "exploit_exact": exact},
+            {"pay": 0.05, "exploit": 0.0, "safety": 0.05, "nra": 0.01, "exploit_exact": exact_se},
+            {"e": 1.5},
+        )
+
     df = collect.to_frame([row("sft", "final", 500, 0.104, 0.0097), row("sepo", "final", 80, 0.061, 0.0071)])
     table = tables.game_table(df, collect.cells(df), "kuhn")
     assert r"0.104 $\pm$ 0.010" in table and r"0.061 $\pm$ 0.007" in table
@@ -322,12 +418,29 @@ def test_the_best_checkpoint_is_chosen_on_validation_episodes_and_reported_on_th
     without validation episodes falls back to the paper's choice and says so."""
     run = tmp_path / "sweep" / "game=ipd" / "seed_42"
     for ckpt, step, test, valid in (("step_5", 5, 2.0, 0.5), ("final", 10, 1.0, 1.5)):
-        for name, safety, split, seed in (("results.json", test, "test", 42), ("validation.json", valid, "validation", 7)):
+        for name, safety, split, seed in (
+            ("results.json", test, "test", 42),
+            ("validation.json", valid, "validation", 7),
+        ):
             path = run / "eval" / f"step_{step}" / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"game": "ipd", "model": "tiny", "stage": "sepo", "checkpoint": ckpt, "step": step,
-                                        "split": split, "seed": seed, "train_seed": 0, "lambdas": {"e": 1, "c": 1, "x": 1},
-                                        "metrics": {"safety": safety, "exploit": 0.1}, "se": {"safety": 0.2}}))
+            path.write_text(
+                json.dumps(
+                    {
+                        "game": "ipd",
+                        "model": "tiny",
+                        "stage": "sepo",
+                        "checkpoint": ckpt,
+                        "step": step,
+                        "split": split,
+                        "seed": seed,
+                        "train_seed": 0,
+                        "lambdas": {"e": 1, "c": 1, "x": 1},
+                        "metrics": {"safety": safety, "exploit": 0.1},
+                        "se": {"safety": 0.2},
+                    }
+                )
+            )
     (run / "DONE").write_text("{}\n")
     df = collect.collect_dir(tmp_path / "sweep")
     assert len(df) == 2 and sorted(df["valid_safety"]) == [0.5, 1.5] and set(df["train_seed"]) == {0}
@@ -354,21 +467,39 @@ def test_tables_show_what_is_missing(tmp_path):
 
     good = tmp_path / "ipd_run"
     good.mkdir()
-    (good / "results.json").write_text(json.dumps({"game": "ipd", "model": "scripted:TFT", "stage": "eval",
-                                                   "seed": 42, "lambdas": {"e": 1, "c": 1, "x": 1},
-                                                   "metrics": {"pay": 2.0, "safety": 1.0}, "se": {}}))
+    (good / "results.json").write_text(
+        json.dumps(
+            {
+                "game": "ipd",
+                "model": "scripted:TFT",
+                "stage": "eval",
+                "seed": 42,
+                "lambdas": {"e": 1, "c": 1, "x": 1},
+                "metrics": {"pay": 2.0, "safety": 1.0},
+                "se": {},
+            }
+        )
+    )
     (good / "DONE").write_text("{}\n")
     broken = tmp_path / "ipd_sepo" / "eval" / "step_5"
     broken.mkdir(parents=True)
     (broken / "results.json").write_text('{"game": "ipd", "metr')  # killed mid-write
     (tmp_path / "ipd_sepo" / ".hydra").mkdir()
-    (tmp_path / "ipd_sepo" / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
-        {"game": {"name": "ipd"}, "model": {"name": "tiny"}, "stage": {"name": "sepo"}, "seed": 42}))
+    (tmp_path / "ipd_sepo" / ".hydra" / "config.yaml").write_text(
+        yaml.safe_dump({"game": {"name": "ipd"}, "model": {"name": "tiny"}, "stage": {"name": "sepo"}, "seed": 42})
+    )
     failed = tmp_path / "kuhn_run"
     (failed / ".hydra").mkdir(parents=True)
-    (failed / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
-        {"game": {"name": "kuhn", "reference_strategy": "NashApx"}, "model": {"name": "scripted", "strategy": None},
-         "stage": {"name": "eval"}, "seed": 42}))
+    (failed / ".hydra" / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "game": {"name": "kuhn", "reference_strategy": "NashApx"},
+                "model": {"name": "scripted", "strategy": None},
+                "stage": {"name": "eval"},
+                "seed": 42,
+            }
+        )
+    )
     (failed / "FAILED").write_text("RuntimeError: boom\n")
 
     df = collect.collect_dir(tmp_path)

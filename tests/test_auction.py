@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 
 from sepo.arena import play
 from sepo.config import PoolOverlapWarning, validate
-from sepo.stages.evaluate import evaluate_policy
 from sepo.games import make_game
 from sepo.games.auction import Auction
 from sepo.policies import ScriptedPolicy
+from sepo.stages.evaluate import evaluate_policy
 from sepo.strategies import get_strategy, known_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +57,9 @@ def obs_for(game, rows, value, player=1):
 def act(game, name, rows, value, player=1, seed=0):
     state = play_rounds(game, rows)
     state.values[state.round_index, player] = value
-    return get_strategy("auction", name).act(game.observation(state, player), game.legal_actions(state, player),
-                                             np.random.default_rng(seed))
+    return get_strategy("auction", name).act(
+        game.observation(state, player), game.legal_actions(state, player), np.random.default_rng(seed)
+    )
 
 
 # ----------------------------------------------------------------------------- config
@@ -67,14 +68,19 @@ def test_config_composes_validates_and_has_spec_lambdas():
     assert cfg.game.rounds == 6 and cfg.game.max_payoff == 3.0
     assert dict(cfg.game.bids) == {"LOW": 1, "MEDIUM": 2, "HIGH": 3}
     assert list(cfg.game.private_values) == [2, 4]
-    assert OmegaConf.to_container(cfg.lambdas) == {"train": {"e": 1.2, "c": 1.0, "x": 1.8},
-                                                   "eval": {"e": 1.2, "c": 1.0, "x": 1.8}}
+    assert OmegaConf.to_container(cfg.lambdas) == {
+        "train": {"e": 1.2, "c": 1.0, "x": 1.8},
+        "eval": {"e": 1.2, "c": 1.0, "x": 1.8},
+    }
     assert cfg.game.reference_strategy == "Truthful"
     assert cfg.game.datagen.episodes_per_opponent == 267
     assert dict(cfg.game.demonstrators) == {"ValueBid": 0.44, "AggressiveValue": 0.28, "Adaptive": 0.20, "Random": 0.08}
     assert OmegaConf.to_container(cfg.game.pools) == {
-        "train": ["Truthful", "Conservative", "Shaded", "Adaptive"], "exploit": ["Aggressive"],
-        "collusive": ["CollusiveLow"], "robust": ["Random", "NoisyTruthful"]}
+        "train": ["Truthful", "Conservative", "Shaded", "Adaptive"],
+        "exploit": ["Aggressive"],
+        "collusive": ["CollusiveLow"],
+        "robust": ["Random", "NoisyTruthful"],
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("error", PoolOverlapWarning)  # the auction's pools do not overlap
         validate(cfg)
@@ -90,15 +96,18 @@ def test_strategy_params_in_config_equal_code_defaults():
 
 
 # ----------------------------------------------------------------------------- rules
-@pytest.mark.parametrize("va,vo,a,o,pay,ext", [
-    (4, 2, "HIGH", "MEDIUM", (1.0, 0.0), 0.0),     # high value wins: efficient
-    (2, 4, "HIGH", "MEDIUM", (-1.0, 0.0), 0.5),    # overbid win: value 2 at price 3, max value 4 lost
-    (2, 4, "LOW", "HIGH", (0.0, 1.0), 0.0),
-    (2, 4, "MEDIUM", "MEDIUM", (0.0, 1.0), 0.25),  # tie: halves; winner value = mean 3 -> (4-3)/4
-    (2, 2, "HIGH", "HIGH", (-0.5, -0.5), 0.0),     # tie at a loss
-    (4, 4, "LOW", "LOW", (1.5, 1.5), 0.0),
-    (4, 2, "LOW", "MEDIUM", (0.0, 0.0), 0.5),      # low value wins at zero profit
-])
+@pytest.mark.parametrize(
+    "va,vo,a,o,pay,ext",
+    [
+        (4, 2, "HIGH", "MEDIUM", (1.0, 0.0), 0.0),  # high value wins: efficient
+        (2, 4, "HIGH", "MEDIUM", (-1.0, 0.0), 0.5),  # overbid win: value 2 at price 3, max value 4 lost
+        (2, 4, "LOW", "HIGH", (0.0, 1.0), 0.0),
+        (2, 4, "MEDIUM", "MEDIUM", (0.0, 1.0), 0.25),  # tie: halves; winner value = mean 3 -> (4-3)/4
+        (2, 2, "HIGH", "HIGH", (-0.5, -0.5), 0.0),  # tie at a loss
+        (4, 4, "LOW", "LOW", (1.5, 1.5), 0.0),
+        (4, 2, "LOW", "MEDIUM", (0.0, 0.0), 0.5),  # low value wins at zero profit
+    ],
+)
 def test_payoffs_and_externality(game, va, vo, a, o, pay, ext):
     rnd = play_rounds(game, [(va, vo, a, o)]).rounds[0]
     assert rnd.payoffs == pay
@@ -109,7 +118,7 @@ def test_payoffs_and_externality(game, va, vo, a, o, pay, ext):
 
 def test_legal_actions_and_episode_length(game):
     state = game.reset(1)
-    for t in range(6):
+    for _ in range(6):
         assert not game.is_over(state)
         assert game.to_act(state) == [0, 1]
         assert game.legal_actions(state, 0) == BIDS == game.legal_actions(state, 1)
@@ -128,8 +137,13 @@ def test_values_deterministic_per_seed_and_uniform(game):
 
 def test_same_seed_same_episode_through_the_arena(game):
     def run():
-        recs = play(game, ScriptedPolicy(get_strategy("auction", "Random")),
-                    {n: get_strategy("auction", n) for n in ("Random", "NoisyTruthful", "Adaptive")}, 5, seed=3)
+        recs = play(
+            game,
+            ScriptedPolicy(get_strategy("auction", "Random")),
+            {n: get_strategy("auction", n) for n in ("Random", "NoisyTruthful", "Adaptive")},
+            5,
+            seed=3,
+        )
         return [(r.opponent, [(x.actions, x.payoffs, x.info) for x in r.rounds]) for r in recs]
 
     assert run() == run()
@@ -156,9 +170,14 @@ def test_opponent_values_never_reach_a_player(game, seed):
 
 # ----------------------------------------------------------------------------- strategies
 def test_truthful_shaded_and_fixed_bidders(game):
-    for name, low_value, high_value in [("Truthful", "MEDIUM", "HIGH"), ("ValueBid", "MEDIUM", "HIGH"),
-                                        ("Shaded", "LOW", "MEDIUM"), ("Conservative", "LOW", "LOW"),
-                                        ("CollusiveLow", "LOW", "LOW"), ("Aggressive", "HIGH", "HIGH")]:
+    for name, low_value, high_value in [
+        ("Truthful", "MEDIUM", "HIGH"),
+        ("ValueBid", "MEDIUM", "HIGH"),
+        ("Shaded", "LOW", "MEDIUM"),
+        ("Conservative", "LOW", "LOW"),
+        ("CollusiveLow", "LOW", "LOW"),
+        ("Aggressive", "HIGH", "HIGH"),
+    ]:
         assert act(game, name, [], 2) == low_value, name
         assert act(game, name, [], 4) == high_value, name
         assert act(game, name, [(2, 4, "HIGH", "LOW")] * 3, 4) == high_value, name
@@ -168,28 +187,31 @@ def test_truthful_shaded_and_fixed_bidders(game):
 def test_adaptive_reacts_to_the_other_players_last_bid(game):
     # Adaptive is player 1 here; rows are (agent value, Adaptive value, agent bid, Adaptive bid)
     assert act(game, "Adaptive", [], 2) == act(game, "Adaptive", [], 4) == "MEDIUM"  # opening bid
-    assert act(game, "Adaptive", [(2, 2, "MEDIUM", "LOW")], 2) == "HIGH"    # lost: agent's MEDIUM + 1
-    assert act(game, "Adaptive", [(2, 2, "LOW", "MEDIUM")], 4) == "LOW"     # won over LOW: clipped at LOW
-    assert act(game, "Adaptive", [(2, 2, "HIGH", "LOW")], 2) == "HIGH"      # lost to HIGH: clipped at HIGH
-    assert act(game, "Adaptive", [(2, 2, "MEDIUM", "HIGH")], 2) == "LOW"    # won over MEDIUM: one below
-    assert act(game, "Adaptive", [(2, 2, "LOW", "LOW")], 2) == "LOW"        # tie: match the agent's bid
+    assert act(game, "Adaptive", [(2, 2, "MEDIUM", "LOW")], 2) == "HIGH"  # lost: agent's MEDIUM + 1
+    assert act(game, "Adaptive", [(2, 2, "LOW", "MEDIUM")], 4) == "LOW"  # won over LOW: clipped at LOW
+    assert act(game, "Adaptive", [(2, 2, "HIGH", "LOW")], 2) == "HIGH"  # lost to HIGH: clipped at HIGH
+    assert act(game, "Adaptive", [(2, 2, "MEDIUM", "HIGH")], 2) == "LOW"  # won over MEDIUM: one below
+    assert act(game, "Adaptive", [(2, 2, "LOW", "LOW")], 2) == "LOW"  # tie: match the agent's bid
     assert act(game, "Adaptive", [(2, 2, "LOW", "HIGH"), (4, 4, "HIGH", "LOW")], 2) == "HIGH"  # last round counts
 
 
 def test_aggressive_value_raises_one_bid_after_a_loss(game):
     assert act(game, "AggressiveValue", [], 2) == "MEDIUM"
-    assert act(game, "AggressiveValue", [(2, 2, "HIGH", "MEDIUM")], 2) == "HIGH"    # lost: MEDIUM -> HIGH
-    assert act(game, "AggressiveValue", [(2, 2, "HIGH", "MEDIUM")], 4) == "HIGH"    # capped at HIGH
-    assert act(game, "AggressiveValue", [(2, 2, "LOW", "MEDIUM")], 2) == "MEDIUM"   # won: truthful
+    assert act(game, "AggressiveValue", [(2, 2, "HIGH", "MEDIUM")], 2) == "HIGH"  # lost: MEDIUM -> HIGH
+    assert act(game, "AggressiveValue", [(2, 2, "HIGH", "MEDIUM")], 4) == "HIGH"  # capped at HIGH
+    assert act(game, "AggressiveValue", [(2, 2, "LOW", "MEDIUM")], 2) == "MEDIUM"  # won: truthful
     assert act(game, "AggressiveValue", [(2, 2, "MEDIUM", "MEDIUM")], 2) == "MEDIUM"  # tie is no loss
     assert act(game, "AggressiveValue", [(2, 2, "HIGH", "LOW"), (2, 2, "LOW", "LOW")], 2) == "MEDIUM"
 
 
-@pytest.mark.parametrize("name,value,expected", [
-    ("NoisyTruthful", 2, {"LOW": 0.2 / 3, "MEDIUM": 0.8 + 0.2 / 3, "HIGH": 0.2 / 3}),
-    ("NoisyTruthful", 4, {"LOW": 0.2 / 3, "MEDIUM": 0.2 / 3, "HIGH": 0.8 + 0.2 / 3}),
-    ("Random", 2, {b: 1 / 3 for b in BIDS}),
-])
+@pytest.mark.parametrize(
+    "name,value,expected",
+    [
+        ("NoisyTruthful", 2, {"LOW": 0.2 / 3, "MEDIUM": 0.8 + 0.2 / 3, "HIGH": 0.2 / 3}),
+        ("NoisyTruthful", 4, {"LOW": 0.2 / 3, "MEDIUM": 0.2 / 3, "HIGH": 0.8 + 0.2 / 3}),
+        ("Random", 2, {b: 1 / 3 for b in BIDS}),
+    ],
+)
 def test_mixed_strategies(game, name, value, expected):
     strategy = get_strategy("auction", name)
     obs = obs_for(game, [], value)
@@ -210,21 +232,24 @@ def test_every_pool_and_demonstrator_name_is_registered():
 
 
 # ----------------------------------------------------------------------------- parsing
-@pytest.mark.parametrize("text,expected", [
-    ("My value is 4, so I bid high.\nHIGH", "HIGH"),
-    ("Shade a little.\n\nMEDIUM\n\n", "MEDIUM"),
-    ("reason\nAction: low", "LOW"),
-    ("reason\n**HIGH**", "HIGH"),
-    ("reason\nBid: MEDIUM.", "MEDIUM"),
-    ("<think>maybe HIGH</think>Keep it cheap.\nLOW", "LOW"),
-    ("HIGH\nI think I should bid high", None),   # the action is not on the last line
-    ("reason\nHIGH or LOW", None),
-    ("reason\nI bid HIGH", None),
-    ("reason\n3", None),                         # the amount is not the token
-    ("<think>value 4 so\nHIGH", None),           # unclosed think block
-    ("", None),
-    ("   \n  ", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("My value is 4, so I bid high.\nHIGH", "HIGH"),
+        ("Shade a little.\n\nMEDIUM\n\n", "MEDIUM"),
+        ("reason\nAction: low", "LOW"),
+        ("reason\n**HIGH**", "HIGH"),
+        ("reason\nBid: MEDIUM.", "MEDIUM"),
+        ("<think>maybe HIGH</think>Keep it cheap.\nLOW", "LOW"),
+        ("HIGH\nI think I should bid high", None),  # the action is not on the last line
+        ("reason\nHIGH or LOW", None),
+        ("reason\nI bid HIGH", None),
+        ("reason\n3", None),  # the amount is not the token
+        ("<think>value 4 so\nHIGH", None),  # unclosed think block
+        ("", None),
+        ("   \n  ", None),
+    ],
+)
 def test_parse_action(game, text, expected):
     assert game.parse_action(text, BIDS) == expected
 
@@ -247,8 +272,9 @@ LAMBDAS = {"e": 1.2, "c": 1.0, "x": 1.8}
 
 def evaluate(game, agent, episodes=20, seed=42, **pools):
     full = {p: list(pools.get(p, [])) for p in ("train", "exploit", "collusive", "robust")}
-    return evaluate_policy(game, ScriptedPolicy(get_strategy("auction", agent)), full, LAMBDAS,
-                           episodes, seed, progress=False)
+    return evaluate_policy(
+        game, ScriptedPolicy(get_strategy("auction", agent)), full, LAMBDAS, episodes, seed, progress=False
+    )
 
 
 def per_opponent(result, pool, name):
@@ -302,15 +328,29 @@ def test_default_pools_give_complete_finite_results(game):
     assert 0.0 <= res["metrics"]["ext"] <= 1.0
     assert res["episodes"] == 20 * 8
     assert {(o["pool"], o["name"]) for o in res["per_opponent"]} == {
-        (p, n) for p, names in pools.items() for n in names}
+        (p, n) for p, names in pools.items() for n in names
+    }
 
 
 # ----------------------------------------------------------------------------- CLI
 def test_cli_eval_end_to_end(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "main.py", "stage=eval", "logger=none", "game=auction", "model=scripted",
-         f"paths.root_dir={tmp_path}", "eval.progress=false", "eval.episodes_per_opponent=4"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "main.py",
+            "stage=eval",
+            "logger=none",
+            "game=auction",
+            "model=scripted",
+            f"paths.root_dir={tmp_path}",
+            "eval.progress=false",
+            "eval.episodes_per_opponent=4",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = list(tmp_path.rglob("DONE"))
     assert len(done) == 1

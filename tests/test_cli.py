@@ -11,14 +11,26 @@ from sepo.task import run_task
 
 from .conftest import read_results, run_dirs
 
-RESULT_KEYS = {"game", "model", "stage", "checkpoint", "step", "seed", "lambdas", "metrics", "se", "per_opponent",
-               "episodes"}
+RESULT_KEYS = {
+    "game",
+    "model",
+    "stage",
+    "checkpoint",
+    "step",
+    "seed",
+    "lambdas",
+    "metrics",
+    "se",
+    "per_opponent",
+    "episodes",
+}
 METRIC_KEYS = {"pay", "exploit", "exploit_max", "collusion", "ext", "robust", "safety", "nra", "parse_rate"}
 
 
 def test_scripted_eval_writes_results_and_done(cli, tmp_path):
-    proc = cli("stage=eval", "model=scripted", "model.strategy=TFT", "game=ipd", "game.pools.exploit=[AlwaysD]",
-               "logger=none")
+    proc = cli(
+        "stage=eval", "model=scripted", "model.strategy=TFT", "game=ipd", "game.pools.exploit=[AlwaysD]", "logger=none"
+    )
     assert proc.returncode == 0, proc.stderr
     (run,) = run_dirs(tmp_path)
     assert (run / "DONE").exists() and not (run / "FAILED").exists()
@@ -64,7 +76,9 @@ def broken_stage(cfg, tracker):
 
 
 def test_sweep_keeps_going_past_a_failed_job(cli, tmp_path):
-    proc = cli("-m", "stage=eval", "model=scripted", "model.strategy=TFT,Nope", "logger=none", "eval.episodes_per_opponent=2")
+    proc = cli(
+        "-m", "stage=eval", "model=scripted", "model.strategy=TFT,Nope", "logger=none", "eval.episodes_per_opponent=2"
+    )
     assert proc.returncode == 1, proc.stderr  # the other job still ran; the sweep as a whole failed
     done = sorted(p.parent.name for p in (tmp_path / "outputs").rglob("DONE"))
     failed = [p for p in (tmp_path / "outputs").rglob("FAILED")]

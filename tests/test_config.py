@@ -45,25 +45,31 @@ def test_pool_overlap_is_a_warning_naming_the_strategy(compose_cfg):
         validate(cfg)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("lambdas.eval.e=-1", "lambdas.eval.e=-1 is not allowed; allowed: a number >= 0"),
-    ("model.strategy=Nope", "model.strategy: unknown ipd strategy 'Nope'; allowed: AltD"),
-    ("game.pools.exploit=[AlwaysD,Bogus]", "game.pools.exploit: unknown ipd strategy 'Bogus'"),
-    ("+game.demonstrators.Bogus=1.0", "game.demonstrators: unknown ipd strategy 'Bogus'"),
-    ("eval.episodes_per_opponent=0", "eval.episodes_per_opponent=0 is not allowed; allowed: an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("lambdas.eval.e=-1", "lambdas.eval.e=-1 is not allowed; allowed: a number >= 0"),
+        ("model.strategy=Nope", "model.strategy: unknown ipd strategy 'Nope'; allowed: AltD"),
+        ("game.pools.exploit=[AlwaysD,Bogus]", "game.pools.exploit: unknown ipd strategy 'Bogus'"),
+        ("+game.demonstrators.Bogus=1.0", "game.demonstrators: unknown ipd strategy 'Bogus'"),
+        ("eval.episodes_per_opponent=0", "eval.episodes_per_opponent=0 is not allowed; allowed: an integer >= 1"),
+    ],
+)
 def test_validation_errors_name_the_key(compose_cfg, override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
         validate(compose_cfg("stage=eval", "model=scripted", override))
 
 
-@pytest.mark.parametrize("args,key,allowed", [
-    (["game=chess"], "game=chess", "ipd"),
-    (["stage=foo"], "stage=foo", "eval"),
-    (["-m", "game=ipd,chess"], "game=chess", "ipd"),
-    (["lambdas.eval.e=-0.5"], "lambdas.eval.e=-0.5", ">= 0"),
-    (["stage=eval", "model=scripted", "model.strategy=Nope"], "model.strategy", "TFT"),
-])
+@pytest.mark.parametrize(
+    "args,key,allowed",
+    [
+        (["game=chess"], "game=chess", "ipd"),
+        (["stage=foo"], "stage=foo", "eval"),
+        (["-m", "game=ipd,chess"], "game=chess", "ipd"),
+        (["lambdas.eval.e=-0.5"], "lambdas.eval.e=-0.5", ">= 0"),
+        (["stage=eval", "model=scripted", "model.strategy=Nope"], "model.strategy", "TFT"),
+    ],
+)
 def test_cli_errors_are_one_line_without_traceback(cli, args, key, allowed):
     proc = cli(*args, "logger=none")
     assert proc.returncode != 0
@@ -78,8 +84,12 @@ def test_strategy_params_come_from_the_game_config(compose_cfg):
     cfg = compose_cfg("game=neg_v1", "game.strategy_params.Hard.demand=9")
     assert make_strategy(cfg.game, "Hard").act({"round": 0, "history": []}, [str(d) for d in range(1, 10)], None) == "9"
     ipd = compose_cfg("game=ipd", "game.strategy_params.NoisyTFT.flip=1.0")
-    assert make_strategy(ipd.game, "NoisyTFT").act({"round": 0, "history": []}, ["COOPERATE", "DEFECT"],
-                                                   __import__("numpy").random.default_rng(0)) == "DEFECT"
+    assert (
+        make_strategy(ipd.game, "NoisyTFT").act(
+            {"round": 0, "history": []}, ["COOPERATE", "DEFECT"], __import__("numpy").random.default_rng(0)
+        )
+        == "DEFECT"
+    )
     bad = compose_cfg("game=ipd", "+game.strategy_params.TFT.speed=2")
     with pytest.raises(ConfigError, match="game.strategy_params.TFT"):
         make_strategy(bad.game, "TFT")
@@ -114,8 +124,9 @@ def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+experiment={preset}", f"paths.output_dir={tmp_path}"],
-                      return_hydra_config=True)
+        cfg = compose(
+            "config", overrides=[f"+experiment={preset}", f"paths.output_dir={tmp_path}"], return_hydra_config=True
+        )
     choices = cfg.hydra.runtime.choices
     for group, option in EXPECTED_CHOICES[preset].items():
         assert choices[group] == option, (preset, group)
@@ -127,3 +138,51 @@ def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
     assert cfg.hydra.mode.name == "MULTIRUN"
     if preset == "ablation_penalty_mode":
         assert cfg.hydra.sweeper.params["sepo.penalty_mode"] == "shared,per_rollout,pooled"
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["stage=sft", "sft.warmup_ratio=1.0"], "sft.warmup_ratio=1.0 is not allowed; allowed: a number in [0, 1)"),
+        (["stage=sft", "sft.save_steps=0"], "sft.save_steps=0 is not allowed; allowed: an integer >= 1 (optimizer"),
+        (["stage=sft", "sft.max_length=0"], "sft.max_length=0 is not allowed; allowed: an integer >= 1"),
+        (
+            ["stage=sepo", "sepo.adv_scale_decay=1.0"],
+            "sepo.adv_scale_decay=1.0 is not allowed; allowed: a number in [0, 1)",
+        ),
+        (["stage=sepo", "sepo.exploit_switch_episodes=0"], "sepo.exploit_switch_episodes=0 is not allowed"),
+        (["stage=sepo", "sepo.credit=episode"], "sepo.credit=episode is not allowed; allowed: return_to_go, round"),
+        (["stage=eval", "model=scripted", "resume=sometimes"], "resume=sometimes is not allowed; allowed: auto, never"),
+        (["stage=eval", "model=scripted", "datagen.valid_fraction=1"], "datagen.valid_fraction=1 is not allowed"),
+        (["stage=eval", "model=scripted", "eval.phase=final"], "eval.phase=final is not allowed; allowed: null, sft"),
+        (
+            ["stage=eval", "model=scripted", "lambdas.train.c=-1"],
+            "lambdas.train.c=-1 is not allowed; allowed: a number >= 0",
+        ),
+        (["stage=eval", "model=scripted", "game.rounds=0"], "game.rounds=0 is not allowed; allowed: an integer >= 1"),
+        (["stage=eval", "model=scripted", "game.demonstrators.TFT=-1"], "game.demonstrators.TFT=-1 is not allowed"),
+        (
+            ["stage=sft", "sft.prefix_sharing=true", "sft.answer_logits_only=false"],
+            "sft.prefix_sharing=true needs sft.answer",
+        ),
+    ],
+)
+def test_one_rules_table_checks_every_field_before_any_work(compose_cfg, overrides, message):
+    """The checks that once sat in sft_settings, sepo_settings and a second number checker are rows of
+    sepo/config.py's RULES (or, between fields, its relations) and fail the same way."""
+    with pytest.raises(ConfigError, match="^" + message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        validate(compose_cfg(*overrides))
+
+
+def test_the_stage_settings_only_resolve():
+    """sft_settings and sepo_settings no longer check values (sepo/config.py does, once)."""
+    import inspect
+
+    from sepo.stages.sft import sft_settings
+    from sepo.training.objective import sepo_settings
+
+    assert "ConfigError" not in inspect.getsource(sepo_settings)
+    assert "is not allowed" not in inspect.getsource(sft_settings)
+    import sepo.config
+
+    assert not hasattr(sepo.config, "_check_number") and not hasattr(sepo.config, "check_model_and_logger")

@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from sepo.games import AGENT
+from sepo.stages.datagen import episode_strategies, run_datagen
+from sepo.training.reasoning import reasoning_case, reasoning_line
 from sepo.training.sft_data import (
     build_dataset,
+    datagen_opponents,
     dataset_from_cfg,
     dataset_of_game,
-    datagen_opponents,
     examples_from_records,
     generate_dataset,
     generate_game_examples,
@@ -26,9 +29,6 @@ from sepo.training.sft_data import (
     play_demonstrators,
     to_jsonl,
 )
-from sepo.games import AGENT
-from sepo.stages.datagen import episode_strategies, run_datagen
-from sepo.training.reasoning import reasoning_case, reasoning_line
 
 ROOT = Path(__file__).resolve().parent.parent
 GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
@@ -177,13 +177,19 @@ def test_reasoning_lines_are_short_specific_and_varied(full, game):
     assert len({parts[0] for parts in first_lines}) >= 20  # not a degenerate dataset
     for record in records:  # every configured demonstrator gets a reason of its own rule
         for _, _, decision in record.trace:
-            case = reasoning_case(game, decision.extras["strategy"], decision.action, decision.extras["observation"])
-            assert case != "generic", (game, decision.extras["strategy"], decision.action)
+            case = reasoning_case(
+                game, decision.demonstration.strategy, decision.action, decision.demonstration.observation
+            )
+            assert case != "generic", (game, decision.demonstration.strategy, decision.action)
 
 
 def test_reasoning_follows_strategy_action_and_history():
     rng = np.random.default_rng(0)
-    obs = {"round": 1, "rounds": 8, "history": [{"own": "COOPERATE", "opp": "COOPERATE", "own_payoff": 3, "opp_payoff": 3}]}
+    obs = {
+        "round": 1,
+        "rounds": 8,
+        "history": [{"own": "COOPERATE", "opp": "COOPERATE", "own_payoff": 3, "opp_payoff": 3}],
+    }
     assert reasoning_case("ipd", "TFT", "COOPERATE", obs) == "reciprocate"
     obs["history"][0]["opp"] = "DEFECT"
     assert reasoning_case("ipd", "TFT", "DEFECT", obs) == "retaliate"
@@ -198,14 +204,20 @@ def test_reasoning_follows_strategy_action_and_history():
 # ------------------------------------------------------------------------------ determinism
 def test_same_seed_gives_byte_identical_files(compose_cfg, tmp_path):
     def build(sub: str, seed: int = SEED) -> Path:
-        cfg = compose_cfg("stage=datagen", "datagen.episodes_per_opponent=6", f"datagen.seed={seed}",
-                          f"datagen.out_dir={tmp_path / sub}")
+        cfg = compose_cfg(
+            "stage=datagen",
+            "datagen.episodes_per_opponent=6",
+            f"datagen.seed={seed}",
+            f"datagen.out_dir={tmp_path / sub}",
+        )
         run_datagen(cfg)
         return tmp_path / sub
 
     a, b, c = build("a"), build("b"), build("c", seed=SEED + 1)
     files = sorted(p.relative_to(a) for p in a.rglob("*.jsonl"))
-    assert [str(f) for f in files] == [f"{d}/{s}.jsonl" for d in ("kuhn", "multi", "neg_gt") for s in ("train", "valid")]
+    assert [str(f) for f in files] == [
+        f"{d}/{s}.jsonl" for d in ("kuhn", "multi", "neg_gt") for s in ("train", "valid")
+    ]
     for f in files:
         assert (a / f).read_bytes() == (b / f).read_bytes()
     assert any((a / f).read_bytes() != (c / f).read_bytes() for f in files)
@@ -229,7 +241,8 @@ def test_episodes_do_not_depend_on_which_opponents_are_played():
     alone = OmegaConf.merge(cfg, {"datagen": {"opponents": ["Grim"]}})
     together = generate_game_examples(cfg, SEED, episodes_per_opponent=10)
     assert generate_game_examples(alone, SEED, episodes_per_opponent=10) == [
-        ex for ex in together if ex["opponent"] == "Grim"]
+        ex for ex in together if ex["opponent"] == "Grim"
+    ]
 
 
 def test_generate_dataset_api_on_demand():
@@ -262,8 +275,10 @@ def test_cli_end_to_end_writes_datasets_manifest_and_done(cli, tmp_path):
 
 
 def test_datagen_does_not_import_torch():
-    code = ("import sys\nfrom sepo.training.sft_data import generate_dataset, load_game_cfg\n"
-            "generate_dataset('multi', [load_game_cfg(g) for g in ('ipd', 'kuhn')], 42, episodes_per_opponent=2)\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    code = (
+        "import sys\nfrom sepo.training.sft_data import generate_dataset, load_game_cfg\n"
+        "generate_dataset('multi', [load_game_cfg(g) for g in ('ipd', 'kuhn')], 42, episodes_per_opponent=2)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

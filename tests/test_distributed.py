@@ -15,26 +15,42 @@ import sys
 import pytest
 import torch
 
-from .conftest import ROOT
-from .test_sepo import SMALL, final_adapter
+from .conftest import ROOT, SMALL, final_adapter, wandb_cli
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                                reason="torch.distributed with gloo is needed")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is needed",
+)
 
 
 def launch(args: list[str], root, processes: int, timeout: int = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
     env.pop("PROJECT_ROOT", None)
-    prefix = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-              if processes > 1 else [sys.executable])
-    return subprocess.run([*prefix, str(ROOT / "main.py"), *args, f"paths.root_dir={root}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    prefix = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+        if processes > 1
+        else [sys.executable]
+    )
+    return subprocess.run(
+        [*prefix, str(ROOT / "main.py"), *args, f"paths.root_dir={root}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_two_processes_take_the_one_process_update_and_write_everything_once(tmp_path):
     cache = tmp_path / "cache"
-    args = [*SMALL, "sepo.steps=2", "sepo.checkpoint_steps=[1]", "sepo.refresh_steps=1", "logger=wandb",
-            f"paths.cache_dir={cache}"]
+    args = [
+        *SMALL,
+        "sepo.steps=2",
+        "sepo.checkpoint_steps=[1]",
+        "sepo.refresh_steps=1",
+        "logger=wandb",
+        f"paths.cache_dir={cache}",
+    ]
     one = launch(args, tmp_path / "one", 1)
     assert one.returncode == 0, one.stderr[-3000:]
     two = launch(args, tmp_path / "two", 2)
@@ -46,7 +62,9 @@ def test_two_processes_take_the_one_process_update_and_write_everything_once(tmp
     run_two = done[0]
     assert json.loads((run_two / "DONE").read_text())["processes"] == 2
     assert sorted(p.relative_to(run_two).as_posix() for p in run_two.rglob("results.json")) == [
-        "eval/step_1/results.json", "eval/step_2/results.json"]
+        "eval/step_1/results.json",
+        "eval/step_2/results.json",
+    ]
     assert len(list((run_two / "wandb").glob("offline-run-*"))) == 1
     assert not list(run_two.rglob("FAILED"))
 
@@ -74,11 +92,26 @@ def test_two_processes_take_the_one_process_update_and_write_everything_once(tmp
 
 @pytest.mark.slow
 def test_sft_runs_data_parallel_and_rank_zero_writes_the_outputs(tmp_path):
-    args = ["stage=sft", "model=tiny", "game=ipd", "logger=none", "sft.max_steps=2", "sft.max_examples=64",
-            "sft.max_valid_examples=16", "sft.agreement_examples=8", "sft.eval_steps=2", "sft.save_steps=2",
-            "eval.episodes_per_opponent=1", "eval.max_new_tokens=8", "eval.progress=false",
-            "game.pools.train=[TFT]", "game.pools.exploit=[AlwaysD]", "game.pools.robust=[Random]",
-            "datagen.episodes_per_opponent=4", f"paths.cache_dir={tmp_path / 'cache'}"]
+    args = [
+        "stage=sft",
+        "model=tiny",
+        "game=ipd",
+        "logger=none",
+        "sft.max_steps=2",
+        "sft.max_examples=64",
+        "sft.max_valid_examples=16",
+        "sft.agreement_examples=8",
+        "sft.eval_steps=2",
+        "sft.save_steps=2",
+        "eval.episodes_per_opponent=1",
+        "eval.max_new_tokens=8",
+        "eval.progress=false",
+        "game.pools.train=[TFT]",
+        "game.pools.exploit=[AlwaysD]",
+        "game.pools.robust=[Random]",
+        "datagen.episodes_per_opponent=4",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+    ]
     proc = launch(args, tmp_path, 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p.parent for p in (tmp_path / "outputs").rglob("DONE")]
@@ -89,11 +122,11 @@ def test_sft_runs_data_parallel_and_rank_zero_writes_the_outputs(tmp_path):
 
 
 def training_history(run) -> list[dict]:
-    from .test_tracking import wandb_cli
 
     (wandb_dir,) = list((run / "wandb").glob("offline-run-*"))
-    out = subprocess.run([wandb_cli(), "leet", "inspect", "--json", str(wandb_dir)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [wandb_cli(), "leet", "inspect", "--json", str(wandb_dir)], capture_output=True, text=True, check=True
+    ).stdout
     history = [json.loads(line)["history"]["item"] for line in out.splitlines() if '"type":"history"' in line]
     return [h for h in history if "sepo/loss" in h]
 
@@ -102,8 +135,16 @@ def training_history(run) -> list[dict]:
 def test_a_submitit_job_of_two_tasks_is_one_data_parallel_run(tmp_path):
     """The SLURM preset's code path (`+launch=slurm_ddp`: one task per GPU, torch's variables from
     submitit's TorchDistributedEnvironment), tried with the local executor and two CPU tasks."""
-    args = ["-m", "+launch=submitit_local", "hydra.launcher.tasks_per_node=2", *SMALL, "sepo.steps=2",
-            "sepo.checkpoint_steps=[1]", "logger=none", f"paths.cache_dir={tmp_path / 'cache'}"]
+    args = [
+        "-m",
+        "+launch=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        *SMALL,
+        "sepo.steps=2",
+        "sepo.checkpoint_steps=[1]",
+        "logger=none",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+    ]
     proc = launch(args, tmp_path, 1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (done,) = list((tmp_path / "outputs").rglob("DONE"))
@@ -118,8 +159,11 @@ def test_the_slurm_preset_asks_for_one_task_per_gpu():
     from .conftest import CONF
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["+launch=slurm_ddp", "hydra.launcher.gpus_per_node=4",
-                                           "hydra.launcher.tasks_per_node=4"], return_hydra_config=True)
+        cfg = compose(
+            "config",
+            overrides=["+launch=slurm_ddp", "hydra.launcher.gpus_per_node=4", "hydra.launcher.tasks_per_node=4"],
+            return_hydra_config=True,
+        )
     launcher = cfg.hydra.launcher
     assert "SlurmLauncher" in launcher._target_ and launcher.gpus_per_node == launcher.tasks_per_node == 4
     assert launcher.max_num_timeout == 3  # inherited from the one-GPU preset

@@ -1,5 +1,5 @@
-"""The docs a newcomer follows: every `docs/<file>.md §N` the code cites exists, and the five-game
-table of docs/results.md is generated from summary.json."""
+"""The docs a newcomer follows: every `docs/<file>.md §N` the code cites exists, the five-game
+table of docs/results.md is generated from summary.json, and every config field says what it is."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from analysis import report
 
 ROOT = Path(__file__).resolve().parent.parent
 CITATION = re.compile(r"docs/(\w+)\.md(?: §(\d+(?:\.\d+)?))?")
+#: a mapping key of a YAML line: its indentation, the key, the rest of the line
+YAML_KEY = re.compile(r"^(\s*)([A-Za-z_][\w.@/-]*|'[^']*'|\"[^\"]*\")\s*:(.*)$")
 
 
 def sources() -> list[Path]:
@@ -42,3 +44,42 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     assert "stale" not in text and text.startswith("# Results\n\nbefore\n") and text.endswith("after\n")
     row = next(line for line in text.splitlines() if line.startswith("| ipd |"))
     assert row.count("+0.500 ± 0.100 **↑**") == 3 and "-0.050 ± 0.040 |" in row  # within 2 SE: no arrow
+
+
+def undocumented_fields(path: Path, root: Path = ROOT) -> list[str]:
+    """Keys of a config file that carry no comment. A key is documented by a comment on its line or
+    on the line just above; a scalar row of a documented table (a strategy's weight under
+    `demonstrators:  # ...`, whose siblings are all scalars too) is documented by the table's."""
+    lines = path.read_text().splitlines()
+    keys = []  # [line, indent, documented, scalar]
+    for i, line in enumerate(lines):
+        match = YAML_KEY.match(line)
+        if match:
+            rest = match.group(3)
+            commented = "#" in rest or (i > 0 and lines[i - 1].strip().startswith("#"))
+            keys.append((i, len(match.group(1)), commented, rest.split("#")[0].strip() != ""))
+    missing = []
+    for n, (i, indent, commented, scalar) in enumerate(keys):
+        parent = next((k for k in reversed(keys[:n]) if k[1] < indent), None)
+        end = next((k[0] for k in keys[n:] if k[1] < indent), len(lines)) if parent else 0
+        siblings = [k for k in keys if parent and parent[0] < k[0] < end and k[1] == indent]
+        in_table = parent is not None and parent[2] and scalar and all(k[3] for k in siblings)
+        if not (commented or in_table):
+            missing.append(f"{path.relative_to(root)}:{i + 1}: {lines[i].strip()}")
+    return missing
+
+
+def test_every_config_field_carries_a_comment():
+    """As verl checks its config docs: a researcher reading conf/ learns what each field does there."""
+    missing = [line for path in sorted((ROOT / "conf").rglob("*.yaml")) for line in undocumented_fields(path)]
+    assert not missing, "config fields without a comment:\n" + "\n".join(missing)
+
+
+def test_the_comment_check_finds_a_bare_field(tmp_path):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "x.yaml").write_text(
+        "a: 1  # documented\n# the table\nt:\n  r1: 0.5\n  r2: 0.5\nbare: 2\nnest:  # a block\n  inner:\n    leaf: 1  # ok\n"
+    )
+    found = [line.split(": ", 1)[1] for line in undocumented_fields(conf / "x.yaml", tmp_path)]
+    assert found == ["bare: 2", "inner:"]

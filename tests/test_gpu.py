@@ -1,4 +1,4 @@
-"""The GPU benchmark (sepo/gpu_bench.py) and the real architectures in bfloat16 on CUDA.
+"""The GPU benchmark (sepo/benchmarks/gpu.py) and the real architectures in bfloat16 on CUDA.
 
 Without a GPU the benchmark cannot run, so the CPU tests check what does not need one: the
 one-line refusal, the bandwidth-floor arithmetic, the full-size configs against the published
@@ -16,38 +16,26 @@ import sys
 import pytest
 import torch
 
-from sepo import gpu_bench
-from sepo.training.logprobs import token_logprobs, token_logprobs_reference
+from sepo.benchmarks import gpu as gpu_bench
 from sepo.models import forward_extras, quantized_reference
+from sepo.training.logprobs import token_logprobs, token_logprobs_reference
 
-from .conftest import CONF, ROOT
+from .conftest import ROOT, model_cfg
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
+    pytest.mark.usefixtures("one_thread"),
+]
 
 CUDA = torch.cuda.is_available()
 ARCHS = ("gemma4", "qwen")
 VOCAB = 256
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny models are all small ops: extra threads only contend on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def bench_args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     gpu_bench.add_arguments(parser)
     return parser.parse_args(list(argv))
-
-
-def model_cfg(arch: str):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.load(CONF / "model" / f"{arch}.yaml")
 
 
 def left_padded(vocab: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,8 +57,14 @@ def test_run_without_cuda_is_one_line_naming_cuda(monkeypatch):
 
 def test_command_line_without_cuda_exits_without_traceback():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no device visible, even on a GPU machine
-    proc = subprocess.run([sys.executable, "-m", "sepo.gpu_bench", "--model", "qwen"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sepo.bench", "gpu", "--model", "qwen"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "CUDA" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""
@@ -137,8 +131,17 @@ def test_tiny_models_score_tokens_on_cpu(arch):
 def test_decode_benchmark_and_cache_size_on_a_tiny_model(arch):
     torch.manual_seed(0)
     model = gpu_bench.build_model(arch, gpu_bench.tiny_config(arch, VOCAB), "cpu", torch.float32)
-    out = gpu_bench.decode_benchmark(model, model_cfg(arch), [2], prompt_tokens=8, decode_steps=2,
-                                     bandwidth=1e6, device="cpu", pad_id=0, eos_ids=[2, 0])
+    out = gpu_bench.decode_benchmark(
+        model,
+        model_cfg(arch),
+        [2],
+        prompt_tokens=8,
+        decode_steps=2,
+        bandwidth=1e6,
+        device="cpu",
+        pad_id=0,
+        eos_ids=[2, 0],
+    )
     (row,) = out["batches"]
     assert out["weight_bytes"] == gpu_bench.decode_weight_bytes(model) > 0
     if "error" in row:  # a loaded CPU can swallow two tiny decode steps in its timing noise
@@ -146,20 +149,28 @@ def test_decode_benchmark_and_cache_size_on_a_tiny_model(arch):
     else:
         assert row["steps_per_s"] > 0 and 0 < row["floor_fraction"] < row["floor_fraction_with_cache"]
         assert row["floor_fraction"] == pytest.approx(
-            gpu_bench.bandwidth_floor_fraction(out["weight_bytes"], 1e6, 1 / row["steps_per_s"]), rel=0.02)
+            gpu_bench.bandwidth_floor_fraction(out["weight_bytes"], 1e6, 1 / row["steps_per_s"]), rel=0.02
+        )
     # the cache holds every layer kind: KV (and, in Qwen 3.5, the linear layers' conv/recurrent states)
     ids, _ = left_padded(VOCAB)
     _, result = gpu_bench._time_generate(model, ids, forward_extras(model, model_cfg(arch), ids), 3, 0, [2, 0], "cpu")
     cache = result.past_key_values
-    kv_only = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers
-                  if getattr(layer, "keys", None) is not None and layer.keys.numel())
+    kv_only = sum(
+        layer.keys.numel() * layer.keys.element_size() * 2
+        for layer in cache.layers
+        if getattr(layer, "keys", None) is not None and layer.keys.numel()
+    )
     assert gpu_bench.cache_bytes(cache) > (kv_only if arch == "qwen" else 0)
 
 
 def test_linear_attention_path_is_reported():
     info = gpu_bench.linear_attention_kernels()
-    assert set(info["paths"]) == {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "causal_conv1d_fn",
-                                  "causal_conv1d_update"}
+    assert set(info["paths"]) == {
+        "chunk_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule",
+        "causal_conv1d_fn",
+        "causal_conv1d_update",
+    }
     assert info["fast"] == all(p != "torch" for p in info["paths"].values())
     if not info["fast"]:
         assert info["missing"] and set(info["missing"]) <= {"flash-linear-attention", "causal-conv1d"}
@@ -221,10 +232,18 @@ def test_bf16_generation_on_cuda(arch, cuda_models):
     ids, mask = left_padded(VOCAB, "cuda")
     extras = forward_extras(model, model_cfg(arch), ids)
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
-                             do_sample=False, pad_token_id=0, eos_token_id=[2], **extras)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=6,
+            min_new_tokens=6,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=[2],
+            **extras,
+        )
         logits = model(input_ids=ids, attention_mask=mask, **extras).logits
-    assert out.shape == (2, ids.shape[1] + 6) and torch.equal(out[:, :ids.shape[1]], ids)
+    assert out.shape == (2, ids.shape[1] + 6) and torch.equal(out[:, : ids.shape[1]], ids)
     assert torch.isfinite(logits.float()).all()
 
 

@@ -12,12 +12,20 @@ import numpy as np
 import pytest
 
 from sepo.arena import play
-from sepo.training.gradcheck import (DEFAULT_POINTS, KINK_POINTS, estimate_update, exact_terms, finite_difference, make_agent,
-                            opponent_means, term_agrees, total_agrees)
 from sepo.games import make_game
-from sepo.training.objective import TERMS
-from sepo.training.objective import sepo_settings
 from sepo.strategies import make_strategy
+from sepo.training.gradcheck import (
+    DEFAULT_POINTS,
+    KINK_POINTS,
+    estimate_update,
+    exact_terms,
+    finite_difference,
+    make_agent,
+    opponent_means,
+    term_agrees,
+    total_agrees,
+)
+from sepo.training.objective import TERMS, sepo_settings
 
 from .conftest import ROOT
 
@@ -29,6 +37,7 @@ def ipd(compose_cfg):
     def _cfg(*overrides):
         cfg = compose_cfg("game=ipd", *overrides)
         return cfg, sepo_settings(cfg)
+
     return _cfg
 
 
@@ -111,8 +120,10 @@ def test_doubling_lambda_e_doubles_the_exploit_part(ipd):
     np.testing.assert_allclose(two.mean["e"], 2 * one.mean["e"], rtol=1e-12)
     np.testing.assert_allclose(two.mean["u"], one.mean["u"], rtol=1e-12)
     # the paper's per-group normalisation erases lambda: the same update whatever lambda_e
-    flat = [estimate_update(agent, *ipd("sepo.adv_norm=group_round", f"lambdas.train.e={e}"), 10).mean["total"]
-            for e in (2.4, 4.8)]
+    flat = [
+        estimate_update(agent, *ipd("sepo.adv_norm=group_round", f"lambdas.train.e={e}"), 10).mean["total"]
+        for e in (2.4, 4.8)
+    ]
     np.testing.assert_allclose(flat[0], flat[1], rtol=1e-6)  # up to the 1e-8 stabiliser of its std
 
 
@@ -130,6 +141,7 @@ def test_the_objective_rewards_end_game_defection_below_a_lambda_c_of_about_1_5(
     lambda_c = 1: defecting on TFT, Grim and Generous TFT when no retaliation can follow gains more pay
     than the collusion it shows on AlwaysC costs. It turns positive between lambda_c 1.4 and 1.6, so SEPO
     trained on IPD's lambda may rightly keep a last-round defection (README, "What the paper's estimator does")."""
+
     def last_round_gradient(lambda_c: float) -> dict[str, float]:
         cfg, s = ipd(f"lambdas.train.c={lambda_c}")
         fd = finite_difference(make_agent("endgame", (0.99, 0.99, 0.01, 0.5)), cfg, s)
@@ -173,9 +185,24 @@ def test_kuhn_with_the_best_responder_the_batch_update_follows_grad_j_and_j_desc
     results.write_text(json.dumps({"played_table": {"bet_or_call": point}}))
 
     def run(*extra):
-        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kuhn_gradient.py"), "--results", str(results),
-                               *extra, "--batches", "300", "--variants", "return_to_go:4"], cwd=ROOT,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "kuhn_gradient.py"),
+                "--results",
+                str(results),
+                *extra,
+                "--batches",
+                "300",
+                "--variants",
+                "return_to_go:4",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -184,6 +211,8 @@ def test_kuhn_with_the_best_responder_the_batch_update_follows_grad_j_and_j_desc
     assert with_br["variants"]["return_to_go:4"]["cosine"] > 0.95
     assert with_br["variants"]["return_to_go:4"]["max_abs_z"] < 3.5  # unbiased: all 12 coordinates within noise
     paper = run("game.pools.exploit=[NashApx,AlwaysBet]")
-    descent = {name: r["exact"]["cosine_grad_J_with_minus_grad_exploitability"] for name, r in (("br", with_br),
-                                                                                                ("paper", paper))}
+    descent = {
+        name: r["exact"]["cosine_grad_J_with_minus_grad_exploitability"]
+        for name, r in (("br", with_br), ("paper", paper))
+    }
     assert descent["br"] > 0.5 and descent["br"] > descent["paper"] + 0.1, descent

@@ -19,8 +19,14 @@ LONG_EVAL = ["stage=eval", "model=scripted", "logger=wandb", "eval.progress=fals
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_marks_failed_closes_the_tracker_and_a_rerun_resumes(tmp_path, cli, signum, code):
     env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), *LONG_EVAL], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "main.py"), *LONG_EVAL],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not list((tmp_path / "outputs").rglob("wandb/offline-run-*")) and time.time() < deadline:
         time.sleep(0.2)  # the stage has started once its tracker exists

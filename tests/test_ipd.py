@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from sepo.stages.evaluate import evaluate_policy
 from sepo.games import make_game
-from sepo.games.ipd import COOPERATE as C, DEFECT as D
+from sepo.games.ipd import COOPERATE as C
+from sepo.games.ipd import DEFECT as D
 from sepo.policies import ScriptedPolicy
+from sepo.stages.evaluate import evaluate_policy
 from sepo.strategies import get_strategy
 from sepo.strategies.base import Strategy
 
@@ -24,8 +25,9 @@ def game():
 
 def scripted_eval(game, agent, pools, episodes=20, seed=42):
     full = {"train": [], "exploit": [], "collusive": [], "robust": [], **pools}
-    return evaluate_policy(game, ScriptedPolicy(get_strategy("ipd", agent)), full, LAMBDAS, episodes, seed,
-                           progress=False)
+    return evaluate_policy(
+        game, ScriptedPolicy(get_strategy("ipd", agent)), full, LAMBDAS, episodes, seed, progress=False
+    )
 
 
 @pytest.mark.parametrize("a,o,pa,po", [(C, C, 3, 3), (D, D, 1, 1), (D, C, 5, 0), (C, D, 0, 5)])
@@ -54,20 +56,25 @@ def test_prompt_holds_rules_history_and_format(game):
     s = game.reset(0)
     game.step(s, {0: C, 1: D})
     system, user = game.render_prompt(s, 0)
-    assert system["role"] == "system" and "last line" in system["content"] and "COOPERATE or DEFECT" in system["content"]
+    assert (
+        system["role"] == "system" and "last line" in system["content"] and "COOPERATE or DEFECT" in system["content"]
+    )
     assert "Round 1: you COOPERATE, opponent DEFECT" in user["content"] and "Round 2 of 8" in user["content"]
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("They defected.\nDEFECT", D),
-    ("reasoning\n\nAction: cooperate\n\n", C),
-    ("**DEFECT**", D),
-    ("<think>maybe DEFECT</think>\nI will be nice.\nCOOPERATE.", C),
-    ("I choose COOPERATE", None),        # action not alone on its line
-    ("COOPERATE\nthen again maybe not", None),
-    ("<think>DEFECT", None),             # unclosed think: nothing decided yet
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("They defected.\nDEFECT", D),
+        ("reasoning\n\nAction: cooperate\n\n", C),
+        ("**DEFECT**", D),
+        ("<think>maybe DEFECT</think>\nI will be nice.\nCOOPERATE.", C),
+        ("I choose COOPERATE", None),  # action not alone on its line
+        ("COOPERATE\nthen again maybe not", None),
+        ("<think>DEFECT", None),  # unclosed think: nothing decided yet
+        ("", None),
+    ],
+)
 def test_parse_action_reads_last_nonempty_line(game, text, expected):
     assert game.parse_action(text, [C, D]) == expected
 
@@ -164,14 +171,24 @@ def test_j_sepo_at_ipds_lambda_rewards_defecting_in_the_last_round(game):
     so Safety = 3.25 - 1.8/48 - lambda_c/8 against TFT's 3: ahead while lambda_c < 1.7."""
     pools = {"train": ["TFT", "Grim", "GenerousTFT"], "collusive": ["AlwaysC"]}
     run = lambda agent, lambdas: evaluate_policy(  # noqa: E731
-        game, ScriptedPolicy(agent), {"exploit": [], "robust": [], **pools}, lambdas, 20, 42, progress=False)["metrics"]
+        game, ScriptedPolicy(agent), {"exploit": [], "robust": [], **pools}, lambdas, 20, 42, progress=False
+    )["metrics"]
     endgame = run(EndgameTFT(), LAMBDAS)
     assert (endgame["pay"], endgame["ext"], endgame["collusion"]) == pytest.approx((26 / 8, 1 / 48, 1 / 8))
-    assert endgame["safety"] == pytest.approx(3.25 - 1.8 / 48 - 1.0 / 8) and run(get_strategy("ipd", "TFT"), LAMBDAS)["safety"] == 3.0
+    assert (
+        endgame["safety"] == pytest.approx(3.25 - 1.8 / 48 - 1.0 / 8)
+        and run(get_strategy("ipd", "TFT"), LAMBDAS)["safety"] == 3.0
+    )
     # the game's own pools (Mixed adds noise): ahead at IPD's lambda_c = 1.0, behind at 2.0 (break-even ~1.49)
     full = lambda agent, lc: evaluate_policy(  # noqa: E731
-        game, ScriptedPolicy(agent), {p: list(IPD_CFG.pools[p]) for p in ("train", "exploit", "collusive", "robust")},
-        {**LAMBDAS, "c": lc}, 200, 42, progress=False)["metrics"]["safety"]
+        game,
+        ScriptedPolicy(agent),
+        {p: list(IPD_CFG.pools[p]) for p in ("train", "exploit", "collusive", "robust")},
+        {**LAMBDAS, "c": lc},
+        200,
+        42,
+        progress=False,
+    )["metrics"]["safety"]
     tft = get_strategy("ipd", "TFT")
     assert full(EndgameTFT(), 1.0) > full(tft, 1.0) + 0.03
     assert full(EndgameTFT(), 2.0) < full(tft, 2.0) - 0.03

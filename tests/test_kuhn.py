@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from sepo.games import kuhn_exact as K
 from sepo.arena import play
-from sepo.stages.evaluate import evaluate_policy
 from sepo.games import AGENT, OPPONENT, make_game
+from sepo.games import kuhn_exact as K
 from sepo.games.kuhn import BET, CALL, CARDS, FOLD, PASS, KuhnPoker, infoset_requests, policy_table
 from sepo.policies import ScriptedPolicy
 from sepo.policies.played import exact_estimate
+from sepo.stages.evaluate import evaluate_policy
 from sepo.strategies import get_strategy, known_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,12 +165,21 @@ def test_mirrored_episode_swaps_seats_same_cards(game):
         assert game.agent_seat(mirror, h) == 1 - game.agent_seat(plain, h)
 
     # through the arena: episodes 2j and 2j+1 share the deal with seats swapped
-    records = play(game, ScriptedPolicy(get_strategy("kuhn", "NashApx")),
-                   {"TightP": get_strategy("kuhn", "TightP")}, episodes=4, seed=42, mirrored=True)
+    records = play(
+        game,
+        ScriptedPolicy(get_strategy("kuhn", "NashApx")),
+        {"TightP": get_strategy("kuhn", "TightP")},
+        episodes=4,
+        seed=42,
+        mirrored=True,
+    )
     for a, b in [(records[0], records[1]), (records[2], records[3])]:
         assert a.seed == b.seed and (a.mirror, b.mirror) == (False, True)
         for ra, rb in zip(a.rounds, b.rounds):
-            assert (ra.info["agent_card"], ra.info["opponent_card"]) == (rb.info["opponent_card"], rb.info["agent_card"])
+            assert (ra.info["agent_card"], ra.info["opponent_card"]) == (
+                rb.info["opponent_card"],
+                rb.info["agent_card"],
+            )
             assert ra.info["agent_seat"] != rb.info["agent_seat"]
 
 
@@ -237,20 +246,34 @@ OPEN, AFTER_PASS, FACING, AFTER_PASS_BET = "", "p", "b", "pb"
 # P(aggressive action: BET or CALL) per (card, history); docs/spec.md §2
 EXPECTED = {
     "NashApx": {
-        ("J", OPEN): 1 / 3, ("Q", OPEN): 0, ("K", OPEN): 1,
-        ("J", AFTER_PASS_BET): 0, ("Q", AFTER_PASS_BET): 2 / 3, ("K", AFTER_PASS_BET): 1,
-        ("J", AFTER_PASS): 1 / 3, ("Q", AFTER_PASS): 0, ("K", AFTER_PASS): 1,
-        ("J", FACING): 0, ("Q", FACING): 1 / 3, ("K", FACING): 1,
+        ("J", OPEN): 1 / 3,
+        ("Q", OPEN): 0,
+        ("K", OPEN): 1,
+        ("J", AFTER_PASS_BET): 0,
+        ("Q", AFTER_PASS_BET): 2 / 3,
+        ("K", AFTER_PASS_BET): 1,
+        ("J", AFTER_PASS): 1 / 3,
+        ("Q", AFTER_PASS): 0,
+        ("K", AFTER_PASS): 1,
+        ("J", FACING): 0,
+        ("Q", FACING): 1 / 3,
+        ("K", FACING): 1,
     },
     "TightP": {(c, h): float(c == "K") for c in "JQK" for h in (OPEN, AFTER_PASS, FACING, AFTER_PASS_BET)},
-    "LooseA": {**{(c, h): float(c != "Q") for c in "JQK" for h in (OPEN, AFTER_PASS)},
-               **{(c, h): float(c != "J") for c in "JQK" for h in (FACING, AFTER_PASS_BET)}},
+    "LooseA": {
+        **{(c, h): float(c != "Q") for c in "JQK" for h in (OPEN, AFTER_PASS)},
+        **{(c, h): float(c != "J") for c in "JQK" for h in (FACING, AFTER_PASS_BET)},
+    },
     "AlwaysBet": {(c, h): 1.0 for c in "JQK" for h in (OPEN, AFTER_PASS, FACING, AFTER_PASS_BET)},
     "RandomLegal": {(c, h): 0.5 for c in "JQK" for h in (OPEN, AFTER_PASS, FACING, AFTER_PASS_BET)},
-    "TightValue": {**{(c, h): float(c == "K") for c in "JQK" for h in (OPEN, AFTER_PASS)},
-                   **{(c, h): {"J": 0, "Q": 1 / 3, "K": 1}[c] for c in "JQK" for h in (FACING, AFTER_PASS_BET)}},
-    "PotControl": {**{(c, h): float(c == "K") for c in "JQK" for h in (OPEN, AFTER_PASS)},
-                   **{(c, h): float(c != "J") for c in "JQK" for h in (FACING, AFTER_PASS_BET)}},
+    "TightValue": {
+        **{(c, h): float(c == "K") for c in "JQK" for h in (OPEN, AFTER_PASS)},
+        **{(c, h): {"J": 0, "Q": 1 / 3, "K": 1}[c] for c in "JQK" for h in (FACING, AFTER_PASS_BET)},
+    },
+    "PotControl": {
+        **{(c, h): float(c == "K") for c in "JQK" for h in (OPEN, AFTER_PASS)},
+        **{(c, h): float(c != "J") for c in "JQK" for h in (FACING, AFTER_PASS_BET)},
+    },
 }
 EXPECTED["NashApprox"] = EXPECTED["NashApx"]
 EXPECTED["AlwaysPassQ"] = {k: (0.0 if k[0] == "Q" else p) for k, p in EXPECTED["NashApx"].items()}
@@ -269,7 +292,7 @@ def test_strategy_defining_behaviour(game, name):
         assert table[f"{CARDS.index(card)}{history}"] == pytest.approx([1 - p, p], abs=1e-12), (card, history)
     # act() draws from the same distribution: deterministic entries are always followed
     strategy, rng = get_strategy("kuhn", name), np.random.default_rng(0)
-    for key, request in infoset_requests(game):
+    for _key, request in infoset_requests(game):
         dist = strategy.probs(request.observation, request.legal)
         assert list(dist) == request.legal and sum(dist.values()) == pytest.approx(1.0)
         for _ in range(5):
@@ -288,7 +311,9 @@ def test_nash_is_an_equilibrium(game):
 
 
 def test_uniform_random_exploitability(game):
-    assert game.exact_exploitability(ScriptedPolicy(get_strategy("kuhn", "RandomLegal"))) == pytest.approx(11 / 24, abs=1e-12)
+    assert game.exact_exploitability(ScriptedPolicy(get_strategy("kuhn", "RandomLegal"))) == pytest.approx(
+        11 / 24, abs=1e-12
+    )
 
 
 def _openspiel_policy(os_game, table):
@@ -301,8 +326,19 @@ def _openspiel_policy(os_game, table):
     return tab
 
 
-TABLES = ["RandomLegal", "TightP", "AlwaysBet", "LooseA", "NashApx", "TightValue", "PotControl",
-          "AlwaysPassQ", "seed:0", "seed:1", "seed:2"]
+TABLES = [
+    "RandomLegal",
+    "TightP",
+    "AlwaysBet",
+    "LooseA",
+    "NashApx",
+    "TightValue",
+    "PotControl",
+    "AlwaysPassQ",
+    "seed:0",
+    "seed:1",
+    "seed:2",
+]
 
 
 def _table(game, name):
@@ -321,8 +357,9 @@ def test_exploitability_matches_openspiel(game, name):
     assert ours == pytest.approx(exploitability.exploitability(os_game, _openspiel_policy(os_game, table)), abs=1e-9)
 
 
-@pytest.mark.parametrize("pair", [("NashApx", "TightP"), ("LooseA", "AlwaysBet"), ("seed:3", "RandomLegal"),
-                                  ("seed:4", "seed:5")])
+@pytest.mark.parametrize(
+    "pair", [("NashApx", "TightP"), ("LooseA", "AlwaysBet"), ("seed:3", "RandomLegal"), ("seed:4", "seed:5")]
+)
 def test_game_value_matches_openspiel(game, pair):
     pyspiel = pytest.importorskip("pyspiel")
     from open_spiel.python.algorithms import expected_game_score
@@ -330,20 +367,31 @@ def test_game_value_matches_openspiel(game, pair):
     os_game = pyspiel.load_game("kuhn_poker")
     first, second = (_table(game, n) for n in pair)
     values = expected_game_score.policy_value(
-        os_game.new_initial_state(), [_openspiel_policy(os_game, first), _openspiel_policy(os_game, second)])
+        os_game.new_initial_state(), [_openspiel_policy(os_game, first), _openspiel_policy(os_game, second)]
+    )
     assert K.game_value(first, second) == pytest.approx(values[0], abs=1e-9)
 
 
 # --------------------------------------------------------------------------- evaluation
 def test_evaluate_policy_matches_exact_values(game):
     pools = {pool: list(GAME_CFG.pools[pool]) for pool in ("train", "exploit", "collusive", "robust")}
-    result = evaluate_policy(game, ScriptedPolicy(get_strategy("kuhn", "NashApx")), pools,
-                             dict(e=1.5, c=0.0, x=0.0), episodes=200, seed=42, mirrored=True, progress=False)
+    result = evaluate_policy(
+        game,
+        ScriptedPolicy(get_strategy("kuhn", "NashApx")),
+        pools,
+        dict(e=1.5, c=0.0, x=0.0),
+        episodes=200,
+        seed=42,
+        mirrored=True,
+        progress=False,
+    )
     agent = table_of(game, "NashApx")
     assert result["metrics"]["exploit_exact"] == pytest.approx(0.0, abs=1e-9)
     assert result["metrics"]["collusion"] == 0.0 and result["metrics"]["ext"] == 0.0
     for summary in result["per_opponent"]:
-        opponent = K.best_response_table(agent) if summary["name"] == "BestResponse" else table_of(game, summary["name"])
+        opponent = (
+            K.best_response_table(agent) if summary["name"] == "BestResponse" else table_of(game, summary["name"])
+        )
         expected = K.seat_values(agent, opponent)["mean"]
         if summary["name"] == "NashApx":
             assert expected == pytest.approx(0.0, abs=1e-12)  # symmetric over the two seats
@@ -353,9 +401,20 @@ def test_evaluate_policy_matches_exact_values(game):
 
 def test_scripted_eval_end_to_end(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "main.py", "stage=eval", "logger=none", "game=kuhn", "model=scripted",
-         f"paths.root_dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "main.py",
+            "stage=eval",
+            "logger=none",
+            "game=kuhn",
+            "model=scripted",
+            f"paths.root_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (results,) = list(tmp_path.rglob("results.json"))
     payload = json.loads(results.read_text())
@@ -407,8 +466,16 @@ def test_best_responder_earns_the_tables_exploitability_when_it_plays(game, name
     """BestResponse as an exploit opponent of a scripted agent: its payoff per hand, over many
     mirrored hands, is that table's exploitability (0 against Nash) within the deal's sampling."""
     pools = {"train": ["TightP"], "exploit": ["BestResponse"], "collusive": [], "robust": []}
-    result = evaluate_policy(game, ScriptedPolicy(get_strategy("kuhn", name)), pools, dict(e=1.5, c=0.0, x=0.0),
-                             episodes=600, seed=3, mirrored=True, progress=False)
+    result = evaluate_policy(
+        game,
+        ScriptedPolicy(get_strategy("kuhn", name)),
+        pools,
+        dict(e=1.5, c=0.0, x=0.0),
+        episodes=600,
+        seed=3,
+        mirrored=True,
+        progress=False,
+    )
     (responder,) = [o for o in result["per_opponent"] if o["name"] == "BestResponse"]
     expected = K.exploitability(table_of(game, name))
     assert result["metrics"]["exploit_exact"] == pytest.approx(expected, abs=1e-12)
@@ -434,11 +501,14 @@ def test_the_default_exploit_pool_has_the_best_responder_and_the_papers_is_one_o
     assert list(paper.game.pools.exploit) == ["NashApx", "AlwaysBet"]
 
 
-@pytest.mark.parametrize("override,key", [
-    ("+game.demonstrators.BestResponse=0.1", "game.demonstrators"),
-    ("game.datagen.opponents=[TightP,BestResponse]", "game.datagen.opponents"),
-    ("model.strategy=BestResponse", "model.strategy"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("+game.demonstrators.BestResponse=0.1", "game.demonstrators"),
+        ("game.datagen.opponents=[TightP,BestResponse]", "game.datagen.opponents"),
+        ("model.strategy=BestResponse", "model.strategy"),
+    ],
+)
 def test_the_best_responder_only_sits_in_pools(compose_cfg, override, key):
     from sepo.config import validate
     from sepo.errors import ConfigError
@@ -463,7 +533,11 @@ def test_exploitability_se_is_the_spread_of_the_estimate(game, name):
     q = {key: float(np.clip(p[1], 0.05, 0.95)) for key, p in table.items()}  # keep every entry noisy
     centre = {key: np.array([1 - v, v]) for key, v in q.items()}
     se = {key: float(np.sqrt(v * (1 - v) / k)) for key, v in q.items()}
-    draws = [K.exploitability({key: np.array([1 - x, x]) for key, x in
-                               ((key, rng.binomial(k, v) / k) for key, v in q.items())}) for _ in range(2000)]
+    draws = [
+        K.exploitability(
+            {key: np.array([1 - x, x]) for key, x in ((key, rng.binomial(k, v) / k) for key, v in q.items())}
+        )
+        for _ in range(2000)
+    ]
     assert K.exploitability_se(centre, se) == pytest.approx(float(np.std(draws)), rel=0.15)
     assert K.exploitability_se(centre, {key: 0.0 for key in se}) == 0.0

@@ -11,16 +11,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def dry_run(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(ROOT / "launch" / script), "--dry-run", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": sys.executable}, timeout=300)
+    return subprocess.run(
+        [str(ROOT / "launch" / script), "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+        timeout=300,
+    )
 
 
 def test_a_table_script_prints_one_command_per_job():
     proc = dry_run("paper_ipd.sh", "hydra.launcher.partition=gpu")
     assert proc.returncode == 0, proc.stderr
     jobs = proc.stdout.strip().splitlines()
-    assert jobs == [f"python main.py +experiment=paper_ipd +launch=slurm model={m} hydra.launcher.partition=gpu"
-                    for m in ("gemma4", "qwen")]
+    assert jobs == [
+        f"python main.py +experiment=paper_ipd +launch=slurm model={m} hydra.launcher.partition=gpu"
+        for m in ("gemma4", "qwen")
+    ]
     assert not (ROOT / "outputs" / "sweeps" / "paper_ipd" / ".submitit").exists()
 
 
@@ -29,8 +36,9 @@ def test_the_grid_is_every_game_for_both_models():
     assert proc.returncode == 0, proc.stderr
     jobs = [line.split() for line in proc.stdout.strip().splitlines()]
     cells = {(w[4], w[5]) for w in jobs}
-    assert len(jobs) == 10 and cells == {(f"game={g}", f"model={m}") for g in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
-                                         for m in ("gemma4", "qwen")}
+    assert len(jobs) == 10 and cells == {
+        (f"game={g}", f"model={m}") for g in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn") for m in ("gemma4", "qwen")
+    }
 
 
 def test_negotiation_runs_each_model_on_its_variant():
@@ -38,14 +46,23 @@ def test_negotiation_runs_each_model_on_its_variant():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines() == [
         "python main.py +experiment=paper_negotiation +launch=slurm",  # the preset: Gemma 4 on v2
-        "python main.py +experiment=paper_negotiation +launch=slurm model=qwen game=neg_v1"]
+        "python main.py +experiment=paper_negotiation +launch=slurm model=qwen game=neg_v1",
+    ]
 
 
 def test_an_unknown_experiment_is_one_line():
-    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "run_experiment.py"), "paper_chess", "--dry-run"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        proc.stderr.strip()] and "experiment=paper_chess" in proc.stderr and "allowed: " in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "launch" / "run_experiment.py"), "paper_chess", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+        and "experiment=paper_chess" in proc.stderr
+        and "allowed: " in proc.stderr
+    )
 
 
 def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
@@ -54,15 +71,25 @@ def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
     proc = dry_run("tiny_paper.sh", "--root", str(tmp_path), "--seeds", "0,1", "sepo.lr=1e-3")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    phases = {line.split()[1].rstrip(":"): int(line.split()[2]) for line in lines if line.startswith("# ") and "job" in line}
-    assert phases == {"sft": 3, "sft_eval": 2, "base": 5, **{f"sepo_{g}": 4 for g in ("ipd", "auction", "neg_v1", "neg_v2",
-                                                                                      "kuhn")}}
+    phases = {
+        line.split()[1].rstrip(":"): int(line.split()[2]) for line in lines if line.startswith("# ") and "job" in line
+    }
+    assert phases == {
+        "sft": 3,
+        "sft_eval": 2,
+        "base": 5,
+        **{f"sepo_{g}": 4 for g in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")},
+    }
     jobs = [dict(a.split("=", 1) for a in line.split()[2:] if "=" in a) for line in lines if not line.startswith("#")]
-    assert len(jobs) == sum(phases.values()) and all(j["sepo.lr"] == "0.001" for j in jobs)  # the user's keys reach every job
+    assert len(jobs) == sum(phases.values()) and all(
+        j["sepo.lr"] == "0.001" for j in jobs
+    )  # the user's keys reach every job
     sft_of = {j["game"]: j["model.path"] for j in jobs if j.get("stage") == "sepo"}
     out = tmp_path / "tiny_paper"
-    assert sft_of == {g: str(out / "sft" / s / "merged") for g, s in
-                      (("ipd", "ipd"), ("auction", "ipd"), ("neg_v1", "ipd"), ("neg_v2", "neg_v2"), ("kuhn", "kuhn"))}
+    assert sft_of == {
+        g: str(out / "sft" / s / "merged")
+        for g, s in (("ipd", "ipd"), ("auction", "ipd"), ("neg_v1", "ipd"), ("neg_v2", "neg_v2"), ("kuhn", "kuhn"))
+    }
     arms = sorted((j["game"], j["lambdas"], j["sepo.seed"]) for j in jobs if j.get("stage") == "sepo")
     assert arms == sorted((g, lam, s) for g in sft_of for lam in (g, "zero") for s in ("0", "1"))
     assert len({j["hydra.run.dir"] for j in jobs}) == len(jobs)  # every job its own run dir

@@ -12,8 +12,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_LAYER = {"sepo.cli", "sepo.task", "sepo.config", "sepo.sweep", "sepo.tracking"}
-#: tools built on top of everything (benchmarks, `python -m sepo.bench`); nothing imports them back
-TOOLS = {"sepo.bench", "sepo.gpu_bench"}
+#: tools built on top of everything: `python -m sepo.bench` and the benchmarks it runs (sepo/benchmarks/)
+TOOLS = {"sepo.bench", "sepo.benchmarks"}
+
+
+def is_tool(module: str) -> bool:
+    return any(module == t or module.startswith(t + ".") for t in TOOLS)
 
 
 def module_name(path: Path) -> str:
@@ -37,7 +41,9 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         else:
             continue
@@ -52,7 +58,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-    if module in RUN_LAYER or module in TOOLS:
+    if module in RUN_LAYER or is_tool(module):
         return "run"
     if module == "sepo.stages" or module.startswith("sepo.stages."):
         return "stages"
@@ -73,7 +79,7 @@ def test_no_import_circles():
             if n.startswith(m + "."):
                 continue
             if state.get(n) == 1:
-                cycles.append(stack[stack.index(n):] + [n] if n in stack else [m, n])
+                cycles.append(stack[stack.index(n) :] + [n] if n in stack else [m, n])
             elif n not in state:
                 visit(n, stack + [n])
         state[m] = 2
@@ -87,8 +93,12 @@ def test_no_import_circles():
 def test_arrows_go_down():
     g = graph()
     rank = {"run": 0, "stages": 1, "analysis": 1, "library": 2}
-    upward = [(m, n) for m, deps in g.items() for n in deps
-              if rank[layer(n)] < rank[layer(m)] and not (layer(m) == "stages" and n == "sepo.tracking")]
+    upward = [
+        (m, n)
+        for m, deps in g.items()
+        for n in deps
+        if rank[layer(n)] < rank[layer(m)] and not (layer(m) == "stages" and n == "sepo.tracking")
+    ]
     assert not upward, f"the library imports the run layer or a stage: {upward}"
 
 
@@ -97,3 +107,40 @@ def test_the_sepo_loop_has_a_name_that_says_what_it_is():
     assert "sepo.sepo" not in modules
     assert "sepo.stages.sepo_loop" in modules
     assert {"sepo.training.objective", "sepo.games.kuhn_exact", "sepo.stages.sft"} <= set(modules)
+
+
+def test_nothing_but_the_tools_imports_the_benchmarks():
+    """The benchmarks sit beside the library: `sepo.bench` runs them, and no library, stage, run-layer or
+    analysis module imports them (deleting sepo/benchmarks/ leaves every run working)."""
+    g = graph()
+    users = sorted((m, n) for m, deps in g.items() for n in deps if is_tool(n) and not is_tool(m))
+    assert not users, f"imports of the benchmarks from outside them: {users}"
+    assert "sepo.benchmarks.gpu" in g and "sepo.gpu_bench" not in g
+    assert len((ROOT / "sepo" / "bench.py").read_text().splitlines()) <= 60, "sepo/bench.py is only a command line"
+
+
+def test_test_modules_share_fixtures_through_conftest_only():
+    """No test module defines a fixture that conftest.py defines (one would shadow the other), and none
+    imports from another test module (shared helpers live in conftest.py)."""
+    tests = ROOT / "tests"
+
+    def fixtures(path: Path) -> set[str]:
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                for d in node.decorator_list:
+                    target = d.func if isinstance(d, ast.Call) else d
+                    if isinstance(target, ast.Attribute) and target.attr == "fixture":
+                        out.add(node.name)
+        return out
+
+    shared = fixtures(tests / "conftest.py")
+    shadowed = {p.name: sorted(fixtures(p) & shared) for p in tests.glob("test_*.py") if fixtures(p) & shared}
+    assert not shadowed, f"fixtures that shadow conftest.py's: {shadowed}"
+    cross = sorted(
+        p.name
+        for p in tests.glob("test_*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level and (node.module or "").startswith("test_")
+    )
+    assert not cross, f"test modules importing another test module: {cross}"

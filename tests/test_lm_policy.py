@@ -8,7 +8,6 @@ lengths per row).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -20,14 +19,22 @@ import torch
 from omegaconf import OmegaConf
 
 from sepo.games import make_game
-from sepo.training.logprobs import next_token_logits, token_logprobs
 from sepo.models import load_model_and_tokenizer
 from sepo.policies.base import DecisionRequest
-from sepo.policies.lm import (ActionStoppingCriteria, IncrementalText, LMPolicy, RowSampler, counter_uniforms,
-                              fallback_question, holds_action)
+from sepo.policies.lm import (
+    ActionStoppingCriteria,
+    IncrementalText,
+    LMPolicy,
+    RowSampler,
+    counter_uniforms,
+    fallback_question,
+    holds_action,
+)
+from sepo.training.logprobs import next_token_logits, token_logprobs
 
-from .conftest import CONF, ROOT, read_results
-from .test_models import gemma4_dir, model_cfg, qwen_dir, tiny_dir  # noqa: F401  (fixtures: tiny real architectures)
+from .conftest import CONF, ROOT, model_cfg, read_results, teach
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 C, D = "COOPERATE", "DEFECT"
 VECTORS = ["[1, 0, 2]", "[1, 2, 0]", "[0, 0, 1]"]  # legal actions that share their first tokens
@@ -67,46 +74,6 @@ def tft_answer(opponent_moves: list[str]) -> str:
 HISTORIES = [[], [D], [C], [D, C], [C, D, D], [C, C, C, C, D], [D, D, C, C, C, C]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: 128-wide matmuls gain nothing from more, and a busy 2-core machine
-    makes OpenMP threads wait on each other (tens of times slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = OmegaConf.load(CONF / "model" / "tiny.yaml")
-    model, tokenizer = load_model_and_tokenizer(cfg, tmp_path_factory.mktemp("cache"), device="cpu")
-    return model, tokenizer, cfg
-
-
-def teach(bundle, examples: list[tuple[list[dict[str, str]], str]], steps: int):
-    """A copy of the model after `steps` Adam steps (batches of 8) on (chat messages, answer) pairs,
-    loss on the answer tokens only, no EOS."""
-    model, tokenizer, cfg = bundle
-    student = copy.deepcopy(model).train()
-    helper = LMPolicy(student, tokenizer, cfg, 0.0, 8, 0)
-    rows = [(helper.render(messages), helper.action_ids(answer)) for messages, answer in examples]
-    opt = torch.optim.Adam(student.parameters(), lr=3e-3)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        for step in range(steps):
-            batch = [rows[(step * 8 + i) % len(rows)] for i in range(8)]
-            ids, mask, width_p = helper.pack([b[0] for b in batch], [b[1] for b in batch])
-            labels = ids.masked_fill(mask == 0, -100)
-            labels[:, :width_p] = -100
-            loss = student(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                           labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return student.eval(), tokenizer, cfg
-
-
 @pytest.fixture(scope="module")
 def taught(tiny):
     """The tiny model after 80 Adam steps on TFT answers (loss on the answer tokens, no EOS)."""
@@ -137,8 +104,8 @@ def test_batched_equals_one_at_a_time_under_greedy_decoding(which, request):
     single = [agent.act_batch([r], return_logprobs=True)[0] for r in requests]
     assert [(d.action, d.text, d.parsed) for d in batched] == [(d.action, d.text, d.parsed) for d in single]
     for a, b in zip(batched, single):
-        assert torch.equal(a.extras["gen_ids"], b.extras["gen_ids"])
-        torch.testing.assert_close(a.extras["logprobs"], b.extras["logprobs"], atol=1e-4, rtol=0)
+        assert torch.equal(a.tokens.gen_ids, b.tokens.gen_ids)
+        torch.testing.assert_close(a.tokens.logprobs, b.tokens.logprobs, atol=1e-4, rtol=0)
 
 
 def requests_with_streams(seed: int = 0) -> list[DecisionRequest]:
@@ -159,8 +126,9 @@ def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(taught):
     streamless = requests_with_streams()  # requests without a stream draw from the policy's generator
     for r in streamless:
         r.rng = None
-    assert ([d.text for d in policy(taught, temperature=1.5, seed=3).act_batch(streamless)]
-            == [d.text for d in policy(taught, temperature=1.5, seed=3).act_batch(streamless)])
+    assert [d.text for d in policy(taught, temperature=1.5, seed=3).act_batch(streamless)] == [
+        d.text for d in policy(taught, temperature=1.5, seed=3).act_batch(streamless)
+    ]
 
 
 @pytest.mark.parametrize("which", ["taught", "tiny"])
@@ -195,15 +163,23 @@ def _criterion_call(tokenizer, requests, texts, think_prefix=None, prompt_length
     width = max(map(len, rows))
     ids = torch.full((len(rows), prompt_length + width), tokenizer.pad_token_id)
     for i, row in enumerate(rows):
-        ids[i, prompt_length:prompt_length + len(row)] = torch.tensor(row)
+        ids[i, prompt_length : prompt_length + len(row)] = torch.tensor(row)
     stop = ActionStoppingCriteria(tokenizer, prompt_length, requests, think_prefix)
     return stop, stop(ids, None)
 
 
 def test_stopping_criterion_per_row(tiny):
     _, tokenizer, _ = tiny
-    texts = [f"Because.\n{C}", f"<think>\n{C}", f"<think>\nhmm\n</think>\n{D}", f"{C} is nice", f"{D}\n\n",
-             f"reasoning\n{C}", f"ok</think>\n{C}", "no action here"]
+    texts = [
+        f"Because.\n{C}",
+        f"<think>\n{C}",
+        f"<think>\nhmm\n</think>\n{D}",
+        f"{C} is nice",
+        f"{D}\n\n",
+        f"reasoning\n{C}",
+        f"ok</think>\n{C}",
+        "no action here",
+    ]
     prefix = [False] * 5 + [True, True, False]  # rows 5 and 6: the prompt opened <think>
     requests = [ipd_request([]) for _ in texts]
     stop, result = _criterion_call(tokenizer, requests, texts, prefix)
@@ -238,15 +214,17 @@ def test_fallback_on_a_model_that_never_answers(tiny):
     assert all(d.action in (C, D) for d in decisions)
     # the choice is the argmax of the first-token logits after the elicitation question
     for request, d in zip(requests, decisions):
-        messages = request.messages + [{"role": "assistant", "content": d.text},
-                                       {"role": "user", "content": fallback_question(IPD, request.legal)}]
+        messages = request.messages + [
+            {"role": "assistant", "content": d.text},
+            {"role": "user", "content": fallback_question(IPD, request.legal)},
+        ]
         prompt = agent.render(messages, answer_now=True)
         logits = next_token_logits(agent.model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long))
         firsts = [agent.action_ids(a)[0] for a in request.legal]
         assert d.action == request.legal[int(logits[0, firsts].argmax())]
         # training sees what the policy sampled (the fallback is part of the environment, docs/spec.md §4.3)
-        assert d.extras["fallback"] and d.extras["prompt_ids"].tolist() == agent.render(request.messages)
-        assert agent.tokenizer.decode(d.extras["gen_ids"].tolist(), skip_special_tokens=True) == d.text
+        assert d.tokens.fallback and d.tokens.prompt_ids.tolist() == agent.render(request.messages)
+        assert agent.tokenizer.decode(d.tokens.gen_ids.tolist(), skip_special_tokens=True) == d.text
 
 
 def test_fallback_question_lists_the_actions():
@@ -263,9 +241,11 @@ def test_constrained_decoding_over_multi_token_actions(tiny):
     decisions = agent.act_batch(requests, return_logprobs=True)
     for request, d in zip(requests, decisions):
         assert not d.parsed and d.action in VECTORS
-        prompt = agent.render(request.messages + [{"role": "assistant", "content": d.text},
-                                                  {"role": "user", "content": fallback_question(IPD, VECTORS)}],
-                              answer_now=True)
+        prompt = agent.render(
+            request.messages
+            + [{"role": "assistant", "content": d.text}, {"role": "user", "content": fallback_question(IPD, VECTORS)}],
+            answer_now=True,
+        )
         scores = [agent.sequence_logprobs([prompt], [agent.action_ids(v)], batch=1)[0].sum() for v in VECTORS]
         assert d.action == VECTORS[int(torch.stack(scores).argmax())]
 
@@ -282,13 +262,13 @@ def test_returned_logprobs_equal_a_fresh_teacher_forced_pass(which, request):
     bundle = request.getfixturevalue(which)
     agent = policy(bundle, temperature=0.8, max_new_tokens=10, logprob_chunk=4)
     for d in agent.act_batch([ipd_request(h) for h in HISTORIES], return_logprobs=True):
-        prompt, gen = d.extras["prompt_ids"], d.extras["gen_ids"]
+        prompt, gen = d.tokens.prompt_ids, d.tokens.gen_ids
         ids = torch.cat([prompt, gen])[None]
         with torch.no_grad():
             fresh = token_logprobs(bundle[0], ids, torch.ones_like(ids), len(prompt), temperature=0.8)[0]
-        assert d.extras["logprob_temperature"] == 0.8 and len(d.extras["logprobs"]) == len(gen) > 0
+        assert d.tokens.logprob_temperature == 0.8 and len(d.tokens.logprobs) == len(gen) > 0
         # recorded by the sampler while it drew the tokens: no second pass, the same numbers
-        torch.testing.assert_close(d.extras["logprobs"], fresh, atol=1e-5, rtol=0)
+        torch.testing.assert_close(d.tokens.logprobs, fresh, atol=1e-5, rtol=0)
         if d.parsed:
             assert bundle[1].decode(gen.tolist(), skip_special_tokens=True) == d.text
 
@@ -309,8 +289,8 @@ def test_the_shared_prefix_and_the_static_cache_change_nothing(taught, temperatu
     b = plain.act_batch(requests_with_streams(), return_logprobs=True)
     assert [d.text for d in a] == [d.text for d in b]
     for x, y in zip(a, b):
-        assert torch.equal(x.extras["gen_ids"], y.extras["gen_ids"])
-        torch.testing.assert_close(x.extras["logprobs"], y.extras["logprobs"], atol=1e-5, rtol=0)
+        assert torch.equal(x.tokens.gen_ids, y.tokens.gen_ids)
+        torch.testing.assert_close(x.tokens.logprobs, y.tokens.logprobs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -325,14 +305,21 @@ def test_reusing_each_episodes_encoded_prompt_changes_nothing(taught, temperatur
     matches = [Match(name, make_strategy(IPD.cfg, name), k) for name in ("TFT", "AlwaysD", "Random") for k in range(2)]
     runs = {}
     for reuse in (True, False):
-        agent = LMPolicy(model, tokenizer, OmegaConf.merge(cfg, {"prefix_cache": reuse, "static_cache": reuse}),
-                         temperature, 24, 0)
+        agent = LMPolicy(
+            model, tokenizer, OmegaConf.merge(cfg, {"prefix_cache": reuse, "static_cache": reuse}), temperature, 24, 0
+        )
         planned = []
         plan = agent.reuse_plan
-        agent.reuse_plan = lambda requests, prompts: planned.append(plan(requests, prompts)[1]) or plan(requests, prompts)
-        recording = type("Recording", (), {"name": "lm", "act_batch": lambda self, r: agent.act_batch(r, return_logprobs=True)})()
+        agent.reuse_plan = lambda requests, prompts, planned=planned, plan=plan: (
+            planned.append(plan(requests, prompts)[1]) or plan(requests, prompts)
+        )
+        recording = type(
+            "Recording",
+            (),
+            {"name": "lm", "act_batch": lambda self, r, agent=agent: agent.act_batch(r, return_logprobs=True)},
+        )()
         records = play_matches(IPD, recording, matches, 0, keep_trace=True)
-        runs[reuse] = [[(d.text, d.extras["gen_ids"].tolist(), d.extras["logprobs"]) for _, _, d in r.trace] for r in records]
+        runs[reuse] = [[(d.text, d.tokens.gen_ids.tolist(), d.tokens.logprobs) for _, _, d in r.trace] for r in records]
         if reuse:
             assert not any(planned[0]) and all(k > 100 for k in planned[-1])  # round 1 none, the last round all
     for a, b in zip(runs[True], runs[False]):
@@ -349,7 +336,7 @@ def test_incremental_text_equals_the_full_decode(tiny):
         text = IncrementalText(tokenizer)
         for k, token in enumerate(ids):
             text.push(token)
-            full = tokenizer.decode(ids[:k + 1], skip_special_tokens=True)
+            full = tokenizer.decode(ids[: k + 1], skip_special_tokens=True)
             if not full.endswith("\ufffd"):
                 assert text.text == full
 
@@ -406,20 +393,23 @@ def test_real_architectures(name, thinking, request):
     assert [(d.action, d.text) for d in batched] == [(d.action, d.text) for d in single]
     for r, d in zip(requests, batched):
         assert d.action in r.legal and not d.parsed
-        ids = torch.cat([d.extras["prompt_ids"], d.extras["gen_ids"]])[None]
+        ids = torch.cat([d.tokens.prompt_ids, d.tokens.gen_ids])[None]
         with torch.no_grad():
-            fresh = token_logprobs(model, ids, torch.ones_like(ids), len(d.extras["prompt_ids"]),
-                                   **agent.extra_inputs(ids))[0]
-        torch.testing.assert_close(d.extras["logprobs"], fresh, atol=1e-4, rtol=0)
+            fresh = token_logprobs(
+                model, ids, torch.ones_like(ids), len(d.tokens.prompt_ids), **agent.extra_inputs(ids)
+            )[0]
+        torch.testing.assert_close(d.tokens.logprobs, fresh, atol=1e-4, rtol=0)
     for estimate in agent.action_probabilities(requests, samples=2):
         assert sum(estimate.probs.values()) == pytest.approx(1.0)
 
 
 # --------------------------------------------------------------------------- wiring
 def test_importing_policies_does_not_load_torch():
-    code = ("import sys, sepo.policies, sepo.stages.evaluate; "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch loaded'; "
-            "from sepo.policies import LMPolicy; print(LMPolicy.__name__)")
+    code = (
+        "import sys, sepo.policies, sepo.stages.evaluate; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch loaded'; "
+        "from sepo.policies import LMPolicy; print(LMPolicy.__name__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "LMPolicy"
@@ -428,8 +418,16 @@ def test_importing_policies_does_not_load_torch():
 @pytest.mark.parametrize("game", ["ipd", "auction", "neg_v1", "neg_v2", "kuhn"])
 def test_lm_eval_end_to_end_through_the_cli_on_every_game(cli, tmp_path, monkeypatch, game):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # see one_thread
-    proc = cli("stage=eval", "model=tiny", f"game={game}", "logger=none", "eval.episodes_per_opponent=2",
-               "eval.max_new_tokens=8", "eval.action_samples=4", f"paths.root_dir={tmp_path}")
+    proc = cli(
+        "stage=eval",
+        "model=tiny",
+        f"game={game}",
+        "logger=none",
+        "eval.episodes_per_opponent=2",
+        "eval.max_new_tokens=8",
+        "eval.action_samples=4",
+        f"paths.root_dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = read_results(tmp_path)
     opponents = {o["name"] for o in results["per_opponent"]}
@@ -447,8 +445,14 @@ def test_lm_eval_end_to_end_through_the_cli_on_every_game(cli, tmp_path, monkeyp
 
 def test_rollout_benchmark_runs_and_reports_json(tmp_path):
     env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "sepo.bench", "rollout", "--episodes", "4", "--max-new-tokens", "4"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "sepo.bench", "rollout", "--episodes", "4", "--max-new-tokens", "4"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["episodes"] == 4 and result["decisions"] == 4 * 8 and result["same_episodes"]

@@ -10,28 +10,17 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from sepo.training.logprobs import (chunked_logprobs_from_hidden, logprobs_from_hidden_reference, next_token_logits,
-                           token_logprobs, token_logprobs_reference)
-from sepo.models import load_model_and_tokenizer
+from sepo.training.logprobs import (
+    chunked_logprobs_from_hidden,
+    logprobs_from_hidden_reference,
+    next_token_logits,
+    token_logprobs,
+    token_logprobs_reference,
+)
 
 from .conftest import CONF, ROOT
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: tiny matmuls gain nothing from more, and a busy machine makes OpenMP
-    threads wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    cfg = OmegaConf.load(CONF / "model" / "tiny.yaml")
-    model, tokenizer = load_model_and_tokenizer(cfg, tmp_path_factory.mktemp("cache"), device="cpu")
-    return model, tokenizer
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def padded_batch(tokenizer, texts: list[str], gen_lengths: list[int], vocab: int, seed: int = 0):
@@ -42,19 +31,22 @@ def padded_batch(tokenizer, texts: list[str], gen_lengths: list[int], vocab: int
     ids = torch.full((len(texts), width_p + width_g), tokenizer.pad_token_id)
     mask = torch.zeros_like(ids)
     for i, (p, n) in enumerate(zip(prompts, gen_lengths)):
-        ids[i, width_p - len(p):width_p] = torch.tensor(p)
-        ids[i, width_p:width_p + n] = torch.randint(3, vocab, (n,), generator=g)
-        mask[i, width_p - len(p):width_p + n] = 1
+        ids[i, width_p - len(p) : width_p] = torch.tensor(p)
+        ids[i, width_p : width_p + n] = torch.randint(3, vocab, (n,), generator=g)
+        mask[i, width_p - len(p) : width_p + n] = 1
     return ids, mask, width_p
 
 
-TEXTS = ["Round 1 of 8. Your action?", "History:\nRound 1: you COOPERATE, opponent DEFECT.\nYour action?",
-         "You are playing an iterated prisoner's dilemma."]
+TEXTS = [
+    "Round 1 of 8. Your action?",
+    "History:\nRound 1: you COOPERATE, opponent DEFECT.\nYour action?",
+    "You are playing an iterated prisoner's dilemma.",
+]
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 32, 1000])
 def test_chunked_matches_unchunked_on_the_model(tiny, chunk):
-    model, tokenizer = tiny
+    model, tokenizer, _ = tiny
     ids, mask, start = padded_batch(tokenizer, TEXTS, [17, 40, 5], len(tokenizer))
     with torch.no_grad():
         chunked = token_logprobs(model, ids, mask, start, chunk=chunk)
@@ -65,7 +57,7 @@ def test_chunked_matches_unchunked_on_the_model(tiny, chunk):
 
 
 def test_temperature_divides_the_logits(tiny):
-    model, tokenizer = tiny
+    model, tokenizer, _ = tiny
     ids, mask, start = padded_batch(tokenizer, TEXTS, [9, 4, 12], len(tokenizer))
     with torch.no_grad():
         chunked = token_logprobs(model, ids, mask, start, chunk=4, temperature=0.7)
@@ -76,13 +68,13 @@ def test_temperature_divides_the_logits(tiny):
 
 def test_padding_does_not_change_a_row(tiny):
     """Position ids from the mask: a left-padded row scores like the same row alone."""
-    model, tokenizer = tiny
+    model, tokenizer, _ = tiny
     ids, mask, start = padded_batch(tokenizer, TEXTS, [8, 8, 8], len(tokenizer))
     with torch.no_grad():
         batch = token_logprobs(model, ids, mask, start)
         row = 2  # the shortest prompt carries the most padding
         keep = mask[row].bool()
-        alone = token_logprobs(model, ids[row:row + 1, keep], mask[row:row + 1, keep], int(keep[:start].sum()))
+        alone = token_logprobs(model, ids[row : row + 1, keep], mask[row : row + 1, keep], int(keep[:start].sum()))
     torch.testing.assert_close(batch[row], alone[0], atol=1e-5, rtol=0)
 
 
@@ -92,7 +84,7 @@ def test_a_shared_prefix_run_once_gives_the_same_values_and_gradients(tiny):
     plain left-padded pass, and the gradient reaches the weights through the cached prefix."""
     from sepo.policies.lm import LMPolicy
 
-    model, tokenizer = tiny
+    model, tokenizer, _ = tiny
     cfg = OmegaConf.merge(OmegaConf.load(CONF / "model" / "tiny.yaml"), {"prefix_cache": True})
     policy = LMPolicy(model, tokenizer, cfg, 1.0, 8, 0)
     rules = "You are playing an iterated prisoner's dilemma against one opponent for eight rounds. "
@@ -122,12 +114,13 @@ def test_a_shared_prefix_run_once_gives_the_same_values_and_gradients(tiny):
 
 
 def test_next_token_logits_are_the_models(tiny):
-    model, tokenizer = tiny
+    model, tokenizer, _ = tiny
     ids, mask, _ = padded_batch(tokenizer, TEXTS, [0, 0, 0], len(tokenizer))
     with torch.no_grad():
         ours = next_token_logits(model, ids, mask)
-        theirs = model(input_ids=ids, attention_mask=mask,
-                       position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1]
+        theirs = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[
+            :, -1
+        ]
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
 
 
@@ -146,8 +139,26 @@ def test_hidden_level_chunking_values_and_gradients():
 
 
 def test_logprob_benchmark_chunked_uses_a_tenth_of_the_memory():
-    out = subprocess.run([sys.executable, "-m", "sepo.bench", "logprob", "--vocab", "65536", "--positions", "512",
-                          "--hidden", "64", "--chunk", "32"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sepo.bench",
+            "logprob",
+            "--vocab",
+            "65536",
+            "--positions",
+            "512",
+            "--hidden",
+            "64",
+            "--chunk",
+            "32",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["unchunked_peak_mb"] > 100

@@ -19,14 +19,18 @@ L = {"e": 2.4, "c": 1.0, "x": 1.8}
 def ep(name, pairs, index=0):
     """An IPD record from (agent payoff, opponent payoff) pairs (actions matter only for collusion)."""
     rounds = [Round(actions=("DEFECT" if a in (5, 1) else "COOPERATE", "X"), payoffs=(a, o)) for a, o in pairs]
-    return EpisodeRecord(opponent=name, index=index, seed=0, mirror=False, rounds=rounds, decisions=len(pairs),
-                         parsed=len(pairs))
+    return EpisodeRecord(
+        opponent=name, index=index, seed=0, mirror=False, rounds=rounds, decisions=len(pairs), parsed=len(pairs)
+    )
 
 
 def test_exploit_is_per_opponent_then_averaged_with_se():
     # opponent A: advantage +2 and +4 in two episodes (mean 3, se 1); B: advantage -1 (clipped to 0)
-    records = {"A": [ep("A", [(0, 2)]), ep("A", [(0, 4)], 1)], "B": [ep("B", [(1, 0)]), ep("B", [(1, 0)], 1)],
-               "T": [ep("T", [(3, 3)])]}
+    records = {
+        "A": [ep("A", [(0, 2)]), ep("A", [(0, 4)], 1)],
+        "B": [ep("B", [(1, 0)]), ep("B", [(1, 0)], 1)],
+        "T": [ep("T", [(3, 3)])],
+    }
     r = compute_metrics(GAME, {"train": ["T"], "exploit": ["A", "B"]}, records, L)
     assert r["metrics"]["exploit"] == pytest.approx(1.5)
     assert r["metrics"]["exploit_max"] == pytest.approx(3.0)
@@ -76,8 +80,14 @@ def test_kuhn_standard_errors_are_over_mirrored_pairs():
 
     cfg = OmegaConf.load("conf/game/kuhn.yaml")
     game = make_game(cfg)
-    records = play(game, ScriptedPolicy(get_strategy("kuhn", "NashApx")), {"NashApx": make_strategy(cfg, "NashApx")},
-                   200, seed=3, mirrored=True)
+    records = play(
+        game,
+        ScriptedPolicy(get_strategy("kuhn", "NashApx")),
+        {"NashApx": make_strategy(cfg, "NashApx")},
+        200,
+        seed=3,
+        mirrored=True,
+    )
     units = sampling_units(records)
     assert len(units) == 100 and all(len(u) == 2 and u[0].index // 2 == u[1].index // 2 for u in units)
     per_ep = np.array([np.mean([r.payoffs[0] for r in ep.rounds]) for ep in records])

@@ -17,47 +17,27 @@ from safetensors.torch import load_file
 
 from sepo.errors import ConfigError
 from sepo.games import make_game
-from sepo.models import (IM_END, PAD, ModelLoadError, build_tiny, chat_template_kwargs, forward_extras,
-                         load_model_and_tokenizer, render_chat)
-
-from .conftest import CONF
-
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-#: Gemma 4's chat format: <|turn>role ... <turn|>, the assistant is "model", thinking via <|think|>.
-GEMMA4_TEMPLATE = (
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{{- '<|turn>system\\n' -}}"
-    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<|think|>\\n' -}}{%- endif -%}"
-    "{{- messages[0]['content'] | trim -}}{{- '<turn|>\\n' -}}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{- '<|turn>' + role + '\\n' -}}{{- message['content'] | trim -}}{{- '<turn|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}"
+from sepo.models import (
+    IM_END,
+    PAD,
+    ModelLoadError,
+    build_tiny,
+    chat_template_kwargs,
+    forward_extras,
+    load_model_and_tokenizer,
+    render_chat,
 )
-#: Qwen 3.5's ChatML with thinking: without enable_thinking the generation prompt closes an empty block.
-QWEN35_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
-    "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
-    "{%- endif -%}"
-)
-GENERATION_HEADER = {"tiny": "<|im_start|>assistant\n", "gemma4": "<|turn>model\n",
-                     "qwen": "<|im_start|>assistant\n<think>\n\n</think>\n\n"}
+
+from .conftest import CONF, model_cfg
+
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.usefixtures("offline")]
+
+GENERATION_HEADER = {
+    "tiny": "<|im_start|>assistant\n",
+    "gemma4": "<|turn>model\n",
+    "qwen": "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+}
 LANGUAGE_LINEAR = re.compile(r"model\.(language_model\.)?layers\.\d+\.")
-
-
-def model_cfg(name: str, **overrides):
-    cfg = OmegaConf.load(CONF / "model" / f"{name}.yaml")
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value)
-    return cfg
 
 
 def game_messages(game: str = "ipd", decisions: int = 3) -> list[dict[str, str]]:
@@ -73,100 +53,8 @@ def game_messages(game: str = "ipd", decisions: int = 3) -> list[dict[str, str]]
     return messages
 
 
-@pytest.fixture(scope="module", autouse=True)
-def offline():
-    """No test here may reach a model hub: the environment variable and the hub's own switch."""
-    import huggingface_hub.constants
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        yield
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny(model_cfg("tiny"), tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return load_model_and_tokenizer(model_cfg("tiny", path=str(tiny_dir)), cache_dir=tiny_dir.parent, device="cpu")
-
-
-def _tokenizer_like(tiny_dir, template: str, eos: str, extra_special: tuple[str, ...] = ()):
-    from tokenizers import AddedToken
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-    if extra_special:
-        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special], special_tokens=True)
-    tok.eos_token = eos
-    tok.chat_template = template
-    return tok
-
-
-def _vocab(tok, multiple: int = 64) -> int:
-    return -(-len(tok) // multiple) * multiple
-
-
-@pytest.fixture(scope="module")
-def gemma4_dir(tiny_dir, tmp_path_factory):
-    """A tiny random Gemma 4 (text, vision and audio towers, KV sharing) saved like a checkpoint."""
-    from transformers import (Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig,
-                              Gemma4VisionConfig, GenerationConfig)
-
-    out = tmp_path_factory.mktemp("gemma4")
-    tok = _tokenizer_like(tiny_dir, GEMMA4_TEMPLATE, eos="<turn|>", extra_special=("<|turn>", "<turn|>", "<|think|>"))
-    eos, pad, vocab = tok.convert_tokens_to_ids("<turn|>"), tok.pad_token_id, _vocab(tok)
-    text = Gemma4TextConfig(
-        vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size=32, intermediate_size=64,
-        num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
-        hidden_size_per_layer_input=8, sliding_window=16, max_position_embeddings=1024,
-        pad_token_id=pad, eos_token_id=eos, bos_token_id=None)
-    vision = Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                num_key_value_heads=2, head_dim=8)
-    audio = Gemma4AudioConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                              subsampling_conv_channels=[4, 4], output_proj_dims=16)
-    torch.manual_seed(0)
-    model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text, vision_config=vision, audio_config=audio))
-    model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=pad)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def qwen_dir(tiny_dir, tmp_path_factory):
-    """A tiny random Qwen 3.5 (hybrid linear/full attention, with a vision tower) saved as the hub has it:
-    a Qwen3_5ForConditionalGeneration checkpoint."""
-    from transformers import (GenerationConfig, Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig,
-                              Qwen3_5VisionConfig)
-
-    out = tmp_path_factory.mktemp("qwen")
-    tok = _tokenizer_like(tiny_dir, QWEN35_TEMPLATE, eos=IM_END)
-    eos, pad = tok.convert_tokens_to_ids(IM_END), tok.pad_token_id
-    text = Qwen3_5TextConfig(
-        vocab_size=_vocab(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-        linear_num_value_heads=2, max_position_embeddings=1024, pad_token_id=pad, eos_token_id=eos)
-    vision = Qwen3_5VisionConfig(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
-    torch.manual_seed(0)
-    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))
-    model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def load_arch(name: str, dirs: dict):
     return load_model_and_tokenizer(model_cfg(name, path=str(dirs[name])), cache_dir=dirs[name], device="cpu")
-
-
-@pytest.fixture(scope="module")
-def arch_dirs(tiny_dir, gemma4_dir, qwen_dir):
-    return {"tiny": tiny_dir, "gemma4": gemma4_dir, "qwen": qwen_dir}
 
 
 # --------------------------------------------------------------------------- the tiny build
@@ -185,7 +73,7 @@ def test_tiny_build_is_deterministic_and_cached(tmp_path, tiny_dir):
 
 
 def test_tiny_size_tokens_and_generation_config(tiny):
-    model, tok = tiny
+    model, tok, _ = tiny
     n = sum(p.numel() for p in model.parameters())
     assert 2e5 <= n <= 5e6, n
     assert type(model).__name__ == "Qwen3ForCausalLM" and model.dtype == torch.float32
@@ -206,7 +94,7 @@ def test_tiny_default_path_builds_into_cache_dir(tmp_path, tiny_dir):
 
 
 def test_tiny_chat_template_renders_game_prompts(tiny):
-    _, tok = tiny
+    _, tok, _ = tiny
     cfg = model_cfg("tiny")
     for game in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn"):
         if not (CONF / "game" / f"{game}.yaml").exists():
@@ -222,13 +110,14 @@ def test_tiny_chat_template_renders_game_prompts(tiny):
     assert no_header.endswith("<|im_end|>\n")
     thinking = render_chat(tok, model_cfg("tiny", thinking=True), game_messages())
     assert thinking.endswith("<|im_start|>assistant\n<think>\n")
-    enc = tok.apply_chat_template(game_messages(), add_generation_prompt=True, tokenize=True, return_tensors="pt",
-                                  **chat_template_kwargs(cfg))
+    enc = tok.apply_chat_template(
+        game_messages(), add_generation_prompt=True, tokenize=True, return_tensors="pt", **chat_template_kwargs(cfg)
+    )
     assert enc["input_ids"].shape[0] == 1 and tok.decode(enc["input_ids"][0]).endswith(GENERATION_HEADER["tiny"])
 
 
 def test_tiny_batched_generation_with_left_padding(tiny):
-    model, tok = tiny
+    model, tok, _ = tiny
     cfg = model_cfg("tiny")
     texts = [render_chat(tok, cfg, game_messages(decisions=d)) for d in (0, 5)]
     batch = tok(texts, return_tensors="pt", padding=True)
@@ -290,8 +179,7 @@ def test_lora_targets_only_language_model_projections(name, arch_dirs):
     clippable = {n for n, m in model.named_modules() if type(m).__name__ == "Gemma4ClippableLinear"}
     if name == "gemma4":
         assert any("vision" in n for n in clippable) and any("audio" in n for n in clippable)
-    expected = {n for n, m in model.named_modules()
-                if isinstance(m, torch.nn.Linear) and re.fullmatch(regex, n)}
+    expected = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and re.fullmatch(regex, n)}
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=regex))
     adapted = {n.removeprefix("base_model.model.") for n, m in peft_model.named_modules() if isinstance(m, LoraLayer)}
 

@@ -17,10 +17,10 @@ from omegaconf import OmegaConf
 
 from sepo.arena import play
 from sepo.config import PoolOverlapWarning, validate
-from sepo.stages.evaluate import evaluate_policy
 from sepo.games import make_game
 from sepo.games.neg_v1 import NegotiationV1
 from sepo.policies import ScriptedPolicy
+from sepo.stages.evaluate import evaluate_policy
 from sepo.strategies import get_strategy, known_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,8 +48,9 @@ def play_rounds(game, rows):
 def act(game, name, rows, player=1):
     """`name`'s demand as `player` after rounds given as (agent demand, opponent demand)."""
     state = play_rounds(game, rows)
-    return get_strategy("neg_v1", name).act(game.observation(state, player), game.legal_actions(state, player),
-                                            np.random.default_rng(0))
+    return get_strategy("neg_v1", name).act(
+        game.observation(state, player), game.legal_actions(state, player), np.random.default_rng(0)
+    )
 
 
 # ----------------------------------------------------------------------------- config
@@ -57,15 +58,25 @@ def test_config_composes_and_has_spec_values():
     cfg = compose_cfg()
     assert (cfg.game.rounds, cfg.game.pie, cfg.game.min_demand, cfg.game.max_demand) == (4, 10, 1, 9)
     assert cfg.game.max_payoff == 10.0
-    assert OmegaConf.to_container(cfg.lambdas) == {"train": {"e": 3.0, "c": 2.0, "x": 1.8},
-                                                   "eval": {"e": 3.0, "c": 1.0, "x": 1.8}}
+    assert OmegaConf.to_container(cfg.lambdas) == {
+        "train": {"e": 3.0, "c": 2.0, "x": 1.8},
+        "eval": {"e": 3.0, "c": 1.0, "x": 1.8},
+    }
     assert cfg.game.reference_strategy == "Fair"
     assert cfg.game.datagen.episodes_per_opponent == 400
-    assert dict(cfg.game.demonstrators) == {"FairSplit": 0.32, "Balanced": 0.27, "Concede": 0.18,
-                                            "TFTNeg": 0.15, "Random": 0.08}
+    assert dict(cfg.game.demonstrators) == {
+        "FairSplit": 0.32,
+        "Balanced": 0.27,
+        "Concede": 0.18,
+        "TFTNeg": 0.15,
+        "Random": 0.08,
+    }
     assert OmegaConf.to_container(cfg.game.pools) == {
-        "train": ["Fair", "Balanced", "Concede", "Hard"], "exploit": ["Selfish", "Hard"],
-        "collusive": ["Fair"], "robust": ["Random", "TFTNeg"]}
+        "train": ["Fair", "Balanced", "Concede", "Hard"],
+        "exploit": ["Selfish", "Hard"],
+        "collusive": ["Fair"],
+        "robust": ["Random", "TFTNeg"],
+    }
 
 
 def test_validation_warns_on_the_papers_pool_overlaps():
@@ -87,15 +98,18 @@ def test_strategy_params_in_config_equal_code_defaults():
 
 
 # ----------------------------------------------------------------------------- rules
-@pytest.mark.parametrize("a,o,pay,deal,collusive", [
-    (5, 5, (5.0, 5.0), True, False),
-    (4, 6, (4.0, 6.0), True, False),
-    (1, 9, (1.0, 9.0), True, False),
-    (9, 1, (9.0, 1.0), True, True),
-    (3, 3, (3.0, 3.0), True, False),    # a deal may leave part of the pie
-    (6, 5, (0.0, 0.0), False, True),    # 11 > 10: breakdown
-    (9, 9, (0.0, 0.0), False, True),
-])
+@pytest.mark.parametrize(
+    "a,o,pay,deal,collusive",
+    [
+        (5, 5, (5.0, 5.0), True, False),
+        (4, 6, (4.0, 6.0), True, False),
+        (1, 9, (1.0, 9.0), True, False),
+        (9, 1, (9.0, 1.0), True, True),
+        (3, 3, (3.0, 3.0), True, False),  # a deal may leave part of the pie
+        (6, 5, (0.0, 0.0), False, True),  # 11 > 10: breakdown
+        (9, 9, (0.0, 0.0), False, True),
+    ],
+)
 def test_payoffs_breakdown_and_collusion_flag(game, a, o, pay, deal, collusive):
     rnd = play_rounds(game, [(a, o)]).rounds[0]
     assert rnd.payoffs == pay and rnd.info["deal"] is deal
@@ -122,8 +136,13 @@ def test_observation_is_symmetric_complete_information(game):
 
 def test_same_seed_same_episode_through_the_arena(game):
     def run():
-        recs = play(game, ScriptedPolicy(get_strategy("neg_v1", "Random")),
-                    {n: get_strategy("neg_v1", n) for n in ("Random", "TFTNeg")}, 5, seed=3)
+        recs = play(
+            game,
+            ScriptedPolicy(get_strategy("neg_v1", "Random")),
+            {n: get_strategy("neg_v1", n) for n in ("Random", "TFTNeg")},
+            5,
+            seed=3,
+        )
         return [(r.opponent, [(x.actions, x.payoffs) for x in r.rounds]) for r in recs]
 
     first = run()
@@ -147,7 +166,7 @@ def test_concede_follows_its_schedule(game):
 
 def test_tftneg_mirrors_the_other_players_last_demand(game):
     assert act(game, "TFTNeg", []) == "5"
-    assert act(game, "TFTNeg", [(7, 5)]) == "3"         # 10 - 7
+    assert act(game, "TFTNeg", [(7, 5)]) == "3"  # 10 - 7
     assert act(game, "TFTNeg", [(7, 5), (2, 3)]) == "8"  # only the last demand counts
     assert act(game, "TFTNeg", [(1, 5)]) == "9"
     assert act(game, "TFTNeg", [(9, 5)]) == "1"
@@ -171,22 +190,25 @@ def test_every_pool_and_demonstrator_name_is_registered():
 
 
 # ----------------------------------------------------------------------------- parsing
-@pytest.mark.parametrize("text,expected", [
-    ("A fair split is best.\n5", "5"),
-    ("They demanded 7 last time, so 10 - 7 = 3.\n3\n\n", "3"),
-    ("reason\nDemand: 6", "6"),
-    ("reason\nAction: 4.", "4"),
-    ("reason\n**9**", "9"),
-    ("<think>10 - 2 = 8</think>Take what is left.\n8", "8"),
-    ("reason\n10", None),           # out of range
-    ("reason\n0", None),
-    ("reason\nseven", None),
-    ("reason\nI demand 7", None),
-    ("reason\n7 or 8", None),
-    ("5\nso I will demand five", None),
-    ("<think>maybe\n5", None),      # unclosed think block
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("A fair split is best.\n5", "5"),
+        ("They demanded 7 last time, so 10 - 7 = 3.\n3\n\n", "3"),
+        ("reason\nDemand: 6", "6"),
+        ("reason\nAction: 4.", "4"),
+        ("reason\n**9**", "9"),
+        ("<think>10 - 2 = 8</think>Take what is left.\n8", "8"),
+        ("reason\n10", None),  # out of range
+        ("reason\n0", None),
+        ("reason\nseven", None),
+        ("reason\nI demand 7", None),
+        ("reason\n7 or 8", None),
+        ("5\nso I will demand five", None),
+        ("<think>maybe\n5", None),  # unclosed think block
+        ("", None),
+    ],
+)
 def test_parse_action(game, text, expected):
     assert game.parse_action(text, DEMANDS) == expected
 
@@ -208,8 +230,7 @@ LAMBDAS = {"e": 3.0, "c": 1.0, "x": 1.8}
 
 def evaluate(game, agent, **pools):
     full = {p: list(pools.get(p, [])) for p in ("train", "exploit", "collusive", "robust")}
-    return evaluate_policy(game, ScriptedPolicy(get_strategy("neg_v1", agent)), full, LAMBDAS, 20, 42,
-                           progress=False)
+    return evaluate_policy(game, ScriptedPolicy(get_strategy("neg_v1", agent)), full, LAMBDAS, 20, 42, progress=False)
 
 
 def per_opponent(result, pool, name):
@@ -267,9 +288,22 @@ def test_fair_agent_on_the_default_pools(game):
 # ----------------------------------------------------------------------------- CLI
 def test_cli_eval_end_to_end(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "main.py", "stage=eval", "logger=none", "game=neg_v1", "model=scripted",
-         f"paths.root_dir={tmp_path}", "eval.progress=false", "eval.episodes_per_opponent=4"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "main.py",
+            "stage=eval",
+            "logger=none",
+            "game=neg_v1",
+            "model=scripted",
+            f"paths.root_dir={tmp_path}",
+            "eval.progress=false",
+            "eval.episodes_per_opponent=4",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = list(tmp_path.rglob("DONE"))
     assert len(done) == 1

@@ -15,10 +15,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from sepo.arena import episode_seed, play
-from sepo.stages.evaluate import evaluate_policy
 from sepo.games import AGENT, OPPONENT, make_game
 from sepo.games.neg_v2 import NegState, format_demand, value_vectors
 from sepo.policies import ScriptedPolicy
+from sepo.stages.evaluate import evaluate_policy
 from sepo.strategies import get_strategy, known_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +32,9 @@ def game():
 
 
 def state_with(pool, agent_values, opp_values, seed=0) -> NegState:
-    return NegState(seed=seed, rng=np.random.default_rng(seed), pool=tuple(pool),
-                    values=(tuple(agent_values), tuple(opp_values)))
+    return NegState(
+        seed=seed, rng=np.random.default_rng(seed), pool=tuple(pool), values=(tuple(agent_values), tuple(opp_values))
+    )
 
 
 def play_rounds(game, state, pairs):
@@ -65,10 +66,16 @@ def test_config_numbers(game):
 
 def test_payoff_deal_and_breakdown(game):
     s = state_with((2, 1, 3), (5, 3, 2), (1, 1, 8))
-    play_rounds(game, s, [((1, 1, 0), (1, 0, 3)),   # fits exactly: deal
-                          ((0, 0, 0), (2, 1, 3)),   # one side takes everything: deal
-                          ((2, 0, 0), (1, 0, 0)),   # books over-demanded: breakdown
-                          ((0, 1, 1), (0, 0, 3))])  # balls over-demanded by one: breakdown
+    play_rounds(
+        game,
+        s,
+        [
+            ((1, 1, 0), (1, 0, 3)),  # fits exactly: deal
+            ((0, 0, 0), (2, 1, 3)),  # one side takes everything: deal
+            ((2, 0, 0), (1, 0, 0)),  # books over-demanded: breakdown
+            ((0, 1, 1), (0, 0, 3)),
+        ],
+    )  # balls over-demanded by one: breakdown
     assert [r.payoffs for r in s.rounds] == [(8.0, 25.0), (0.0, 27.0), (0.0, 0.0), (0.0, 0.0)]
     assert [r.info["deal"] for r in s.rounds] == [True, True, False, False]
     assert [game.externality(r) for r in s.rounds] == [0.0, 0.0, 1.0, 1.0]
@@ -79,10 +86,16 @@ def test_payoff_deal_and_breakdown(game):
 
 def test_collusive_is_more_than_ceil_half(game):
     s = state_with((3, 4, 1), (4, 3, 3), (4, 3, 3))
-    play_rounds(game, s, [((2, 2, 1), (0, 0, 0)),   # ceil of each: not collusive
-                          ((3, 0, 0), (0, 0, 0)),   # 3 > ceil(3/2) = 2
-                          ((0, 3, 0), (0, 0, 0)),   # 3 > ceil(4/2) = 2
-                          ((0, 0, 1), (0, 0, 0))])  # 1 = ceil(1/2): not collusive
+    play_rounds(
+        game,
+        s,
+        [
+            ((2, 2, 1), (0, 0, 0)),  # ceil of each: not collusive
+            ((3, 0, 0), (0, 0, 0)),  # 3 > ceil(3/2) = 2
+            ((0, 3, 0), (0, 0, 0)),  # 3 > ceil(4/2) = 2
+            ((0, 0, 1), (0, 0, 0)),
+        ],
+    )  # 1 = ceil(1/2): not collusive
     assert [game.collusive(r) for r in s.rounds] == [False, True, True, False]
 
 
@@ -111,8 +124,8 @@ def test_pools_and_values_in_range_and_uniform(game):
             assert len(v) == 3 and sum(v) == 10 and min(v) >= 0 and all(isinstance(x, int) for x in v)
             values[v] += 1
         pools[s.pool] += 1
-    assert len(pools) == 64 and len(values) == 66          # every allowed pool and value vector occurs
-    assert max(pools.values()) < 3 * 3000 / 64              # roughly uniform, not skewed
+    assert len(pools) == 64 and len(values) == 66  # every allowed pool and value vector occurs
+    assert max(pools.values()) < 3 * 3000 / 64  # roughly uniform, not skewed
     assert max(values.values()) < 3 * 6000 / 66
 
 
@@ -122,8 +135,13 @@ def test_determinism_by_seed(game):
     assert len({(game.reset(s).pool, game.reset(s).values) for s in range(20)}) > 1
 
     def run():
-        recs = play(game, ScriptedPolicy(get_strategy("neg_v2", "RandomNeg")),
-                    {"RandomNeg": get_strategy("neg_v2", "RandomNeg")}, episodes=5, seed=7)
+        recs = play(
+            game,
+            ScriptedPolicy(get_strategy("neg_v2", "RandomNeg")),
+            {"RandomNeg": get_strategy("neg_v2", "RandomNeg")},
+            episodes=5,
+            seed=7,
+        )
         return [[(r.actions, r.payoffs) for r in ep.rounds] for ep in recs]
 
     assert run() == run()
@@ -147,8 +165,7 @@ def test_opponent_values_are_hidden(game):
 
 
 def test_prompt_content(game):
-    s = play_rounds(game, state_with((3, 4, 1), (6, 2, 2), (3, 0, 7)),
-                    [((1, 0, 1), (0, 1, 0)), ((1, 0, 1), (3, 4, 1))])
+    s = play_rounds(game, state_with((3, 4, 1), (6, 2, 2), (3, 0, 7)), [((1, 0, 1), (0, 1, 0)), ((1, 0, 1), (3, 4, 1))])
     system, user = (m["content"] for m in game.render_prompt(s, AGENT))
     assert "[books, hats, balls]" in system and "last line" in system and "sum" in system
     assert "Pool: 3 books, 4 hats, 1 balls." in user
@@ -158,27 +175,44 @@ def test_prompt_content(game):
 
 
 # ----------------------------------------------------------------------------- parsing
-@pytest.mark.parametrize("text", [
-    "[1, 2, 0]",
-    "[1,2,0]",
-    "Action: [1, 2, 0]",
-    "I keep the hats I value.\n[1, 2, 0]\n\n",
-    "**Demand:** [1, 2, 0].",
-    "`[1, 2, 0]`",
-    "Final answer: [ 1 , 2 , 0 ]",
-    "<think>maybe [3, 0, 0]</think>\nfair enough\n[1, 2, 0]",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 2, 0]",
+        "[1,2,0]",
+        "Action: [1, 2, 0]",
+        "I keep the hats I value.\n[1, 2, 0]\n\n",
+        "**Demand:** [1, 2, 0].",
+        "`[1, 2, 0]`",
+        "Final answer: [ 1 , 2 , 0 ]",
+        "<think>maybe [3, 0, 0]</think>\nfair enough\n[1, 2, 0]",
+    ],
+)
 def test_parse_good(game, text):
     legal = game.legal_actions(state_with((3, 4, 1), (4, 3, 3), (4, 3, 3)), AGENT)
     assert game.parse_action(text, legal) == "[1, 2, 0]"
 
 
-@pytest.mark.parametrize("text", [
-    "", "   \n", "[1, 2]", "[1, 2, 0, 1]", "[a, b, c]", "[-1, 0, 0]", "1, 2, 0", "(1, 2, 0)",
-    "I want [1, 2, 0] please", "[1, 2, 0]\nthat is my demand", "[1, 2, 0] [0, 0, 0]",
-    "[4, 0, 0]", "[0, 5, 0]", "[0, 0, 2]",            # outside the pool (3, 4, 1)
-    "<think>\n[1, 2, 0]",                             # unclosed think hides everything
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "   \n",
+        "[1, 2]",
+        "[1, 2, 0, 1]",
+        "[a, b, c]",
+        "[-1, 0, 0]",
+        "1, 2, 0",
+        "(1, 2, 0)",
+        "I want [1, 2, 0] please",
+        "[1, 2, 0]\nthat is my demand",
+        "[1, 2, 0] [0, 0, 0]",
+        "[4, 0, 0]",
+        "[0, 5, 0]",
+        "[0, 0, 2]",  # outside the pool (3, 4, 1)
+        "<think>\n[1, 2, 0]",  # unclosed think hides everything
+    ],
+)
 def test_parse_bad(game, text):
     legal = game.legal_actions(state_with((3, 4, 1), (4, 3, 3), (4, 3, 3)), AGENT)
     assert game.parse_action(text, legal) is None
@@ -193,8 +227,17 @@ def test_parse_round_trips_every_legal_action(game):
 # ----------------------------------------------------------------------------- strategies
 def test_registered_names():
     assert set(known_strategies("neg_v2")) >= {
-        "FairNeg", "TFTNeg", "ConcedeNeg", "GreedyNeg", "HardballNeg", "RandomNeg",
-        "Proportional", "Conservative", "Adaptive", "Defensive"}
+        "FairNeg",
+        "TFTNeg",
+        "ConcedeNeg",
+        "GreedyNeg",
+        "HardballNeg",
+        "RandomNeg",
+        "Proportional",
+        "Conservative",
+        "Adaptive",
+        "Defensive",
+    }
 
 
 def test_fair_and_conservative(game):
@@ -266,8 +309,15 @@ NO_POOLS = {"train": [], "exploit": [], "collusive": [], "robust": []}
 
 
 def evaluate(game, agent, pools, episodes=20, seed=45):
-    return evaluate_policy(game, ScriptedPolicy(get_strategy("neg_v2", agent)), {**NO_POOLS, **pools},
-                           EVAL_LAMBDAS, episodes, seed, progress=False)
+    return evaluate_policy(
+        game,
+        ScriptedPolicy(get_strategy("neg_v2", agent)),
+        {**NO_POOLS, **pools},
+        EVAL_LAMBDAS,
+        episodes,
+        seed,
+        progress=False,
+    )
 
 
 def deals(game, episodes=20, seed=45):
@@ -315,8 +365,9 @@ def test_fair_agent_against_greedy(game):
     assert m["exploit"] == m["exploit_max"] == pytest.approx(10 / 20)
     assert m["ext"] == 0.0
     lam = EVAL_LAMBDAS
-    assert m["safety"] == pytest.approx(m["pay"] - lam["e"] * m["exploit"] - lam["c"] * m["collusion"]
-                                        - lam["x"] * m["ext"])
+    assert m["safety"] == pytest.approx(
+        m["pay"] - lam["e"] * m["exploit"] - lam["c"] * m["collusion"] - lam["x"] * m["ext"]
+    )
 
 
 def test_proportional_never_breaks_down_with_fair_or_tft(game):
@@ -346,8 +397,16 @@ def test_full_config_validates_with_overlap_warning():
 
 
 def test_cli_eval_end_to_end(tmp_path):
-    cmd = [sys.executable, "main.py", "stage=eval", "logger=none", "game=neg_v2", "model=scripted",
-           f"paths.root_dir={tmp_path}", "eval.progress=false"]
+    cmd = [
+        sys.executable,
+        "main.py",
+        "stage=eval",
+        "logger=none",
+        "game=neg_v2",
+        "model=scripted",
+        f"paths.root_dir={tmp_path}",
+        "eval.progress=false",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = list(tmp_path.glob("outputs/runs/**/results.json"))

@@ -10,9 +10,17 @@ from omegaconf import OmegaConf
 
 from sepo.arena import EpisodeRecord
 from sepo.games import Round, make_game
-from sepo.training.objective import (EstimatorState, credit_returns, group_advantages, group_round_normalise, leave_one_out,
-                            paper_terms, pooled_terms, token_loss)
 from sepo.policies.base import Decision
+from sepo.training.objective import (
+    EstimatorState,
+    credit_returns,
+    group_advantages,
+    group_round_normalise,
+    leave_one_out,
+    paper_terms,
+    pooled_terms,
+    token_loss,
+)
 from sepo.training.rollouts import BatchBuilder, BatchPlan, GroupPlan
 
 IPD = make_game(OmegaConf.load("conf/game/ipd.yaml"))
@@ -48,13 +56,20 @@ def test_leave_one_out_baseline_excludes_the_rollout_itself():
 def test_group_round_is_the_papers_normalisation():
     rewards = np.array([[1.0, 3.0, 0.0], [3.0, 3.0, 2.0]])
     s = np.sqrt(2.0)  # sample std of {1, 3}
-    np.testing.assert_allclose(group_round_normalise(rewards, 1e-8), [[-1 / s, 0, -1 / s], [1 / s, 0, 1 / s]], atol=1e-7)
+    np.testing.assert_allclose(
+        group_round_normalise(rewards, 1e-8), [[-1 / s, 0, -1 / s], [1 / s, 0, 1 / s]], atol=1e-7
+    )
     # it erases lambda: scaling a group's rewards by 1000 changes nothing
-    np.testing.assert_allclose(group_advantages(1000 * rewards, "round", "group_round", 1e-8),
-                               group_advantages(rewards, "round", "group_round", 1e-8), atol=1e-6)
+    np.testing.assert_allclose(
+        group_advantages(1000 * rewards, "round", "group_round", 1e-8),
+        group_advantages(rewards, "round", "group_round", 1e-8),
+        atol=1e-6,
+    )
     # the default keeps it: the advantage scales with the reward
-    np.testing.assert_allclose(group_advantages(1000 * rewards, "return_to_go", "batch", 1e-8),
-                               1000 * group_advantages(rewards, "return_to_go", "batch", 1e-8))
+    np.testing.assert_allclose(
+        group_advantages(1000 * rewards, "return_to_go", "batch", 1e-8),
+        1000 * group_advantages(rewards, "return_to_go", "batch", 1e-8),
+    )
 
 
 def test_pooled_term_rewards_per_pool():
@@ -76,7 +91,9 @@ def test_shared_penalty_is_one_number_per_group_and_cancels_per_rollout_does_not
     shared = paper_terms(IPD, rollouts, 1.0, LAM, "shared", [bad, bad])
     for k in ("e", "c", "x"):
         assert np.ptp(shared[k]) == 0  # the same value in every rollout and round ...
-        np.testing.assert_allclose(leave_one_out(credit_returns(shared[k], "return_to_go")), 0.0, atol=1e-12)  # ... cancels
+        np.testing.assert_allclose(
+            leave_one_out(credit_returns(shared[k], "return_to_go")), 0.0, atol=1e-12
+        )  # ... cancels
     assert shared["e"][0, 0] == pytest.approx(-2.4 * 5)
     per_rollout = paper_terms(IPD, rollouts, 1.0, LAM, "per_rollout", [bad, ok])
     # rollout 0's auxiliary episode was exploited (advantage 5 per round), rollout 1's not
@@ -116,21 +133,39 @@ def test_advantage_scale_comes_from_earlier_batches_and_survives_a_checkpoint():
 def builder(compose_cfg):
     from sepo.training.objective import sepo_settings
 
-    cfg = compose_cfg("game=ipd", "game.pools.train=[TFT,Grim]", "game.pools.exploit=[AlwaysD]",
-                      "game.pools.collusive=[AlwaysC]", "game.pools.robust=[Random]", "sepo.rollouts_per_opponent=2")
+    cfg = compose_cfg(
+        "game=ipd",
+        "game.pools.train=[TFT,Grim]",
+        "game.pools.exploit=[AlwaysD]",
+        "game.pools.collusive=[AlwaysC]",
+        "game.pools.robust=[Random]",
+        "sepo.rollouts_per_opponent=2",
+    )
     return BatchBuilder(cfg, sepo_settings(cfg))
 
 
 def test_a_hand_made_batch_gets_the_advantages_of_spec_4_2(builder):
     """Two-round episodes, n = 2, s = 1: every number below is worked out by hand in the comments."""
     records = [
-        episode("TFT", [(C, C), (C, C)], True), episode("TFT", [(D, C), (C, D)], True),
-        episode("Grim", [(C, C), (C, C)], True), episode("Grim", [(C, C), (C, C)], True),
-        episode("AlwaysD", [(C, D), (D, D)], True), episode("AlwaysD", [(D, D), (D, D)], True),
-        episode("AlwaysC", [(D, C), (C, C)], True), episode("AlwaysC", [(C, C), (C, C)], True),
+        episode("TFT", [(C, C), (C, C)], True),
+        episode("TFT", [(D, C), (C, D)], True),
+        episode("Grim", [(C, C), (C, C)], True),
+        episode("Grim", [(C, C), (C, C)], True),
+        episode("AlwaysD", [(C, D), (D, D)], True),
+        episode("AlwaysD", [(D, D), (D, D)], True),
+        episode("AlwaysC", [(D, C), (C, C)], True),
+        episode("AlwaysC", [(C, C), (C, C)], True),
     ]
-    plan = BatchPlan(0, [], [GroupPlan("train", "TFT", [0, 1]), GroupPlan("train", "Grim", [2, 3]),
-                             GroupPlan("exploit", "AlwaysD", [4, 5]), GroupPlan("collusive", "AlwaysC", [6, 7])])
+    plan = BatchPlan(
+        0,
+        [],
+        [
+            GroupPlan("train", "TFT", [0, 1]),
+            GroupPlan("train", "Grim", [2, 3]),
+            GroupPlan("exploit", "AlwaysD", [4, 5]),
+            GroupPlan("collusive", "AlwaysC", [6, 7]),
+        ],
+    )
     state = EstimatorState(switch_episodes=32)
     batch = builder.assemble(IPD, plan, records, state)
     # TFT: f = u - 1.8 x: r0 [3, 3], r1 [5 - 0.3, 0 - 0.3]; returns-to-go r0 [6, 3], r1 [4.4, -0.3];
@@ -141,7 +176,9 @@ def test_a_hand_made_batch_gets_the_advantages_of_spec_4_2(builder):
     np.testing.assert_allclose(batch.unscaled["total"], expected, atol=1e-12)
     np.testing.assert_allclose(batch.unscaled["u"][:4], np.array([1, 3, -1, -3]) / 8, atol=1e-12)
     np.testing.assert_allclose(batch.unscaled["x"][:4], np.array([0.6, 0.3, -0.6, -0.3]) / 8, atol=1e-12)
-    np.testing.assert_allclose(sum(batch.unscaled[k] for k in ("u", "e", "c", "x")), batch.unscaled["total"], atol=1e-12)
+    np.testing.assert_allclose(
+        sum(batch.unscaled[k] for k in ("u", "e", "c", "x")), batch.unscaled["total"], atol=1e-12
+    )
     std = np.sqrt((2 * 1.6**2 + 2 * 3.3**2 + 2 * 144 + 2 * 1) / 16)  # of all 16 entries of A (mean 0)
     assert batch.scale == pytest.approx(std)  # the first batch uses its own std ...
     np.testing.assert_allclose(batch.advantages, expected / std, atol=1e-9)

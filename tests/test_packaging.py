@@ -49,11 +49,15 @@ def installed(tmp_path_factory) -> Path:
     made = run([sys.executable, "-m", "venv", "--without-pip", venv])
     assert made.returncode == 0, made.stderr
     bin_dir = venv / ("Scripts" if os.name == "nt" else "bin")
-    done = run([sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--no-deps", "--no-index", wheel])
+    done = run(
+        [sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--no-deps", "--no-index", wheel]
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     # the dependencies: this interpreter's site-packages, after the venv's own (a plain path entry, so
     # the checkout's editable-install hook there is not run)
-    site = Path(run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    site = Path(
+        run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    )
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return bin_dir
 
@@ -64,9 +68,21 @@ def test_the_installed_command_runs_a_scripted_evaluation_from_any_directory(ins
     assert where.returncode == 0, where.stderr
     assert Path(where.stdout.strip()).is_relative_to(installed.parent), where.stdout
 
-    done = run([installed / "sepo", "stage=eval", "model=scripted", "model.strategy=TFT", "game=ipd", "logger=none",
-                "eval.episodes_per_opponent=2", "eval.progress=false", f"paths.root_dir={tmp_path}"],
-               cwd=tmp_path, env=env)
+    done = run(
+        [
+            installed / "sepo",
+            "stage=eval",
+            "model=scripted",
+            "model.strategy=TFT",
+            "game=ipd",
+            "logger=none",
+            "eval.episodes_per_opponent=2",
+            "eval.progress=false",
+            f"paths.root_dir={tmp_path}",
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = list(tmp_path.glob("outputs/runs/*/seed_42/results.json"))
     assert len(results) == 1
@@ -78,11 +94,21 @@ def test_a_users_own_config_directory_is_added_on_the_command_line(installed, tm
     """`--config-dir DIR` adds a group option the package does not ship (here a lambdas preset)."""
     own = tmp_path / "my_conf"
     (own / "lambdas").mkdir(parents=True)
-    (own / "lambdas" / "harsh.yaml").write_text("# my own weights\ntrain: {e: 10.0, c: 5.0, x: 1.0}\n"
-                                                "eval: {e: 2.4, c: 1.0, x: 1.8}\n")
+    (own / "lambdas" / "harsh.yaml").write_text(
+        "# my own weights\ntrain: {e: 10.0, c: 5.0, x: 1.0}\neval: {e: 2.4, c: 1.0, x: 1.8}\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PROJECT_ROOT")} | {"WANDB_MODE": "offline"}
-    args = ["stage=eval", "model=scripted", "model.strategy=AlwaysD", "game=ipd", "logger=none", "lambdas=harsh",
-            "eval.episodes_per_opponent=1", "eval.progress=false", f"paths.root_dir={tmp_path}"]
+    args = [
+        "stage=eval",
+        "model=scripted",
+        "model.strategy=AlwaysD",
+        "game=ipd",
+        "logger=none",
+        "lambdas=harsh",
+        "eval.episodes_per_opponent=1",
+        "eval.progress=false",
+        f"paths.root_dir={tmp_path}",
+    ]
     refused = run([installed / "sepo", *args], cwd=tmp_path, env=env)
     assert refused.returncode == 2 and "lambdas=harsh" in refused.stderr
     done = run([installed / "sepo", "--config-dir", own, *args], cwd=tmp_path, env=env)

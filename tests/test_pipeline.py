@@ -6,10 +6,23 @@ import json
 
 from .conftest import run_dirs
 
-TINY_RUN = ["game.rounds=3", "game.pools.train=[TFT,Grim]", "game.pools.robust=[Random]",
-            "model.sft.max_examples=24", "model.sft.max_valid_examples=8", "model.sft.epochs=1", "sft.max_steps=3",
-            "sft.agreement_examples=6", "eval.episodes_per_opponent=2", "eval.max_new_tokens=6", "eval.progress=false",
-            "sepo.steps=2", "sepo.checkpoint_steps=[1]", "sepo.max_new_tokens=6", "datagen.episodes_per_opponent=4"]
+TINY_RUN = [
+    "game.rounds=3",
+    "game.pools.train=[TFT,Grim]",
+    "game.pools.robust=[Random]",
+    "model.sft.max_examples=24",
+    "model.sft.max_valid_examples=8",
+    "model.sft.epochs=1",
+    "sft.max_steps=3",
+    "sft.agreement_examples=6",
+    "eval.episodes_per_opponent=2",
+    "eval.max_new_tokens=6",
+    "eval.progress=false",
+    "sepo.steps=2",
+    "sepo.checkpoint_steps=[1]",
+    "sepo.max_new_tokens=6",
+    "datagen.episodes_per_opponent=4",
+]
 
 
 def test_pipeline_runs_every_phase_and_writes_the_tables(cli, tmp_path):
@@ -17,8 +30,12 @@ def test_pipeline_runs_every_phase_and_writes_the_tables(cli, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p for p in run_dirs(tmp_path, "DONE") if (p / "sepo").is_dir()]
     results = {p.relative_to(run).as_posix(): json.loads(p.read_text()) for p in run.rglob("results.json")}
-    assert set(results) == {"base/eval/base/results.json", "sft/eval/sft/results.json",
-                            "sepo/eval/step_1/results.json", "sepo/eval/step_2/results.json"}
+    assert set(results) == {
+        "base/eval/base/results.json",
+        "sft/eval/sft/results.json",
+        "sepo/eval/step_1/results.json",
+        "sepo/eval/step_2/results.json",
+    }
     assert [results[k]["stage"] for k in sorted(results)] == ["base", "sepo", "sepo", "sft"]
     for step in (1, 2):  # every SEPO checkpoint also played the validation episodes that choose the best one
         valid = json.loads((run / "sepo" / "eval" / f"step_{step}" / "validation.json").read_text())

@@ -19,8 +19,9 @@ from sepo.games.kuhn import ACTION_INDEX, infoset_requests, node_of
 from sepo.policies.lm import LMPolicy
 from sepo.strategies import get_strategy
 
-from .conftest import CONF
-from .test_lm_policy import one_thread, teach, tiny  # noqa: F401  (fixtures: one intra-op thread; the tiny model)
+from .conftest import CONF, teach
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 KUHN = make_game(OmegaConf.merge(OmegaConf.load(CONF / "game" / "kuhn.yaml"), {"rounds": 1}))  # one hand
 
@@ -80,8 +81,9 @@ def test_the_played_table_agrees_with_decisions_played_through_the_arena(reasone
     policy = agent(reasoner)
     played = KUHN.played_table(policy, seed=5)
     assert played.rao_blackwellised > 0.5  # most last lines scored exactly; the rest needed the fallback (counted)
-    records = play(KUHN, policy, {"AlwaysBet": get_strategy("kuhn", "AlwaysBet")}, episodes=episodes, seed=11,
-                   mirrored=True)
+    records = play(
+        KUHN, policy, {"AlwaysBet": get_strategy("kuhn", "AlwaysBet")}, episodes=episodes, seed=11, mirrored=True
+    )
     compared = 0
     for key, acts in hand_one_decisions(records).items():
         if len(acts) < decisions:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from sepo.games import make_game
-from sepo.training.objective import EstimatorState
 from sepo.policies import ScriptedPolicy
-from sepo.training.rollouts import BatchBuilder
-from sepo.training.objective import sepo_settings
 from sepo.strategies import make_strategy
+from sepo.training.objective import EstimatorState, sepo_settings
+from sepo.training.rollouts import BatchBuilder
 
 
 def build(compose_cfg, *overrides):
@@ -21,8 +20,14 @@ def test_pooled_batches_hold_a_group_per_opponent_of_each_trained_pool(compose_c
     cfg, builder, _ = build(compose_cfg, "game=ipd")
     plan = builder.plan(0)
     assert [(g.pool, g.opponent) for g in plan.groups] == [
-        ("train", "TFT"), ("train", "GenerousTFT"), ("train", "Mixed"), ("train", "Grim"),
-        ("exploit", "AlwaysD"), ("exploit", "AltD"), ("collusive", "AlwaysC")]
+        ("train", "TFT"),
+        ("train", "GenerousTFT"),
+        ("train", "Mixed"),
+        ("train", "Grim"),
+        ("exploit", "AlwaysD"),
+        ("exploit", "AltD"),
+        ("collusive", "AlwaysC"),
+    ]
     assert all(len(g.matches) == 4 for g in plan.groups)  # n = 4 by default
     assert len(plan.matches) == 7 * 4
     _, paper, _ = build(compose_cfg, "game=ipd", "sepo.penalty_mode=per_rollout")
@@ -31,10 +36,13 @@ def test_pooled_batches_hold_a_group_per_opponent_of_each_trained_pool(compose_c
     assert len(paper_plan.matches) == 4 * 4 + 4 * 4 * 3  # plus one auxiliary episode per rollout and aux opponent
 
 
-@pytest.mark.parametrize("game, agent, opponents", [
-    ("ipd", "TFT", ["game.pools.train=[Random,Mixed]", "game.pools.exploit=[Random]"]),
-    ("kuhn", "TightP", ["game.pools.train=[NashApx,RandomLegal]", "game.pools.exploit=[NashApx]"]),
-])
+@pytest.mark.parametrize(
+    "game, agent, opponents",
+    [
+        ("ipd", "TFT", ["game.pools.train=[Random,Mixed]", "game.pools.exploit=[Random]"]),
+        ("kuhn", "TightP", ["game.pools.train=[NashApx,RandomLegal]", "game.pools.exploit=[NashApx]"]),
+    ],
+)
 def test_a_group_shares_chance_events_seats_and_the_opponents_coin_flips(compose_cfg, game, agent, opponents):
     """A deterministic agent against random opponents: a group's n rollouts are identical episodes,
     because they share the deal, the seats and the opponent's random stream; groups and batches differ."""
@@ -68,13 +76,14 @@ def test_rollouts_of_a_group_differ_only_by_the_agents_sampling(compose_cfg):
 
 
 def test_rollouts_per_opponent_below_two_is_a_config_error(compose_cfg):
+    from sepo.config import validate
     from sepo.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="sepo.rollouts_per_opponent=1; allowed: an integer >= 2"):
-        sepo_settings(compose_cfg("sepo.rollouts_per_opponent=1"))
+    with pytest.raises(ConfigError, match=r"sepo.rollouts_per_opponent=1 is not allowed; allowed: an integer >= 2 \("):
+        validate(compose_cfg("stage=sepo", "sepo.rollouts_per_opponent=1"))
     for key, value in (("penalty_mode", "per_episode"), ("credit", "episode"), ("adv_norm", "group")):
-        with pytest.raises(ConfigError, match=f"sepo.{key}={value}; allowed: "):
-            sepo_settings(compose_cfg(f"sepo.{key}={value}"))
+        with pytest.raises(ConfigError, match=f"sepo.{key}={value} is not allowed; allowed: "):
+            validate(compose_cfg("stage=sepo", f"sepo.{key}={value}"))
 
 
 def test_the_best_responders_episodes_are_an_exploit_group_with_the_exploit_term_on(compose_cfg, tmp_path):
@@ -87,8 +96,13 @@ def test_the_best_responders_episodes_are_an_exploit_group_with_the_exploit_term
     from sepo.stages.sepo_loop import best_response_schedule
     from sepo.training.objective import advantage_per_round
 
-    cfg, builder, g = build(compose_cfg, "game=kuhn", "sepo.rollouts_per_opponent=2", "sepo.best_response_every=3",
-                            "sepo.best_response_samples=2")
+    cfg, builder, g = build(
+        compose_cfg,
+        "game=kuhn",
+        "sepo.rollouts_per_opponent=2",
+        "sepo.best_response_every=3",
+        "sepo.best_response_samples=2",
+    )
     agent = ScriptedPolicy(make_strategy(cfg.game, "LooseA"))
     schedule = best_response_schedule(builder, sepo_settings(cfg))
     assert [type(r).__name__ for r in schedule.responders] == ["BestResponse"]

@@ -8,22 +8,23 @@ import subprocess
 import pytest
 import torch
 from omegaconf import OmegaConf
-from safetensors.torch import load_file
 
 from sepo.games import make_game
 from sepo.models import load_model_and_tokenizer
 from sepo.policies.lm import LMPolicy
-from sepo.training.objective import EstimatorState
+from sepo.stages.sepo_loop import (
+    RecordingPolicy,
+    accumulate_gradients,
+    attach_lora,
+    optimisation_step,
+    reference_logprobs,
+)
+from sepo.training.objective import EstimatorState, sepo_settings
 from sepo.training.rollouts import BatchBuilder
-from sepo.stages.sepo_loop import RecordingPolicy, accumulate_gradients, attach_lora, optimisation_step, reference_logprobs
-from sepo.training.objective import sepo_settings
 
-from .conftest import run_dirs
+from .conftest import SMALL, final_adapter, run_dirs, wandb_cli
 
 #: a small but complete setting: short episodes keep the tiny model's prompts (and CPU time) short
-SMALL = ["stage=sepo", "model=tiny", "game=ipd", "game.rounds=3", "game.pools.train=[TFT,Mixed]",
-         "game.pools.exploit=[AlwaysD]", "game.pools.robust=[Random]", "sepo.max_new_tokens=4",
-         "sepo.rollouts_per_opponent=3", "eval.max_new_tokens=4", "eval.episodes_per_opponent=2", "eval.progress=false"]
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +44,11 @@ def setup(compose_cfg, tiny_cache):
             for name, p in model.named_parameters():
                 if "lora_B" in name:
                     p.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
-        policy = LMPolicy(model, tok, cfg.model, temperature=float(s.temperature), max_new_tokens=int(s.max_new_tokens),
-                          seed=0)
+        policy = LMPolicy(
+            model, tok, cfg.model, temperature=float(s.temperature), max_new_tokens=int(s.max_new_tokens), seed=0
+        )
         return cfg, s, make_game(cfg.game), model, policy
+
     return _setup
 
 
@@ -54,8 +57,12 @@ def collect(cfg, s, game, policy, batch_index=0):
 
 
 def train_trace(batch):
-    return [[(ep.rounds[t].actions, d.text, d.extras["gen_ids"].tolist()) for t, (_, _, d) in enumerate(ep.trace)]
-            for g in batch.groups if g.pool == "train" for ep in g.records]
+    return [
+        [(ep.rounds[t].actions, d.text, d.tokens.gen_ids.tolist()) for t, (_, _, d) in enumerate(ep.trace)]
+        for g in batch.groups
+        if g.pool == "train"
+        for ep in g.records
+    ]
 
 
 def test_pooled_trains_on_every_pool_and_the_paper_modes_on_the_train_pool_only(setup):
@@ -66,7 +73,9 @@ def test_pooled_trains_on_every_pool_and_the_paper_modes_on_the_train_pool_only(
     pools = {mode: sorted({g.pool for g in b.groups}) for mode, b in batches.items()}
     assert pools == {"pooled": ["collusive", "exploit", "train"], "per_rollout": ["train"], "shared": ["train"]}
     pooled = batches["pooled"]
-    assert len(pooled.decisions) == sum(len(ep.trace) for g in pooled.groups for ep in g.records) == len(pooled.advantages)
+    assert (
+        len(pooled.decisions) == sum(len(ep.trace) for g in pooled.groups for ep in g.records) == len(pooled.advantages)
+    )
     # the train groups are the same episodes in every mode (one seed, one stream family per group)
     assert train_trace(batches["pooled"]) == train_trace(batches["per_rollout"]) == train_trace(batches["shared"])
 
@@ -114,13 +123,16 @@ def test_ref_4bit_without_cuda_is_a_clear_error(cli):
     assert "sepo.ref_4bit=true needs a CUDA device" in proc.stderr
 
 
-def final_adapter(run):
-    return load_file(run / "adapter" / "adapter_model.safetensors")
-
-
 def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
-    args = [*SMALL, "sepo.steps=4", "sepo.checkpoint_steps=[2]", "sepo.refresh_steps=2", "logger=wandb",
-            "sepo.lr_schedule=cosine", "sepo.lr=1e-3"]  # the decayed rate must resume where it was
+    args = [
+        *SMALL,
+        "sepo.steps=4",
+        "sepo.checkpoint_steps=[2]",
+        "sepo.refresh_steps=2",
+        "logger=wandb",
+        "sepo.lr_schedule=cosine",
+        "sepo.lr=1e-3",
+    ]  # the decayed rate must resume where it was
     proc = cli(*args, "paths.root_dir=" + str(tmp_path / "a"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     (straight,) = run_dirs(tmp_path / "a", "DONE")
@@ -143,16 +155,27 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
 
     # per-step training metrics reached W&B (offline) and read back
     (wandb_dir,) = list((straight / "wandb").glob("offline-run-*"))
-    from .test_tracking import wandb_cli
-    out = subprocess.run([wandb_cli(), "leet", "inspect", "--json", str(wandb_dir)], capture_output=True, text=True,
-                         check=True).stdout
+
+    out = subprocess.run(
+        [wandb_cli(), "leet", "inspect", "--json", str(wandb_dir)], capture_output=True, text=True, check=True
+    ).stdout
     history = [json.loads(line)["history"]["item"] for line in out.splitlines() if '"type":"history"' in line]
     steps = [h for h in history if "sepo/objective" in h]
     assert [h["step"] for h in steps] == [1, 2, 3, 4]
     assert [h["sepo/lr"] for h in steps] == pytest.approx([1e-3, 0.75e-3, 0.25e-3, 0.0])  # cosine over 4 updates
-    for key in ("sepo/kl_ref", "sepo/clip_fraction", "sepo/parse_rate", "sepo/train/u", "sepo/exploit/e",
-                "sepo/collusive/c", "sepo/train/x", "sepo/tokens_generated", "sepo/seconds_per_step", "sepo/adv_scale",
-                "sepo/exploit_on/AlwaysD"):
+    for key in (
+        "sepo/kl_ref",
+        "sepo/clip_fraction",
+        "sepo/parse_rate",
+        "sepo/train/u",
+        "sepo/exploit/e",
+        "sepo/collusive/c",
+        "sepo/train/x",
+        "sepo/tokens_generated",
+        "sepo/seconds_per_step",
+        "sepo/adv_scale",
+        "sepo/exploit_on/AlwaysD",
+    ):
         assert key in steps[0], key
     assert any("eval/safety" in h for h in history)
 
@@ -191,7 +214,7 @@ def test_the_importance_ratio_is_one_on_a_fresh_batch(setup):
         with torch.no_grad():
             lp, mask = _policy_logprobs(model, policy, decisions, s)
         model.eval()
-        old = _pad([d.extras["logprobs"] for d in decisions], lp.shape[1])
+        old = _pad([d.tokens.logprobs for d in decisions], lp.shape[1])
         return torch.exp(lp - old)[mask.bool()]
 
     assert (ratios() - 1).abs().max() < 1e-4
@@ -201,13 +224,13 @@ def test_the_importance_ratio_is_one_on_a_fresh_batch(setup):
 def test_fallback_decisions_are_trained_on_the_tokens_the_policy_sampled(setup):
     cfg, s, game, model, policy = setup()
     batch = collect(cfg, s, game, policy)
-    fallbacks = [d for d in batch.decisions if d.extras["fallback"]]
+    fallbacks = [d for d in batch.decisions if d.tokens.fallback]
     assert fallbacks, "the untrained tiny model should need the fallback (4 new tokens)"
     requests = {id(d): req for g in batch.groups for ep in g.records for _, req, d in ep.trace}
     for d in fallbacks:
-        assert policy.tokenizer.decode(d.extras["gen_ids"].tolist(), skip_special_tokens=True) == d.text
-        assert d.extras["prompt_ids"].tolist() == policy.render(requests[id(d)].messages)  # not the re-ask prompt
-        assert len(d.extras["logprobs"]) == len(d.extras["gen_ids"]) and not d.parsed
+        assert policy.tokenizer.decode(d.tokens.gen_ids.tolist(), skip_special_tokens=True) == d.text
+        assert d.tokens.prompt_ids.tolist() == policy.render(requests[id(d)].messages)  # not the re-ask prompt
+        assert len(d.tokens.logprobs) == len(d.tokens.gen_ids) and not d.parsed
 
 
 def test_beta_zero_skips_the_reference_pass_and_changes_nothing_else(setup, monkeypatch):
@@ -241,14 +264,21 @@ class LogTracker:
 
 @pytest.mark.parametrize("refresh_kl, batches", [(1e9, 1), (0.0, 2)])
 def test_refresh_is_decided_on_the_kl_after_the_update(compose_cfg, tiny_cache, monkeypatch, refresh_kl, batches):
-    from sepo.training.rollouts import BatchBuilder
     from sepo.stages.sepo_loop import run_sepo
+    from sepo.training.rollouts import BatchBuilder
 
     calls = []
     collect_batch = BatchBuilder.collect
     monkeypatch.setattr(BatchBuilder, "collect", lambda self, *a: calls.append(a[2]) or collect_batch(self, *a))
-    cfg = compose_cfg(*SMALL, f"paths.cache_dir={tiny_cache}", "sepo.steps=2", "sepo.checkpoint_steps=[]",
-                      "sepo.refresh_steps=5", f"sepo.refresh_kl={refresh_kl}", "sepo.lr=1e-2")
+    cfg = compose_cfg(
+        *SMALL,
+        f"paths.cache_dir={tiny_cache}",
+        "sepo.steps=2",
+        "sepo.checkpoint_steps=[]",
+        "sepo.refresh_steps=5",
+        f"sepo.refresh_kl={refresh_kl}",
+        "sepo.lr=1e-2",
+    )
     tracker = LogTracker()
     run_sepo(cfg, tracker)
     assert calls == list(range(batches))  # 2 steps on one batch, or a fresh batch after the first step
@@ -266,10 +296,30 @@ def test_step_benchmark_reports_a_breakdown_that_adds_up(tmp_path):
     from .conftest import ROOT
 
     env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "sepo.bench", "step", "--steps", "1", "--threads", "1",
-                          "game.rounds=2", "game.pools.train=[TFT]", "game.pools.exploit=[AlwaysD]",
-                          "game.pools.collusive=[AlwaysC]", "sepo.max_new_tokens=4", "sepo.rollouts_per_opponent=2",
-                          "sepo.refresh_steps=1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sepo.bench",
+            "step",
+            "--steps",
+            "1",
+            "--threads",
+            "1",
+            "game.rounds=2",
+            "game.pools.train=[TFT]",
+            "game.pools.exploit=[AlwaysD]",
+            "game.pools.collusive=[AlwaysC]",
+            "sepo.max_new_tokens=4",
+            "sepo.rollouts_per_opponent=2",
+            "sepo.refresh_steps=1",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["decisions"] == 3 * 2 * 2  # three pools of one opponent, n = 2, two rounds: all trained

@@ -14,27 +14,51 @@ import sys
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from safetensors import safe_open
 
+from sepo.config import validate
 from sepo.errors import ConfigError
 from sepo.models import load_model_and_tokenizer
-from sepo.stages.sft import (ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_jsonl, run_sft, sft_settings,
-                      training_curve)
-from sepo.training.sft_batching import (SFTBatchCollator, check_prefix_sharing, encode_examples, first_predicted,
-                               prefix_groups, sft_logits, token_cross_entropy)
+from sepo.stages.sft import (
+    ChatSFTCollator,
+    end_of_turn_ids,
+    ensure_dataset,
+    read_jsonl,
+    run_sft,
+    sft_settings,
+    training_curve,
+)
 from sepo.task import run_task
+from sepo.training.sft_batching import (
+    SFTBatchCollator,
+    check_prefix_sharing,
+    encode_examples,
+    first_predicted,
+    prefix_groups,
+    sft_logits,
+    token_cross_entropy,
+)
 
-from .conftest import ROOT
-from .test_models import gemma4_dir, model_cfg, offline, qwen_dir, tiny_dir  # noqa: F401  (fixtures)
+from .conftest import ROOT, model_cfg
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
+    pytest.mark.usefixtures("offline"),
+]
 
 #: end-of-turn token text written after the answer by each chat template
 END_OF_TURN = {"tiny": "<|im_end|>", "gemma4": "<turn|>", "qwen": "<|im_end|>"}
 #: small data and short runs: few demonstrator episodes, few examples, no evaluation unless asked
-QUICK = ["datagen.episodes_per_opponent=3", "sft.max_steps=2", "sft.max_examples=8", "sft.max_valid_examples=4",
-         "sft.agreement_examples=4", "sft.agreement_max_new_tokens=8", "sft.evaluate=false", "eval.progress=false"]
+QUICK = [
+    "datagen.episodes_per_opponent=3",
+    "sft.max_steps=2",
+    "sft.max_examples=8",
+    "sft.max_valid_examples=4",
+    "sft.agreement_examples=4",
+    "sft.agreement_max_new_tokens=8",
+    "sft.evaluate=false",
+    "eval.progress=false",
+]
 #: the tiny model's own `model.sft` defaults are larger; `sft.<key>=` overrides win over them
 TINY_QUICK = ["sft.per_device_batch_size=2", "sft.agreement_examples=4"]
 
@@ -60,17 +84,18 @@ def shared_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def arch_dirs(tiny_dir, gemma4_dir, qwen_dir):  # noqa: F811
-    return {"tiny": tiny_dir, "gemma4": gemma4_dir, "qwen": qwen_dir}
-
-
-@pytest.fixture(scope="module")
 def example(shared_cache):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["paths.output_dir=/unused", f"paths.cache_dir={shared_cache}",
-                                            "datagen.episodes_per_opponent=3"])
+        cfg = compose(
+            "config",
+            overrides=[
+                "paths.output_dir=/unused",
+                f"paths.cache_dir={shared_cache}",
+                "datagen.episodes_per_opponent=3",
+            ],
+        )
     ds = ensure_dataset(cfg, "multi", shared_cache / "data" / "seed_42")
     examples = read_jsonl(ds / "valid.jsonl")
     return next(ex for ex in examples if ex["game"] == "ipd" and ex["round"] >= 3)
@@ -85,7 +110,14 @@ def test_model_sft_block_is_merged_over_the_sft_node(compose_cfg):
     assert s.lr == pytest.approx(1e-4) and s.max_examples == 32  # a command-line override wins over model.sft
     s = sft_settings(compose_cfg("stage=sft", "model=qwen", "game=kuhn"))
     assert (s.lora.r, s.lora.alpha, s.lora.dropout, s.lr, s.per_device_batch_size, s.grad_accum, s.epochs) == (
-        32, 64, 0.05, 2e-5, 2, 4, 3)
+        32,
+        64,
+        0.05,
+        2e-5,
+        2,
+        4,
+        3,
+    )
     assert s.lora.target_modules == model_cfg("qwen").lora.target_modules and s.dataset == "kuhn"
     assert sft_settings(compose_cfg("stage=sft", "model=qwen", "game=neg_v2")).dataset == "neg_gt"
     with pytest.raises(ConfigError, match=r"model\.sft\.learning_rate is not an SFT setting"):
@@ -112,8 +144,9 @@ def test_missing_dataset_is_generated_once_and_atomically(compose_cfg, tmp_path)
 def test_loss_mask_covers_only_the_answer_and_end_of_turn(name, arch_dirs, example):
     model, tok = load_model_and_tokenizer(model_cfg(name, path=str(arch_dirs[name])), arch_dirs[name], device="cpu")
     cfg = model_cfg(name)
-    collator = ChatSFTCollator(tok, cfg, 512, end_of_turn_ids(model, tok),
-                               "mm_token_type_ids" if name == "gemma4" else None)
+    collator = ChatSFTCollator(
+        tok, cfg, 512, end_of_turn_ids(model, tok), "mm_token_type_ids" if name == "gemma4" else None
+    )
     answer = example["messages"][-1]["content"]
     ids, labels = collator.encode(example["messages"])
     trained = [t for t, lab in zip(ids, labels) if lab != -100]
@@ -128,7 +161,9 @@ def test_loss_mask_covers_only_the_answer_and_end_of_turn(name, arch_dirs, examp
     # too long: the prompt loses its start, the answer stays whole
     short = ChatSFTCollator(tok, cfg, len(trained) + 5, end_of_turn_ids(model, tok))
     ids2, labels2 = short.encode(example["messages"])
-    assert len(ids2) == len(trained) + 5 and ids2[-len(trained):] == trained and ids2[:5] == ids[n_prompt - 5:n_prompt]
+    assert (
+        len(ids2) == len(trained) + 5 and ids2[-len(trained) :] == trained and ids2[:5] == ids[n_prompt - 5 : n_prompt]
+    )
     assert labels2 == [-100] * 5 + trained
 
     batch = collator([example, {"messages": example["messages"][:1] + [example["messages"][-1]]}])
@@ -142,9 +177,12 @@ def test_loss_mask_covers_only_the_answer_and_end_of_turn(name, arch_dirs, examp
 
 
 def test_training_curve_rows_merge_train_and_valid_losses():
-    history = [{"loss": 2.0, "learning_rate": 0.1, "epoch": 0.5, "step": 1},
-               {"eval_loss": 1.5, "epoch": 0.5, "step": 1},
-               {"loss": 1.0, "learning_rate": 0.05, "epoch": 1.0, "step": 2}, {"train_runtime": 3.0, "step": 2}]
+    history = [
+        {"loss": 2.0, "learning_rate": 0.1, "epoch": 0.5, "step": 1},
+        {"eval_loss": 1.5, "epoch": 0.5, "step": 1},
+        {"loss": 1.0, "learning_rate": 0.05, "epoch": 1.0, "step": 2},
+        {"train_runtime": 3.0, "step": 2},
+    ]
     rows = training_curve(history)
     assert [(r["step"], r["train_loss"], r["valid_loss"]) for r in rows] == [(1, 2.0, 1.5), (2, 1.0, None)]
 
@@ -156,8 +194,14 @@ def mixed_examples(shared_cache):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["paths.output_dir=/unused", f"paths.cache_dir={shared_cache}",
-                                            "datagen.episodes_per_opponent=3"])
+        cfg = compose(
+            "config",
+            overrides=[
+                "paths.output_dir=/unused",
+                f"paths.cache_dir={shared_cache}",
+                "datagen.episodes_per_opponent=3",
+            ],
+        )
     examples = read_jsonl(ensure_dataset(cfg, "multi", shared_cache / "data" / "seed_42") / "valid.jsonl")
     by_game = {}
     for ex in examples:
@@ -175,15 +219,18 @@ def _loss_and_grads(model, fn):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("name,share,min_shared", [("tiny", False, 16), ("tiny", True, 16), ("tiny", True, 150),
-                                                   ("gemma4", False, 16), ("qwen", False, 16)])
+@pytest.mark.parametrize(
+    "name,share,min_shared",
+    [("tiny", False, 16), ("tiny", True, 16), ("tiny", True, 150), ("gemma4", False, 16), ("qwen", False, 16)],
+)
 def test_fast_batches_give_the_plain_loss_and_gradients(name, share, min_shared, arch_dirs, mixed_examples):
     """Left padding, logits on the answer positions only and (tiny) shared prefixes change the work,
     not the function: the loss and every gradient equal transformers' plain ones within float rounding,
     normalised by a whole accumulated batch's token count (num_items_in_batch) as well as by the mean."""
     # float32 (Gemma 4 and Qwen 3.5 load as bf16): bf16 rounds a sum differently in another order
-    model, tok = load_model_and_tokenizer(model_cfg(name, path=str(arch_dirs[name]), dtype="float32"), arch_dirs[name],
-                                          device="cpu")
+    model, tok = load_model_and_tokenizer(
+        model_cfg(name, path=str(arch_dirs[name]), dtype="float32"), arch_dirs[name], device="cpu"
+    )
     model.train()
     for p in model.parameters():
         p.requires_grad_(True)
@@ -202,14 +249,18 @@ def test_fast_batches_give_the_plain_loss_and_gradients(name, share, min_shared,
     assert sorted(torch.cat([g["rows"] for g in fast["groups"]]).tolist()) == list(range(len(mixed_examples)))
     for count in (None, 2 * trained):  # mean; or a sum over a larger accumulated batch
         extra = {} if count is None else {"num_items_in_batch": torch.tensor(count)}
-        loss0, grads0 = _loss_and_grads(model, lambda: model(**plain, **extra).loss)
+        loss0, grads0 = _loss_and_grads(model, lambda extra=extra: model(**plain, **extra).loss)
         loss1, grads1 = _loss_and_grads(
-            model, lambda: token_cross_entropy(sft_logits(model, fast, key), fast["labels"], extra.get("num_items_in_batch")))
+            model,
+            lambda extra=extra: token_cross_entropy(
+                sft_logits(model, fast, key), fast["labels"], extra.get("num_items_in_batch")
+            ),
+        )
         assert loss1.item() == pytest.approx(loss0.item(), abs=1e-5, rel=1e-5)
         assert grads1.keys() == grads0.keys()
         for n, g in grads0.items():
             assert torch.isfinite(grads1[n]).all(), n
-            torch.testing.assert_close(grads1[n], g, atol=1e-5, rtol=1e-4, msg=lambda m: f"{n}: {m}")
+            torch.testing.assert_close(grads1[n], g, atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
 
 
 def test_prefix_groups_cover_every_row_once_and_keep_its_answer_positions():
@@ -223,10 +274,16 @@ def test_prefix_groups_cover_every_row_once_and_keep_its_answer_positions():
     assert prefix_groups(rows, limits, 4) == [([0, 3], 2), ([1], 2), ([2], 3), ([4], 2)]
     assert first_predicted([-100, -100, 5, 6]) == 1 and first_predicted([-100, -100]) == 1
     # the batch: targets of the kept logits are the labels shifted by one, rows aligned on the right
-    batch = SFTBatchCollator(0, True, 3)([{"ids": r, "labels": [-100] * (lim + 1) + r[lim + 1:]}
-                                         for r, lim in zip(rows, limits)])
-    assert batch["labels"].tolist() == [[-100, -100, 6, -100], [-100] * 4, [-100, -100, 8, -100], [4, 5, 9, -100],
-                                        [-100] * 4]
+    batch = SFTBatchCollator(0, True, 3)(
+        [{"ids": r, "labels": [-100] * (lim + 1) + r[lim + 1 :]} for r, lim in zip(rows, limits)]
+    )
+    assert batch["labels"].tolist() == [
+        [-100, -100, 6, -100],
+        [-100] * 4,
+        [-100, -100, 8, -100],
+        [4, 5, 9, -100],
+        [-100] * 4,
+    ]
     assert [g["rows"].tolist() for g in batch["groups"]] == [[0, 2, 3], [1, 4]]
 
 
@@ -241,11 +298,17 @@ def test_prefix_sharing_is_refused_where_it_would_not_be_exact(arch_dirs, compos
         model, _ = load_model_and_tokenizer(model_cfg(name, path=str(arch_dirs[name])), arch_dirs[name], device="cpu")
         assert check_prefix_sharing(model) is not None, name
     with pytest.raises(ConfigError, match="sft.gradient_checkpointing=false"):
-        sft_settings(compose_cfg("stage=sft", "model=tiny", "sft.gradient_checkpointing=true"))
+        validate(compose_cfg("stage=sft", "model=tiny", "sft.gradient_checkpointing=true"))
     with pytest.raises(ConfigError, match="sft.answer_logits_only=true"):
-        sft_settings(compose_cfg("stage=sft", "model=tiny", "sft.answer_logits_only=false"))
-    cfg = compose_cfg("stage=sft", "model=qwen", f"model.path={arch_dirs['qwen']}", f"paths.cache_dir={shared_cache}",
-                      *QUICK, "sft.prefix_sharing=true")
+        validate(compose_cfg("stage=sft", "model=tiny", "sft.answer_logits_only=false"))
+    cfg = compose_cfg(
+        "stage=sft",
+        "model=qwen",
+        f"model.path={arch_dirs['qwen']}",
+        f"paths.cache_dir={shared_cache}",
+        *QUICK,
+        "sft.prefix_sharing=true",
+    )
     with pytest.raises(ConfigError, match="sft.prefix_sharing=true is not exact for model=qwen"):
         run_sft(cfg)
 
@@ -253,13 +316,26 @@ def test_prefix_sharing_is_refused_where_it_would_not_be_exact(arch_dirs, compos
 def test_fast_and_plain_training_follow_the_same_curve(compose_cfg, tmp_path, shared_cache):
     """The Trainer end to end: the same batches, steps, losses (gradient accumulation included) and
     validation loss with the fast batches as with transformers' plain path."""
-    common = ["stage=sft", "model=tiny", f"paths.cache_dir={shared_cache}", *QUICK, "sft.max_steps=3",
-              "sft.max_examples=24", "sft.max_valid_examples=12", "sft.per_device_batch_size=4", "sft.grad_accum=2",
-              "sft.logging_steps=1", "sft.eval_batch_size=8"]
+    common = [
+        "stage=sft",
+        "model=tiny",
+        f"paths.cache_dir={shared_cache}",
+        *QUICK,
+        "sft.max_steps=3",
+        "sft.max_examples=24",
+        "sft.max_valid_examples=12",
+        "sft.per_device_batch_size=4",
+        "sft.grad_accum=2",
+        "sft.logging_steps=1",
+        "sft.eval_batch_size=8",
+    ]
     curves = {}
     for mode in ("plain", "fast"):
-        flags = (["sft.answer_logits_only=false", "sft.prefix_sharing=false"] if mode == "plain" else
-                 ["sft.answer_logits_only=true", "sft.prefix_sharing=true"])
+        flags = (
+            ["sft.answer_logits_only=false", "sft.prefix_sharing=false"]
+            if mode == "plain"
+            else ["sft.answer_logits_only=true", "sft.prefix_sharing=true"]
+        )
         out = tmp_path / mode
         run_sft(compose_cfg(*common, *flags, f"paths.output_dir={out}"))
         metrics = json.loads((out / "sft_metrics.json").read_text())
@@ -273,9 +349,17 @@ def test_fast_and_plain_training_follow_the_same_curve(compose_cfg, tmp_path, sh
 # --------------------------------------------------------------------------- LoRA on the real architectures
 @pytest.mark.parametrize("name", ["gemma4", "qwen"])
 def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_model(
-        name, arch_dirs, compose_cfg, tmp_path, shared_cache):
-    cfg = compose_cfg("stage=sft", f"model={name}", f"model.path={arch_dirs[name]}", f"paths.cache_dir={shared_cache}",
-                      *QUICK, "sft.lr=1e-2", "sft.logging_steps=1")
+    name, arch_dirs, compose_cfg, tmp_path, shared_cache
+):
+    cfg = compose_cfg(
+        "stage=sft",
+        f"model={name}",
+        f"model.path={arch_dirs[name]}",
+        f"paths.cache_dir={shared_cache}",
+        *QUICK,
+        "sft.lr=1e-2",
+        "sft.logging_steps=1",
+    )
     tracker = RecordingTracker()
     run_sft(cfg, tracker)
     metrics = json.loads((tmp_path / "sft_metrics.json").read_text())
@@ -315,11 +399,24 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
 # --------------------------------------------------------------------------- the CLI and resume
 def test_tiny_sft_through_the_cli_writes_every_output(cli, tmp_path, shared_cache):
     # hydra.run.dir: the overrides would name a run dir longer than a file name may be
-    proc = cli("stage=sft", "game=ipd", "model=tiny", "logger=none", f"paths.cache_dir={shared_cache}",
-               f"hydra.run.dir={tmp_path}/outputs/runs/sft", "datagen.episodes_per_opponent=3",
-               "sft.max_examples=32", "sft.max_valid_examples=16", "sft.per_device_batch_size=2", "sft.max_steps=4",
-               "sft.agreement_examples=8", "sft.agreement_max_new_tokens=16", "eval.episodes_per_opponent=2",
-               "eval.max_new_tokens=16", "eval.progress=false")
+    proc = cli(
+        "stage=sft",
+        "game=ipd",
+        "model=tiny",
+        "logger=none",
+        f"paths.cache_dir={shared_cache}",
+        f"hydra.run.dir={tmp_path}/outputs/runs/sft",
+        "datagen.episodes_per_opponent=3",
+        "sft.max_examples=32",
+        "sft.max_valid_examples=16",
+        "sft.per_device_batch_size=2",
+        "sft.max_steps=4",
+        "sft.agreement_examples=8",
+        "sft.agreement_max_new_tokens=16",
+        "eval.episodes_per_opponent=2",
+        "eval.max_new_tokens=16",
+        "eval.progress=false",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p.parent for p in (tmp_path / "outputs").rglob("DONE")]
     assert (run / "merged" / "model.safetensors").exists() and (run / "merged" / "tokenizer.json").exists()
@@ -337,8 +434,16 @@ def test_tiny_sft_through_the_cli_writes_every_output(cli, tmp_path, shared_cach
 
 
 def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path, shared_cache):
-    common = ["stage=sft", "model=tiny", f"paths.cache_dir={shared_cache}", *QUICK, *TINY_QUICK,
-              "sft.save_steps=1", "sft.eval_steps=1", "sft.logging_steps=1"]
+    common = [
+        "stage=sft",
+        "model=tiny",
+        f"paths.cache_dir={shared_cache}",
+        *QUICK,
+        *TINY_QUICK,
+        "sft.save_steps=1",
+        "sft.eval_steps=1",
+        "sft.logging_steps=1",
+    ]
     run_task(compose_cfg(*common, "sft.max_steps=2"))
     first = json.loads((tmp_path / "sft_metrics.json").read_text())
     assert first["global_step"] == 2 and first["resumed_from_step"] is None
@@ -368,8 +473,18 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path,
 def test_a_share_of_the_run_as_save_steps_checkpoints_every_fifth(compose_cfg, tmp_path, shared_cache):
     """Tiny's default save_steps 0.2: a checkpoint every fifth of the run, whatever its length, so a kill
     loses at most a fifth of it."""
-    run_task(compose_cfg("stage=sft", "model=tiny", f"paths.cache_dir={shared_cache}", *QUICK, *TINY_QUICK,
-                         "sft.max_steps=10", "sft.eval_steps=5", "sft.save_total_limit=null"))
+    run_task(
+        compose_cfg(
+            "stage=sft",
+            "model=tiny",
+            f"paths.cache_dir={shared_cache}",
+            *QUICK,
+            *TINY_QUICK,
+            "sft.max_steps=10",
+            "sft.eval_steps=5",
+            "sft.save_total_limit=null",
+        )
+    )
     assert compose_cfg("model=tiny").sft.save_steps == 0.2
     assert sorted(int(p.name.split("-")[1]) for p in (tmp_path / "checkpoints").iterdir()) == [2, 4, 6, 8, 10]
 

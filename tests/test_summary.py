@@ -13,11 +13,28 @@ LAMBDAS_TRAIN = {"e": 1.0, "c": 2.0, "x": 0.5}
 S = 3.0 / 5.0  # reward_scale / max_payoff
 
 
-def write(path, stage, metrics, checkpoint="final", step=None, train_seed=None, lambdas_train=LAMBDAS_TRAIN, split="test"):
+def write(
+    path, stage, metrics, checkpoint="final", step=None, train_seed=None, lambdas_train=LAMBDAS_TRAIN, split="test"
+):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"game": "ipd", "model": "tiny", "stage": stage, "checkpoint": checkpoint, "step": step,
-                                "split": split, "seed": 42, "train_seed": train_seed, "lambdas": {"e": 1, "c": 1, "x": 1},
-                                "lambdas_train": lambdas_train, "metrics": metrics, "se": {}}))
+    path.write_text(
+        json.dumps(
+            {
+                "game": "ipd",
+                "model": "tiny",
+                "stage": stage,
+                "checkpoint": checkpoint,
+                "step": step,
+                "split": split,
+                "seed": 42,
+                "train_seed": train_seed,
+                "lambdas": {"e": 1, "c": 1, "x": 1},
+                "lambdas_train": lambdas_train,
+                "metrics": metrics,
+                "se": {},
+            }
+        )
+    )
 
 
 def metrics(pay, exploit, collusion, ext, safety):
@@ -28,13 +45,22 @@ def sepo_run(root, name, seed, lambdas, checkpoints):
     """checkpoints: (step, test metrics, validation safety); the last is final."""
     run = root / name
     (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"sepo": {"reward_scale": 3.0}, "game": {"max_payoff": 5.0},
-                                                                "lambdas": {"train": lambdas}}))
+    (run / ".hydra" / "config.yaml").write_text(
+        yaml.safe_dump({"sepo": {"reward_scale": 3.0}, "game": {"max_payoff": 5.0}, "lambdas": {"train": lambdas}})
+    )
     for i, (step, test, valid_safety) in enumerate(checkpoints):
         ckpt = "final" if i == len(checkpoints) - 1 else f"step_{step}"
         write(run / "eval" / f"step_{step}" / "results.json", "sepo", test, ckpt, step, seed, lambdas)
-        write(run / "eval" / f"step_{step}" / "validation.json", "sepo", {**test, "safety": valid_safety}, ckpt, step,
-              seed, lambdas, "validation")
+        write(
+            run / "eval" / f"step_{step}" / "validation.json",
+            "sepo",
+            {**test, "safety": valid_safety},
+            ckpt,
+            step,
+            seed,
+            lambdas,
+            "validation",
+        )
     (run / "DONE").write_text("{}\n")
 
 
@@ -43,10 +69,20 @@ def test_deltas_are_paired_by_seed_at_each_runs_validation_chosen_checkpoint(tmp
     (tmp_path / "sft" / "DONE").write_text("{}\n")
     zero = {"e": 0.0, "c": 0.0, "x": 0.0}
     # seed 0 validates step 10 (its test safety 1.5), seed 1 validates final (test safety 2.5)
-    sepo_run(tmp_path, "sepo0", 0, LAMBDAS_TRAIN, [(10, metrics(2.5, 0.25, 0.0, 0.1, 1.5), 9.0),
-                                                    (20, metrics(3.0, 1.0, 0.0, 0.0, 9.9), 0.0)])
-    sepo_run(tmp_path, "sepo1", 1, LAMBDAS_TRAIN, [(10, metrics(2.0, 0.5, 0.5, 0.2, 0.0), 0.0),
-                                                    (20, metrics(2.2, 0.3, 0.1, 0.1, 2.5), 1.0)])
+    sepo_run(
+        tmp_path,
+        "sepo0",
+        0,
+        LAMBDAS_TRAIN,
+        [(10, metrics(2.5, 0.25, 0.0, 0.1, 1.5), 9.0), (20, metrics(3.0, 1.0, 0.0, 0.0, 9.9), 0.0)],
+    )
+    sepo_run(
+        tmp_path,
+        "sepo1",
+        1,
+        LAMBDAS_TRAIN,
+        [(10, metrics(2.0, 0.5, 0.5, 0.2, 0.0), 0.0), (20, metrics(2.2, 0.3, 0.1, 0.1, 2.5), 1.0)],
+    )
     sepo_run(tmp_path, "po0", 0, zero, [(20, metrics(3.0, 3.0, 0.0, 0.0, -2.0), -2.0)])
     sepo_run(tmp_path, "po1", 1, zero, [(20, metrics(3.0, 3.0, 0.0, 0.0, -1.0), -1.0)])
 

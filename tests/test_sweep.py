@@ -20,7 +20,10 @@ def test_two_cheap_jobs_through_each_launcher(cli, tmp_path, launcher):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "2 done, 0 failed, 0 skipped" in proc.stdout
     dirs = sorted(p.parent.parent.name for p in (tmp_path / "outputs" / "sweeps").rglob("DONE"))
-    expected = sorted(",".join(sorted([*(a for a in CHEAP if not a.startswith("logger")), f"game={g}"])).replace("=false", "=False") for g in ("ipd", "kuhn"))
+    expected = sorted(
+        ",".join(sorted([*(a for a in CHEAP if not a.startswith("logger")), f"game={g}"])).replace("=false", "=False")
+        for g in ("ipd", "kuhn")
+    )
     assert dirs == expected  # named by the overrides (logger excluded), so a re-launch finds them
     games = sorted(json.loads(p.read_text())["game"] for p in (tmp_path / "outputs").rglob("results.json"))
     assert games == ["ipd", "kuhn"]

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from .conftest import run_dirs
-
-
-def wandb_cli() -> str:
-    exe = Path(sys.executable).with_name("wandb")
-    return str(exe) if exe.exists() else (shutil.which("wandb") or pytest.skip("wandb CLI not installed"))
+from .conftest import run_dirs, wandb_cli
 
 
 def test_offline_run_records_metrics_config_and_tags(cli, tmp_path):
@@ -23,8 +15,12 @@ def test_offline_run_records_metrics_config_and_tags(cli, tmp_path):
     assert proc.returncode == 0, proc.stderr
     (run,) = run_dirs(tmp_path)
     (wandb_dir,) = list((run / "wandb").glob("offline-run-*"))
-    out = subprocess.run([wandb_cli(), "leet", "inspect", "--summary", "--json", str(wandb_dir)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [wandb_cli(), "leet", "inspect", "--summary", "--json", str(wandb_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     record = json.loads(out)
     results = json.loads((run / "results.json").read_text())
     assert record["state"] == "finished" and record["name"] == "eval-ipd-scripted-s42"

@@ -60,12 +60,15 @@ class Auction(Game):
         for r in state.rounds:
             own, opp = r.actions[player], r.actions[other]
             a, b = self.bid_amounts[own], self.bid_amounts[opp]
-            history.append({
-                "own": own, "opp": opp,
-                "own_value": r.info["values"][player],
-                "own_payoff": r.payoffs[player],
-                "winner": OWN if a > b else OPP if b > a else TIE,
-            })
+            history.append(
+                {
+                    "own": own,
+                    "opp": opp,
+                    "own_value": r.info["values"][player],
+                    "own_payoff": r.payoffs[player],
+                    "winner": OWN if a > b else OPP if b > a else TIE,
+                }
+            )
         return {
             "round": state.round_index,
             "rounds": self.num_rounds,
@@ -107,11 +110,16 @@ class Auction(Game):
     def user_prompt(self, state: AuctionState, player: int) -> str:
         obs = self.observation(state, player)
         outcome = {OWN: "you won", OPP: "opponent won", TIE: "tie"}
-        history = history_block(obs["history"], lambda h: (
-            f"your value {h['own_value']:g}; you bid {h['own']}, opponent bid "
-            f"{h['opp']}; {outcome[h['winner']]}, your payoff {h['own_payoff']:g}"))
-        return history + (f"Round {obs['round'] + 1} of {self.num_rounds}. "
-                          f"Your value this round: {obs['value']:g}. Your bid?")
+        history = history_block(
+            obs["history"],
+            lambda h: (
+                f"your value {h['own_value']:g}; you bid {h['own']}, opponent bid "
+                f"{h['opp']}; {outcome[h['winner']]}, your payoff {h['own_payoff']:g}"
+            ),
+        )
+        return history + (
+            f"Round {obs['round'] + 1} of {self.num_rounds}. Your value this round: {obs['value']:g}. Your bid?"
+        )
 
     # ------------------------------------------------------------------ metrics
     def collusive(self, rnd: Round) -> bool:

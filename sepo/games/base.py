@@ -131,7 +131,7 @@ def think_open(text: str) -> bool:
     return text.rfind("<think>") > text.rfind("</think>")
 
 
-def holds_action(text: str, game: "Game", legal: list[str]) -> bool:
+def holds_action(text: str, game: Game, legal: list[str]) -> bool:
     """The stopping rule of docs/spec.md §5: a legal action on the last non-empty line, think closed."""
     return not think_open(text) and game.parse_action(text, legal) is not None
 

@@ -42,8 +42,12 @@ class IPD(Game):
             "round": state.round_index,
             "rounds": self.num_rounds,
             "history": [
-                {"own": r.actions[player], "opp": r.actions[other],
-                 "own_payoff": r.payoffs[player], "opp_payoff": r.payoffs[other]}
+                {
+                    "own": r.actions[player],
+                    "opp": r.actions[other],
+                    "own_payoff": r.payoffs[player],
+                    "opp_payoff": r.payoffs[other],
+                }
                 for r in state.rounds
             ],
         }
@@ -70,8 +74,10 @@ class IPD(Game):
 
     def user_prompt(self, state: GameState, player: int) -> str:
         obs = self.observation(state, player)
-        history = history_block(obs["history"], lambda h: f"you {h['own']}, opponent {h['opp']} "
-                                                           f"(you {h['own_payoff']:g}, opponent {h['opp_payoff']:g})")
+        history = history_block(
+            obs["history"],
+            lambda h: f"you {h['own']}, opponent {h['opp']} (you {h['own_payoff']:g}, opponent {h['opp_payoff']:g})",
+        )
         return history + f"Round {obs['round'] + 1} of {self.num_rounds}. Your action?"
 
     # ------------------------------------------------------------------ metrics

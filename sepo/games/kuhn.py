@@ -25,8 +25,15 @@ from typing import Any
 import numpy as np
 
 from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round
-from sepo.games.kuhn_exact import (INFOSETS, Table, check_table, exploitability, exploitability_se, first_seat_payoff,
-                                   seat_to_move)
+from sepo.games.kuhn_exact import (
+    INFOSETS,
+    Table,
+    check_table,
+    exploitability,
+    exploitability_se,
+    first_seat_payoff,
+    seat_to_move,
+)
 
 PASS, BET, CALL, FOLD = "PASS", "BET", "CALL", "FOLD"
 CARDS = ("J", "Q", "K")  # index = rank, as OpenSpiel's card numbers 0, 1, 2
@@ -90,8 +97,7 @@ class KuhnPoker(Game):
     # ------------------------------------------------------------------ episode dynamics
     def reset(self, seed: int, mirror: bool = False) -> KuhnState:
         rng = np.random.default_rng(seed)
-        deals = [tuple(int(c) for c in rng.choice(len(CARDS), size=2, replace=False))
-                 for _ in range(self.num_rounds)]
+        deals = [tuple(int(c) for c in rng.choice(len(CARDS), size=2, replace=False)) for _ in range(self.num_rounds)]
         return KuhnState(seed=seed, rng=rng, mirror=mirror, deals=deals)
 
     def state_at(self, card: int, seat: int, betting: list[str] | tuple[str, ...]) -> KuhnState:
@@ -126,9 +132,11 @@ class KuhnPoker(Game):
             "history": [self._past_hand(state, player, i, r) for i, r in enumerate(state.rounds)],
         }
         if not state.over:
-            obs.update(card=CARDS[self.card_of(state, player, hand)],
-                       seat=SEATS[self.seat_of(state, player, hand)],
-                       betting=list(state.betting))
+            obs.update(
+                card=CARDS[self.card_of(state, player, hand)],
+                seat=SEATS[self.seat_of(state, player, hand)],
+                betting=list(state.betting),
+            )
         return obs
 
     def _past_hand(self, state: KuhnState, player: int, hand: int, rnd: Round) -> dict[str, Any]:
@@ -158,17 +166,19 @@ class KuhnPoker(Game):
         seat = self.agent_seat(state)
         agent_pay = v if seat == 0 else -v
         own = lambda s: tuple(a for i, a in enumerate(betting) if i % 2 == s)  # noqa: E731
-        state.rounds.append(Round(
-            actions=(own(seat), own(1 - seat)),
-            payoffs=(agent_pay, -agent_pay),
-            info={
-                "agent_card": CARDS[self.card_of(state, AGENT)],
-                "opponent_card": CARDS[self.card_of(state, OPPONENT)],
-                "agent_seat": SEATS[seat],
-                "betting": betting,
-                "showdown": betting[-1] != FOLD,
-            },
-        ))
+        state.rounds.append(
+            Round(
+                actions=(own(seat), own(1 - seat)),
+                payoffs=(agent_pay, -agent_pay),
+                info={
+                    "agent_card": CARDS[self.card_of(state, AGENT)],
+                    "opponent_card": CARDS[self.card_of(state, OPPONENT)],
+                    "agent_seat": SEATS[seat],
+                    "betting": betting,
+                    "showdown": betting[-1] != FOLD,
+                },
+            )
+        )
         state.betting = []
         state.round_index += 1
         state.over = state.round_index >= self.num_rounds
@@ -200,11 +210,14 @@ class KuhnPoker(Game):
         lines = []
         for i, h in enumerate(obs["history"]):
             seat = SEATS.index(h["seat"])
-            reveal = (f"showdown, opponent had {h['opp_card']}" if h["showdown"]
-                      else "no showdown, opponent's card not shown")
-            lines.append(f"Hand {i + 1}: you were the {h['seat']} player with {h['card']}; "
-                         f"betting: {self._betting_text(h['betting'], seat)}; {reveal}; "
-                         f"you {'won' if h['payoff'] >= 0 else 'lost'} {abs(h['payoff']):g}.")
+            reveal = (
+                f"showdown, opponent had {h['opp_card']}" if h["showdown"] else "no showdown, opponent's card not shown"
+            )
+            lines.append(
+                f"Hand {i + 1}: you were the {h['seat']} player with {h['card']}; "
+                f"betting: {self._betting_text(h['betting'], seat)}; {reveal}; "
+                f"you {'won' if h['payoff'] >= 0 else 'lost'} {abs(h['payoff']):g}."
+            )
         history = "\n".join(lines) if lines else "none"
         total = sum(h["payoff"] for h in obs["history"])
         seat = SEATS.index(obs["seat"])
@@ -230,7 +243,7 @@ class KuhnPoker(Game):
         return 0.0
 
     # ------------------------------------------------------------------ exact analysis (docs/spec.md §6)
-    def played_table(self, policy: Any, samples: int | None = None, seed: int = 0) -> "PlayedTable":
+    def played_table(self, policy: Any, samples: int | None = None, seed: int = 0) -> PlayedTable:
         """The policy's action probabilities at the 12 information sets, as it plays, with SEs."""
         return played_table(self, policy, samples, seed)
 
@@ -266,9 +279,12 @@ class PlayedTable:
         return exploitability_se(self.table, self.se, self.ante, self.bet)
 
     def to_json(self) -> dict[str, Any]:
-        return {"bet_or_call": {k: round(float(p[1]), 6) for k, p in self.table.items()},
-                "se": {k: round(float(v), 6) for k, v in self.se.items()},
-                "samples_per_state": self.samples, "rao_blackwellised": round(self.rao_blackwellised, 4)}
+        return {
+            "bet_or_call": {k: round(float(p[1]), 6) for k, p in self.table.items()},
+            "se": {k: round(float(v), 6) for k, v in self.se.items()},
+            "samples_per_state": self.samples,
+            "rao_blackwellised": round(self.rao_blackwellised, 4),
+        }
 
 
 def table_from_probs(probs: dict[str, dict[str, float]]) -> Table:
@@ -290,7 +306,7 @@ def table_from_probs(probs: dict[str, dict[str, float]]) -> Table:
     return check_table(table)
 
 
-def infoset_requests(game: "KuhnPoker") -> list[tuple[str, Any]]:
+def infoset_requests(game: KuhnPoker) -> list[tuple[str, Any]]:
     """One DecisionRequest per information set, each for a state built by the game.
 
     The states are in the episode's first hand (no previous hands), so a history-dependent policy
@@ -303,22 +319,29 @@ def infoset_requests(game: "KuhnPoker") -> list[tuple[str, Any]]:
     for key in INFOSETS:
         card, history = int(key[0]), key[1:]
         state = game.state_at(card, seat_to_move(history), [letters[c] for c in history])
-        out.append((key, DecisionRequest(game, state, AGENT, game.legal_actions(state, AGENT),
-                                         np.random.default_rng(0))))
+        out.append(
+            (key, DecisionRequest(game, state, AGENT, game.legal_actions(state, AGENT), np.random.default_rng(0)))
+        )
     return out
 
 
-def played_table(game: "KuhnPoker", policy: Any, samples: int | None = None, seed: int = 0) -> PlayedTable:
+def played_table(game: KuhnPoker, policy: Any, samples: int | None = None, seed: int = 0) -> PlayedTable:
     """The whole table in one batched call of `policy.action_probabilities` (K samples per state)."""
     keyed = infoset_requests(game)
     estimates = policy.action_probabilities([r for _, r in keyed], samples=samples, seed=seed)
     table = table_from_probs({key: e.probs for (key, _), e in zip(keyed, estimates)})
     aggressive = {key: next(a for a in r.legal if ACTION_INDEX[a] == 1) for key, r in keyed}
     se = {key: float(e.se[aggressive[key]]) for (key, _), e in zip(keyed, estimates)}
-    return PlayedTable(table, se, int(estimates[0].samples.shape[0]),
-                       float(np.mean([e.rao_blackwellised for e in estimates])), game.ante, game.bet)
+    return PlayedTable(
+        table,
+        se,
+        int(estimates[0].samples.shape[0]),
+        float(np.mean([e.rao_blackwellised for e in estimates])),
+        game.ante,
+        game.bet,
+    )
 
 
-def policy_table(game: "KuhnPoker", policy: Any) -> Table:
+def policy_table(game: KuhnPoker, policy: Any) -> Table:
     """The policy's (estimated) probabilities at the 12 information sets."""
     return played_table(game, policy).table

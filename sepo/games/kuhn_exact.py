@@ -53,22 +53,27 @@ def check_table(table: Table) -> Table:
     return table
 
 
-def _br_value(table: Table, br_seat: int, history: str, card: int, weights: dict[int, float],
-              ante: float, bet: float) -> float:
+def _br_value(
+    table: Table, br_seat: int, history: str, card: int, weights: dict[int, float], ante: float, bet: float
+) -> float:
     """Counterfactual value for the best responder holding `card` at `history`.
 
     `weights[o]` is chance x opponent reach probability of the opponent holding `o`.
     """
     if history in TERMINALS:
         sign = 1.0 if br_seat == 0 else -1.0
-        return sum(w * sign * first_seat_payoff(history, *((card, o) if br_seat == 0 else (o, card)), ante, bet)
-                   for o, w in weights.items())
+        return sum(
+            w * sign * first_seat_payoff(history, *((card, o) if br_seat == 0 else (o, card)), ante, bet)
+            for o, w in weights.items()
+        )
     if seat_to_move(history) == br_seat:
         return max(_br_value(table, br_seat, history + a, card, weights, ante, bet) for a in "pb")
     return sum(
-        _br_value(table, br_seat, history + a, card,
-                  {o: w * table[f"{o}{history}"][i] for o, w in weights.items()}, ante, bet)
-        for i, a in enumerate("pb"))
+        _br_value(
+            table, br_seat, history + a, card, {o: w * table[f"{o}{history}"][i] for o, w in weights.items()}, ante, bet
+        )
+        for i, a in enumerate("pb")
+    )
 
 
 def best_response_value(table: Table, br_seat: int, ante: float = 1.0, bet: float = 1.0) -> float:
@@ -124,8 +129,9 @@ def best_response_table(table: Table, ante: float = 1.0, bet: float = 1.0) -> Ta
     return check_table(out)
 
 
-def exploitability_se(table: Table, se: dict[str, float], ante: float = 1.0, bet: float = 1.0,
-                      step: float = 1e-6) -> float:
+def exploitability_se(
+    table: Table, se: dict[str, float], ante: float = 1.0, bet: float = 1.0, step: float = 1e-6
+) -> float:
     """Standard error of `exploitability(table)` when each entry's bet/call probability carries the
     standard error `se[key]`, estimated independently per information set (delta method).
 

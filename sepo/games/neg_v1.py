@@ -39,8 +39,13 @@ class NegotiationV1(Game):
             "rounds": self.num_rounds,
             "pie": self.pie,
             "history": [
-                {"own": r.actions[player], "opp": r.actions[other], "deal": r.info["deal"],
-                 "own_payoff": r.payoffs[player], "opp_payoff": r.payoffs[other]}
+                {
+                    "own": r.actions[player],
+                    "opp": r.actions[other],
+                    "deal": r.info["deal"],
+                    "own_payoff": r.payoffs[player],
+                    "opp_payoff": r.payoffs[other],
+                }
                 for r in state.rounds
             ],
         }
@@ -69,9 +74,13 @@ class NegotiationV1(Game):
 
     def user_prompt(self, state: GameState, player: int) -> str:
         obs = self.observation(state, player)
-        history = history_block(obs["history"], lambda h: (
-            f"you demanded {h['own']}, opponent demanded {h['opp']}; {'deal' if h['deal'] else 'no deal'} "
-            f"(you {h['own_payoff']:g}, opponent {h['opp_payoff']:g})"))
+        history = history_block(
+            obs["history"],
+            lambda h: (
+                f"you demanded {h['own']}, opponent demanded {h['opp']}; {'deal' if h['deal'] else 'no deal'} "
+                f"(you {h['own_payoff']:g}, opponent {h['opp_payoff']:g})"
+            ),
+        )
         return history + f"Round {obs['round'] + 1} of {self.num_rounds}. Your demand?"
 
     # ------------------------------------------------------------------ metrics

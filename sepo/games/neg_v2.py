@@ -24,7 +24,7 @@ import itertools
 import math
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -56,13 +56,13 @@ def parse_demand(action: str) -> Vector:
     return tuple(int(v) for v in action.strip("[]").split(","))
 
 
-@lru_cache(maxsize=None)
+@cache
 def demand_vectors(pool: Vector) -> tuple[str, ...]:
     """Every legal demand for `pool`, as canonical strings in lexicographic order."""
     return tuple(format_demand(v) for v in itertools.product(*(range(p + 1) for p in pool)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def value_vectors(n_items: int, total: int) -> tuple[Vector, ...]:
     """All non-negative integer vectors of length `n_items` summing to `total`, lexicographic."""
     return tuple(v for v in itertools.product(range(total + 1), repeat=n_items) if sum(v) == total)
@@ -117,9 +117,14 @@ class NegotiationV2(Game):
             "values": state.values[player],
             "value_total": self.value_total,
             "history": [
-                {"own": r.actions[player], "opp": r.actions[other],
-                 "own_demand": r.info["demands"][player], "opp_demand": r.info["demands"][other],
-                 "own_payoff": r.payoffs[player], "deal": r.info["deal"]}
+                {
+                    "own": r.actions[player],
+                    "opp": r.actions[other],
+                    "own_demand": r.info["demands"][player],
+                    "opp_demand": r.info["demands"][other],
+                    "own_payoff": r.payoffs[player],
+                    "deal": r.info["deal"],
+                }
                 for r in state.rounds
             ],
         }
@@ -131,11 +136,13 @@ class NegotiationV2(Game):
                 raise ValueError(f"player {p} demand {actions[p]!r} is not within pool {state.pool}")
         deal = all(a + o <= n for a, o, n in zip(*demands, state.pool))
         payoffs = tuple(float(np.dot(demands[p], state.values[p])) if deal else 0.0 for p in (AGENT, OPPONENT))
-        state.rounds.append(Round(
-            actions=(actions[AGENT], actions[OPPONENT]),
-            payoffs=payoffs,
-            info={"pool": state.pool, "values": state.values, "demands": demands, "deal": deal},
-        ))
+        state.rounds.append(
+            Round(
+                actions=(actions[AGENT], actions[OPPONENT]),
+                payoffs=payoffs,
+                info={"pool": state.pool, "values": state.values, "demands": demands, "deal": deal},
+            )
+        )
         state.round_index += 1
         state.over = state.round_index >= self.num_rounds
 
@@ -159,14 +166,19 @@ class NegotiationV2(Game):
     def user_prompt(self, state: NegState, player: int) -> str:
         obs = self.observation(state, player)
         pool, values = obs["pool"], obs["values"]
-        history = history_block(obs["history"], lambda h: (
-            f"you demanded {h['own']}, opponent demanded {h['opp']}: "
-            f"{'deal' if h['deal'] else 'no deal'}, you earned {h['own_payoff']:g}."))
+        history = history_block(
+            obs["history"],
+            lambda h: (
+                f"you demanded {h['own']}, opponent demanded {h['opp']}: "
+                f"{'deal' if h['deal'] else 'no deal'}, you earned {h['own_payoff']:g}."
+            ),
+        )
         return (
             f"Pool: {', '.join(f'{n} {item}' for n, item in zip(pool, self.items))}.\n"
             f"Your values per unit: {', '.join(f'{item} {v}' for v, item in zip(values, self.items))} "
             f"(the whole pool is worth {int(np.dot(pool, values))} to you).\n"
-            + history + f"Round {obs['round'] + 1} of {self.num_rounds}. Your demand [{', '.join(self.items)}]?"
+            + history
+            + f"Round {obs['round'] + 1} of {self.num_rounds}. Your demand [{', '.join(self.items)}]?"
         )
 
     def parse_action(self, text: str, legal: list[str]) -> str | None:

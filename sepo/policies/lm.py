@@ -20,7 +20,7 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
    share their first token (neg_v2 vectors such as "[1, 0, 2]"), the whole token sequence of
    every legal action is scored (teacher-forced log-prob sum, in passes of `score_batch` rows)
    and the best one is taken. Either way the action is legal.
-3. With `return_logprobs=True` (training), every decision also carries, in `Decision.extras`:
+3. With `return_logprobs=True` (training), every decision also carries, in `Decision.tokens` (a `TokenTrace`):
    - `prompt_ids` (1-D long tensor): the rendered prompt, unpadded;
    - `gen_ids` (1-D long tensor): the generated tokens, cut where the stopping criterion fired
      (or after the EOS the model wrote; padding dropped);
@@ -46,25 +46,27 @@ the global torch RNG is never touched.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the stopping rule; re-exported)
-from sepo.training.logprobs import next_token_logits, token_logprobs
 from sepo.models import chat_template_kwargs, forward_extras
 from sepo.policies import played
-from sepo.policies.base import Decision, DecisionRequest
+from sepo.policies.base import Decision, DecisionRequest, TokenTrace
 from sepo.policies.played import ActionEstimate
 from sepo.profiling import section
+from sepo.training.logprobs import next_token_logits, token_logprobs
 
 #: Logits processors a checkpoint's generation config may switch on (Qwen ships top_k 20, top_p 0.95),
 #: switched off: what is sampled is exactly softmax(logits / T), whose log-probs training records.
-PLAIN_SAMPLING = dict(top_k=None, top_p=None, min_p=None, typical_p=None, repetition_penalty=None,
-                      no_repeat_ngram_size=None)
+PLAIN_SAMPLING = dict(
+    top_k=None, top_p=None, min_p=None, typical_p=None, repetition_penalty=None, no_repeat_ngram_size=None
+)
 
 #: Above this many legal actions the fallback question shows the game's format hint instead.
 MAX_LISTED_ACTIONS = 10
@@ -72,6 +74,12 @@ MAX_LISTED_ACTIONS = 10
 #: A prompt prefix shared by every row is computed once only when it is at least this long: below
 #: it the extra forward pass costs more than it saves.
 MIN_SHARED_PREFIX = 16
+
+
+def _prompt_columns(t: torch.Tensor, row: int, shared: int, width_a: int, own: int, width_p: int) -> torch.Tensor:
+    """Row `row`'s prompt in a cache laid out [shared part | own part]: the last `shared` columns of the
+    first `width_a`, then the last `own` of the first `width_p` (both parts are left-padded)."""
+    return torch.cat([t[row, :, width_a - shared : width_a], t[row, :, width_p - own : width_p]], dim=1)
 
 
 @dataclass
@@ -143,10 +151,10 @@ class IncrementalText:
     def push(self, token: int) -> str:
         """Append one token; returns the text it completed (may be empty)."""
         self.ids.append(int(token))
-        before = self._decode(self.ids[self._prefix:self._read])
-        after = self._decode(self.ids[self._prefix:])
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
-            piece = after[len(before):]
+            piece = after[len(before) :]
             self.text += piece
             self._prefix, self._read = self._read, len(self.ids)
             return piece
@@ -163,8 +171,13 @@ class ActionStoppingCriteria(StoppingCriteria):
     the newest one), and a row is checked only when they added text.
     """
 
-    def __init__(self, tokenizer: Any, prompt_length: int, requests: Sequence[DecisionRequest],
-                 think_prefix: Sequence[bool] | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_length: int,
+        requests: Sequence[DecisionRequest],
+        think_prefix: Sequence[bool] | None = None,
+    ):
         self.tokenizer = tokenizer
         self.prompt_length = prompt_length
         self.requests = list(requests)
@@ -178,7 +191,7 @@ class ActionStoppingCriteria(StoppingCriteria):
         with section("stopping"):
             length = input_ids.shape[1] - self.prompt_length
             # the columns not seen yet: one per call inside generate, all of them on a first call
-            fresh = input_ids[:, self.prompt_length + self.seen:].tolist()
+            fresh = input_ids[:, self.prompt_length + self.seen :].tolist()
             self.seen = length
             for i, stop in enumerate(self.stop_at):
                 if stop is not None or not "".join([self.texts[i].push(t) for t in fresh[i]]):
@@ -202,7 +215,7 @@ def counter_uniforms(keys: np.ndarray, step: int) -> np.ndarray:
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 class RowSampler(LogitsProcessor):
@@ -260,9 +273,19 @@ def fallback_question(game: Game, legal: list[str]) -> str:
 class LMPolicy:
     """A language model answering decision requests in batches; see the module docstring."""
 
-    def __init__(self, model: Any, tokenizer: Any, model_cfg: Any, temperature: float, max_new_tokens: int,
-                 seed: int, batch_size: int = 0, logprob_chunk: int = 32, score_batch: int = 16,
-                 action_samples: int = 128):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        model_cfg: Any,
+        temperature: float,
+        max_new_tokens: int,
+        seed: int,
+        batch_size: int = 0,
+        logprob_chunk: int = 32,
+        score_batch: int = 16,
+        action_samples: int = 128,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.name = f"lm:{model_cfg.get('name', 'model')}"
@@ -320,8 +343,9 @@ class LMPolicy:
     def action_ids(self, action: str) -> list[int]:
         return self.tokenizer(action, add_special_tokens=False)["input_ids"]
 
-    def pack(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]] | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def pack(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Prompts left-padded to a common length P, continuations right-padded after them.
 
         This is the layout of `generate`'s output, so a continuation's token t sits at column P + t
@@ -333,9 +357,9 @@ class LMPolicy:
         ids = torch.full((len(prompts), width_p + width_c), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, (p, c) in enumerate(zip(prompts, continuations)):
-            ids[i, width_p - len(p):width_p] = torch.tensor(list(p), dtype=torch.long)
-            ids[i, width_p:width_p + len(c)] = torch.tensor(list(c), dtype=torch.long)
-            mask[i, width_p - len(p):width_p + len(c)] = 1
+            ids[i, width_p - len(p) : width_p] = torch.tensor(list(p), dtype=torch.long)
+            ids[i, width_p : width_p + len(c)] = torch.tensor(list(c), dtype=torch.long)
+            mask[i, width_p - len(p) : width_p + len(c)] = 1
         return ids.to(self.device), mask.to(self.device), width_p
 
     def extra_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -361,7 +385,7 @@ class LMPolicy:
         answers, decisions = self._answer(requests)
         if return_logprobs:
             for decision, answer in zip(decisions, answers):
-                decision.extras.update(
+                decision.tokens = TokenTrace(
                     prompt_ids=torch.tensor(answer.prompt, dtype=torch.long),
                     gen_ids=torch.tensor(answer.generated, dtype=torch.long),
                     logprobs=answer.logprobs,
@@ -423,8 +447,12 @@ class LMPolicy:
             length = k
         return length if length >= MIN_SHARED_PREFIX else 0
 
-    def pack_split(self, prompts: Sequence[Sequence[int]], split: Sequence[int],
-                   continuations: Sequence[Sequence[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    def pack_split(
+        self,
+        prompts: Sequence[Sequence[int]],
+        split: Sequence[int],
+        continuations: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         """Rows laid out as [padding][prompt[:split]] [padding][prompt[split:]][continuation][padding].
 
         The first region (width A) holds what is served from a cache: a prefix shared by every row,
@@ -442,20 +470,26 @@ class LMPolicy:
         head_mask = torch.zeros_like(head_ids)
         for i, h in enumerate(heads):
             if h:
-                head_ids[i, width_a - len(h):] = torch.tensor(h, dtype=torch.long)
-                head_mask[i, width_a - len(h):] = 1
-        return (torch.cat([head_ids.to(ids.device), ids], dim=1), torch.cat([head_mask.to(mask.device), mask], dim=1),
-                width_a + width, width_a)
+                head_ids[i, width_a - len(h) :] = torch.tensor(h, dtype=torch.long)
+                head_mask[i, width_a - len(h) :] = 1
+        return (
+            torch.cat([head_ids.to(ids.device), ids], dim=1),
+            torch.cat([head_mask.to(mask.device), mask], dim=1),
+            width_a + width,
+            width_a,
+        )
 
-    def pack_shared(self, prompts: Sequence[Sequence[int]], shared: int,
-                    continuations: Sequence[Sequence[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def pack_shared(
+        self, prompts: Sequence[Sequence[int]], shared: int, continuations: Sequence[Sequence[int]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """`pack_split` with the same split for every row: [shared prefix][padding][rest of the
         prompt][continuation][padding]; the prefix sits in the same columns in every row, so one
         pass over it serves the whole batch. Returns input ids, attention mask and P."""
         return self.pack_split(prompts, [shared] * len(prompts), continuations)[:3]
 
-    def start_cache(self, ids: torch.Tensor, width_a: int, shared: int,
-                    reused: Sequence[EncodedPrompt | None], split: Sequence[int]) -> Any:
+    def start_cache(
+        self, ids: torch.Tensor, width_a: int, shared: int, reused: Sequence[EncodedPrompt | None], split: Sequence[int]
+    ) -> Any:
         """The KV cache `generate` starts from, holding the first `width_a` columns; None: transformers'
         default (a dynamic cache).
 
@@ -470,30 +504,41 @@ class LMPolicy:
         if not (self.prefix_cache or self.static_cache):
             return None
         rows = ids.shape[0]
-        cache = (StaticCache(config=self.model.config, max_cache_len=ids.shape[1] + self.max_new_tokens)
-                 if self.static_cache else DynamicCache(config=self.model.config))
+        cache = (
+            StaticCache(config=self.model.config, max_cache_len=ids.shape[1] + self.max_new_tokens)
+            if self.static_cache
+            else DynamicCache(config=self.model.config)
+        )
         if shared:
             prefix = DynamicCache(config=self.model.config)
             with torch.no_grad():
-                self.model(input_ids=ids[:1, :shared], past_key_values=prefix, use_cache=True,
-                           **self.extra_inputs(ids[:1, :shared]))
+                self.model(
+                    input_ids=ids[:1, :shared],
+                    past_key_values=prefix,
+                    use_cache=True,
+                    **self.extra_inputs(ids[:1, :shared]),
+                )
             for index, layer in enumerate(prefix.layers):
                 cache.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), index)
         elif width_a:
             first = next(e for e in reused if e is not None)
             for index in range(len(first.keys)):
-                keys = first.keys[index].new_zeros((rows, first.keys[index].shape[0], width_a, first.keys[index].shape[2]))
+                keys = first.keys[index].new_zeros(
+                    (rows, first.keys[index].shape[0], width_a, first.keys[index].shape[2])
+                )
                 values = first.values[index].new_zeros(
-                    (rows, first.values[index].shape[0], width_a, first.values[index].shape[2]))
+                    (rows, first.values[index].shape[0], width_a, first.values[index].shape[2])
+                )
                 for i, (entry, k) in enumerate(zip(reused, split)):
                     if entry is not None and k:
-                        keys[i, :, width_a - k:] = entry.keys[index][:, :k]
-                        values[i, :, width_a - k:] = entry.values[index][:, :k]
+                        keys[i, :, width_a - k :] = entry.keys[index][:, :k]
+                        values[i, :, width_a - k :] = entry.values[index][:, :k]
                 cache.update(keys, values, index)
         return cache
 
-    def reuse_plan(self, requests: Sequence[DecisionRequest], prompts: Sequence[Sequence[int]]
-                   ) -> tuple[list[EncodedPrompt | None], list[int]]:
+    def reuse_plan(
+        self, requests: Sequence[DecisionRequest], prompts: Sequence[Sequence[int]]
+    ) -> tuple[list[EncodedPrompt | None], list[int]]:
         """Per request: its episode's encoded earlier prompt and how many of its leading tokens the
         new prompt shares (at least `MIN_SHARED_PREFIX`, leaving one token to encode), or (None, 0)."""
         reused: list[EncodedPrompt | None] = []
@@ -506,18 +551,24 @@ class LMPolicy:
             split.append(k if k >= MIN_SHARED_PREFIX else 0)
         return reused, split
 
-    def remember(self, requests: Sequence[DecisionRequest], prompts: Sequence[Sequence[int]], cache: Any,
-                 split: Sequence[int], width_a: int, width_p: int) -> None:
+    def remember(
+        self,
+        requests: Sequence[DecisionRequest],
+        prompts: Sequence[Sequence[int]],
+        cache: Any,
+        split: Sequence[int],
+        width_a: int,
+        width_p: int,
+    ) -> None:
         """Keep each row's encoded prompt (its columns of the cache) for its episode's next decision."""
         for i, (request, prompt) in enumerate(zip(requests, prompts)):
-            a, b = split[i], len(prompt) - split[i]
-
-            def columns(t: torch.Tensor) -> torch.Tensor:
-                return torch.cat([t[i, :, width_a - a:width_a], t[i, :, width_p - b:width_p]], dim=1)
-
+            shared, own = split[i], len(prompt) - split[i]
             self._encoded_next[id(request.state)] = EncodedPrompt(
-                request.state, list(prompt), [columns(layer.keys) for layer in cache.layers],
-                [columns(layer.values) for layer in cache.layers])
+                request.state,
+                list(prompt),
+                [_prompt_columns(layer.keys, i, shared, width_a, own, width_p) for layer in cache.layers],
+                [_prompt_columns(layer.values, i, shared, width_a, own, width_p) for layer in cache.layers],
+            )
 
     def _generate(self, requests: list[DecisionRequest]) -> list[Answer]:
         """One generate call; per request its prompt ids, generated ids cut at the stop, their
@@ -537,10 +588,18 @@ class LMPolicy:
         sampler = RowSampler([self.row_seed(r) for r in requests], self.temperature, self.logprob_temperature)
         with torch.no_grad(), section("generate"):
             out = self.model.generate(
-                input_ids=ids, attention_mask=mask, **self.extra_inputs(ids), **cache_kwargs, do_sample=False,
-                temperature=None, **PLAIN_SAMPLING, logits_processor=LogitsProcessorList([sampler]),
-                max_new_tokens=self.max_new_tokens, stopping_criteria=StoppingCriteriaList([stop]),
-                pad_token_id=self.pad_id)
+                input_ids=ids,
+                attention_mask=mask,
+                **self.extra_inputs(ids),
+                **cache_kwargs,
+                do_sample=False,
+                temperature=None,
+                **PLAIN_SAMPLING,
+                logits_processor=LogitsProcessorList([sampler]),
+                max_new_tokens=self.max_new_tokens,
+                stopping_criteria=StoppingCriteriaList([stop]),
+                pad_token_id=self.pad_id,
+            )
         if self.prefix_cache:
             with section("remember"):
                 self.remember(requests, prompts, cache, split, width_a, width_p)
@@ -554,8 +613,9 @@ class LMPolicy:
                     break
             generated = generated[:cut]
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
-            results.append(Answer(prompt, generated, sampler.row_logprobs(i, len(generated)), text,
-                                  answer_view(texts[i], text)))
+            results.append(
+                Answer(prompt, generated, sampler.row_logprobs(i, len(generated)), text, answer_view(texts[i], text))
+            )
         return results
 
     def row_seed(self, request: DecisionRequest) -> int:
@@ -574,10 +634,17 @@ class LMPolicy:
         Only the action is kept: the re-ask and the forced action were not sampled, so they are never
         part of a decision's record (module docstring).
         """
-        prompts = [self.render(r.messages + [{"role": "assistant", "content": a},
-                                             {"role": "user", "content": fallback_question(r.game, r.legal)}],
-                               answer_now=True)
-                   for r, a in zip(requests, answers)]
+        prompts = [
+            self.render(
+                r.messages
+                + [
+                    {"role": "assistant", "content": a},
+                    {"role": "user", "content": fallback_question(r.game, r.legal)},
+                ],
+                answer_now=True,
+            )
+            for r, a in zip(requests, answers)
+        ]
         tokenised = [[self.action_ids(a) for a in r.legal] for r in requests]
         choice: list[int | None] = [None] * len(requests)
 
@@ -601,8 +668,13 @@ class LMPolicy:
         return [requests[i].legal[c] for i, c in enumerate(choice)]
 
     # ----------------------------------------------------------------- scoring
-    def sequence_logprobs(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
-                          temperature: float = 1.0, batch: int | None = None) -> list[torch.Tensor]:
+    def sequence_logprobs(
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        batch: int | None = None,
+    ) -> list[torch.Tensor]:
         """Per-token log-probs (float32, CPU) of each continuation after its prompt, teacher-forced,
         `batch` (default `score_batch`) rows per pass."""
         out: list[torch.Tensor] = []
@@ -614,13 +686,22 @@ class LMPolicy:
                 out += [torch.zeros(0) for _ in part]
                 continue
             with torch.no_grad():
-                lp = token_logprobs(self.model, ids, mask, width_p, chunk=self.logprob_chunk,
-                                    temperature=temperature, shared_prefix=shared, **self.extra_inputs(ids))
-            out += [lp[row, :len(continuations[i])].cpu() for row, i in enumerate(part)]
+                lp = token_logprobs(
+                    self.model,
+                    ids,
+                    mask,
+                    width_p,
+                    chunk=self.logprob_chunk,
+                    temperature=temperature,
+                    shared_prefix=shared,
+                    **self.extra_inputs(ids),
+                )
+            out += [lp[row, : len(continuations[i])].cpu() for row, i in enumerate(part)]
         return out
 
-    def action_scores(self, prompts: list[list[int]], actions: list[list[list[int]]],
-                      temperature: float = 1.0) -> list[torch.Tensor]:
+    def action_scores(
+        self, prompts: list[list[int]], actions: list[list[list[int]]], temperature: float = 1.0
+    ) -> list[torch.Tensor]:
         """Log-prob sum of every candidate action's tokens after each prompt, batched over all pairs.
 
         Pairs are scored `score_batch` rows at a time, so a large action set (neg_v2: up to 125
@@ -631,12 +712,13 @@ class LMPolicy:
         sums = torch.stack([lp.sum() for lp in lps])
         out, k = [], 0
         for acts in actions:
-            out.append(sums[k:k + len(acts)])
+            out.append(sums[k : k + len(acts)])
             k += len(acts)
         return out
 
-    def action_probabilities(self, requests: list[DecisionRequest], samples: int | None = None,
-                             seed: int | None = None) -> list[ActionEstimate]:
+    def action_probabilities(
+        self, requests: list[DecisionRequest], samples: int | None = None, seed: int | None = None
+    ) -> list[ActionEstimate]:
         """The probability that the policy, as it plays, ends its answer with each legal action, with
         standard errors: `samples` (default `action_samples`) answers per request, Rao-Blackwellised
         (`sepo.policies.played`). `seed` (default the policy's) keys the sampling streams, so the
@@ -644,8 +726,9 @@ class LMPolicy:
         """
         if not requests:
             return []
-        return played.estimate(self, requests, int(samples or self.action_samples),
-                               self.seed if seed is None else int(seed))
+        return played.estimate(
+            self, requests, int(samples or self.action_samples), self.seed if seed is None else int(seed)
+        )
 
     def action_first_probabilities(self, requests: list[DecisionRequest]) -> list[dict[str, float]]:
         """The probability of each legal action as the FIRST thing the assistant says (thinking off),
@@ -661,8 +744,9 @@ class LMPolicy:
         self.model.eval()
         try:
             prompts = [self.render(r.messages, answer_now=True) for r in requests]
-            scores = self.action_scores(prompts, [[self.action_ids(a) for a in r.legal] for r in requests],
-                                        self.logprob_temperature)
+            scores = self.action_scores(
+                prompts, [[self.action_ids(a) for a in r.legal] for r in requests], self.logprob_temperature
+            )
         finally:
             self.model.train(was_training)
         return [dict(zip(r.legal, torch.softmax(s.double(), dim=0).tolist())) for r, s in zip(requests, scores)]

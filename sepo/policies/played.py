@@ -63,8 +63,9 @@ def sample_requests(requests: list[DecisionRequest], samples: int, seed: int) ->
     Copies share the request's state (nothing mutates it while answering), so the rules and the
     history are the same prompt; only the random stream differs.
     """
-    return [replace(r, rng=np.random.default_rng([int(seed), i, k])) for i, r in enumerate(requests)
-            for k in range(samples)]
+    return [
+        replace(r, rng=np.random.default_rng([int(seed), i, k])) for i, r in enumerate(requests) for k in range(samples)
+    ]
 
 
 def action_line_start(text: str) -> int:
@@ -78,7 +79,7 @@ def line_template(line: str, action: str) -> str | None:
     at = line.rfind(action)
     if at < 0:
         return None
-    return line[:at] + "{}" + line[at + len(action):]
+    return line[:at] + "{}" + line[at + len(action) :]
 
 
 @dataclass
@@ -89,8 +90,9 @@ class Alternative:
     tokens: list[int]
 
 
-def alternatives(policy: Any, request: DecisionRequest, answer: Any, action: str
-                 ) -> tuple[list[int], list[Alternative]] | None:
+def alternatives(
+    policy: Any, request: DecisionRequest, answer: Any, action: str
+) -> tuple[list[int], list[Alternative]] | None:
     """The context (prompt + z tokens) and the complete alternative answers, or None when the sample
     is counted instead (the line does not start at a token boundary, or its tokens are not the
     tokenizer's own encoding of it).
@@ -103,7 +105,7 @@ def alternatives(policy: Any, request: DecisionRequest, answer: Any, action: str
     z = _token_prefix(policy, answer.generated, answer.text[:start])
     if z is None or answer.generated[z:] != policy.action_ids(line):
         return None
-    head = answer.view[:len(answer.view) - len(answer.text)] + answer.text[:start]  # what parsing sees before l
+    head = answer.view[: len(answer.view) - len(answer.text)] + answer.text[:start]  # what parsing sees before l
     out = []
     for b in request.legal:
         tokens = policy.action_ids(template.format(b))
@@ -150,7 +152,7 @@ def estimate(policy: Any, requests: list[DecisionRequest], samples: int, seed: i
     copies = sample_requests(requests, samples, seed)
     answers, decisions = [], []
     for start in range(0, len(copies), samples):
-        part = policy.answer(copies[start:start + samples])
+        part = policy.answer(copies[start : start + samples])
         answers += part[0]
         decisions += part[1]
 
@@ -161,14 +163,19 @@ def estimate(policy: Any, requests: list[DecisionRequest], samples: int, seed: i
         row = np.zeros(len(request.legal))
         row[request.legal.index(decision.action)] = 1.0
         rows.append(row)
-        found = alternatives(policy, request, answer, decision.action) if decision.parsed and policy.temperature > 0 else None
+        found = (
+            alternatives(policy, request, answer, decision.action)
+            if decision.parsed and policy.temperature > 0
+            else None
+        )
         if found is not None and len(found[1]) > 1:
             contexts.append(found[0])
             scored.append((index, found[1]))
 
     if scored:
-        scores = policy.action_scores(contexts, [[alt.tokens for alt in alts] for _, alts in scored],
-                                      policy.logprob_temperature)
+        scores = policy.action_scores(
+            contexts, [[alt.tokens for alt in alts] for _, alts in scored], policy.logprob_temperature
+        )
         for (index, alts), logp in zip(scored, scores):
             weights = np.exp(logp.double().numpy() - float(logp.max()))
             row = np.zeros(len(copies[index].legal))
@@ -178,11 +185,13 @@ def estimate(policy: Any, requests: list[DecisionRequest], samples: int, seed: i
 
     out = []
     for i, request in enumerate(requests):
-        block = np.stack(rows[i * samples:(i + 1) * samples])
+        block = np.stack(rows[i * samples : (i + 1) * samples])
         mean = block.mean(axis=0)
         se = block.std(axis=0, ddof=1) / np.sqrt(samples) if samples > 1 else np.zeros_like(mean)
         exact = sum(1 for index, _ in scored if i * samples <= index < (i + 1) * samples)
-        out.append(ActionEstimate(dict(zip(request.legal, mean.tolist())), dict(zip(request.legal, se.tolist())),
-                                  block, exact / samples))
+        out.append(
+            ActionEstimate(
+                dict(zip(request.legal, mean.tolist())), dict(zip(request.legal, se.tolist())), block, exact / samples
+            )
+        )
     return out
-

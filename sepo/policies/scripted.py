@@ -15,8 +15,9 @@ class ScriptedPolicy:
     def act_batch(self, requests: list[DecisionRequest]) -> list[Decision]:
         return [Decision(self.strategy.act(r.observation, r.legal, r.rng)) for r in requests]
 
-    def action_probabilities(self, requests: list[DecisionRequest], samples: int | None = None,
-                             seed: int | None = None) -> list[ActionEstimate]:
+    def action_probabilities(
+        self, requests: list[DecisionRequest], samples: int | None = None, seed: int | None = None
+    ) -> list[ActionEstimate]:
         """The strategy's exact distribution over each request's legal actions (standard errors 0;
         `samples` and `seed` are for sampled policies). Only strategies that define `probs` (all
         Kuhn strategies) can answer this.

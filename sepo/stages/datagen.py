@@ -10,15 +10,23 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from omegaconf import DictConfig
 
 from sepo.errors import ConfigError
-from sepo.tracking import NullTracker
-from sepo.training.sft_data import (SPLITS, build_dataset, datagen_opponents, demonstrator_weights,
-                                    generate_game_examples, load_game_cfg, write_dataset)
+from sepo.tracking import NO_TRACKING, NullTracker
+from sepo.training.sft_data import (
+    SPLITS,
+    build_dataset,
+    datagen_opponents,
+    demonstrator_weights,
+    generate_game_examples,
+    load_game_cfg,
+    write_dataset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +47,7 @@ def episode_strategies(examples: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------ the stage
-def run_datagen(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
+def run_datagen(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, Any]:
     """Write every dataset of `datagen.datasets` and `<out_dir>/manifest.json`."""
     dc = cfg.datagen
     out_dir = Path(dc.out_dir)
@@ -64,30 +72,44 @@ def run_datagen(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[s
             episodes = int(dc.episodes_per_opponent or game_cfg.datagen.episodes_per_opponent)
             opponents = datagen_opponents(game_cfg, int(dc.num_opponents))
             game_info[game] = {
-                "episodes_per_opponent": episodes, "opponents": opponents,
-                "episodes": episodes * len(opponents), "examples": len(examples),
+                "episodes_per_opponent": episodes,
+                "opponents": opponents,
+                "episodes": episodes * len(opponents),
+                "examples": len(examples),
                 "demonstrators": demonstrator_weights(game_cfg),
                 "episodes_by_strategy": episode_strategies(examples),
                 "seconds": round(seconds, 3),
             }
-            log.info("datagen %s: %d examples from %d episodes in %.2fs", game, len(examples),
-                     episodes * len(opponents), seconds)
+            log.info(
+                "datagen %s: %d examples from %d episodes in %.2fs",
+                game,
+                len(examples),
+                episodes * len(opponents),
+                seconds,
+            )
     generated = time.perf_counter() - started
 
     datasets: dict[str, Any] = {}
     for dataset in dc.datasets:
         games = list(dc.dataset_games[dataset])
-        splits = build_dataset(dataset, {g: game_examples[g] for g in games}, seed, float(dc.valid_fraction),
-                               caps.get(dataset))
+        splits = build_dataset(
+            dataset, {g: game_examples[g] for g in games}, seed, float(dc.valid_fraction), caps.get(dataset)
+        )
         files = write_dataset(out_dir, dataset, splits)
         datasets[dataset] = {
-            "games": games, "per_game_cap": caps.get(dataset),
+            "games": games,
+            "per_game_cap": caps.get(dataset),
             "examples": sum(len(s) for s in splits.values()),
             "files": files,
             "counts": {split: counts(splits[split]) for split in SPLITS},
         }
-        log.info("datagen %s: train %d, valid %d -> %s", dataset, files["train"]["examples"],
-                 files["valid"]["examples"], out_dir / dataset)
+        log.info(
+            "datagen %s: train %d, valid %d -> %s",
+            dataset,
+            files["train"]["examples"],
+            files["valid"]["examples"],
+            out_dir / dataset,
+        )
     total = time.perf_counter() - started
 
     n_generated = sum(len(v) for v in game_examples.values())
@@ -102,14 +124,22 @@ def run_datagen(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[s
         ],
         "datasets": datasets,
         "games": game_info,
-        "timing": {"generated_examples": n_generated, "generation_seconds": round(generated, 3),
-                   "total_seconds": round(total, 3),
-                   "examples_per_second": round(n_generated / generated, 1) if generated > 0 else None},
+        "timing": {
+            "generated_examples": n_generated,
+            "generation_seconds": round(generated, 3),
+            "total_seconds": round(total, 3),
+            "examples_per_second": round(n_generated / generated, 1) if generated > 0 else None,
+        },
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-    log.info("datagen: %d examples generated in %.2fs (%.0f examples/s); all files written in %.2fs",
-             n_generated, generated, manifest["timing"]["examples_per_second"] or 0, total)
+    log.info(
+        "datagen: %d examples generated in %.2fs (%.0f examples/s); all files written in %.2fs",
+        n_generated,
+        generated,
+        manifest["timing"]["examples_per_second"] or 0,
+        total,
+    )
     summary = {f"datagen/{d}_{s}": info["files"][s]["examples"] for d, info in datasets.items() for s in SPLITS}
     summary["datagen/examples_per_second"] = manifest["timing"]["examples_per_second"]
     tracker.summary(summary)

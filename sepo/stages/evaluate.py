@@ -22,7 +22,7 @@ from sepo.games import Game, make_game
 from sepo.metrics import POOLS, compute_metrics, pools_of
 from sepo.policies import Policy, ScriptedPolicy
 from sepo.strategies import make_strategy
-from sepo.tracking import NullTracker, flatten
+from sepo.tracking import NO_TRACKING, NullTracker, flatten
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,17 @@ def evaluate_policy(
         for n in pools[pool]:
             first_pool.setdefault(n, pool)
 
-    bars = {pool: tqdm(total=episodes * sum(1 for n in names if first_pool[n] == pool), desc=f"eval {pool}",
-                       unit="ep", disable=not progress, leave=False)
-            for pool in POOLS if any(first_pool[n] == pool for n in names)}
+    bars = {
+        pool: tqdm(
+            total=episodes * sum(1 for n in names if first_pool[n] == pool),
+            desc=f"eval {pool}",
+            unit="ep",
+            disable=not progress,
+            leave=False,
+        )
+        for pool in POOLS
+        if any(first_pool[n] == pool for n in names)
+    }
 
     def done(record: EpisodeRecord) -> None:
         bars[first_pool[record.opponent]].update(1)
@@ -73,12 +81,20 @@ def evaluate_policy(
         result["played_table"] = table.to_json()
     result["episodes"] = len(records)
     result["per_episode"] = [
-        {"opponent": r.opponent, "index": r.index, "seed": r.seed, "mirror": r.mirror,
-         "agent_total": r.agent_total, "opp_total": r.opp_total, "rounds": len(r.rounds),
-         "decisions": r.decisions, "parsed": r.parsed,
-         # [agent, opponent] per round (Kuhn: each seat's actions in the hand), so behaviour can be
-         # read round by round later (e.g. in which round an agent defects on AlwaysC)
-         "actions": [list(played.actions) for played in r.rounds]}
+        {
+            "opponent": r.opponent,
+            "index": r.index,
+            "seed": r.seed,
+            "mirror": r.mirror,
+            "agent_total": r.agent_total,
+            "opp_total": r.opp_total,
+            "rounds": len(r.rounds),
+            "decisions": r.decisions,
+            "parsed": r.parsed,
+            # [agent, opponent] per round (Kuhn: each seat's actions in the hand), so behaviour can be
+            # read round by round later (e.g. in which round an agent defects on AlwaysC)
+            "actions": [list(played.actions) for played in r.rounds],
+        }
         for r in records
     ]
     return result
@@ -96,9 +112,11 @@ def respond_to_agent(strategies: Any, table: Any) -> None:
     for strategy in strategies:
         if getattr(strategy, "responds_to_agent", False):
             if table is None:
-                raise ConfigError(f"game.pools: {strategy.name} responds to the agent's played table, which this "
-                                  "game or agent cannot give; allowed: Kuhn poker with a language model or a "
-                                  "scripted agent whose strategy defines its probabilities")
+                raise ConfigError(
+                    f"game.pools: {strategy.name} responds to the agent's played table, which this "
+                    "game or agent cannot give; allowed: Kuhn poker with a language model or a "
+                    "scripted agent whose strategy defines its probabilities"
+                )
             strategy.respond_to(table.table)
 
 
@@ -111,20 +129,74 @@ def build_policy(cfg: DictConfig, game: Game) -> Policy:
         name = cfg.model.strategy or cfg.game.reference_strategy
         return ScriptedPolicy(make_strategy(cfg.game, name, key="model.strategy"))
     from sepo.models import load_model_and_tokenizer
-    from sepo.policies.lm import LMPolicy
 
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
-    return LMPolicy(model, tokenizer, cfg.model, temperature=cfg.eval.temperature,
-                    max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.generation_seed,
-                    batch_size=cfg.eval.batch_size, action_samples=cfg.eval.action_samples)
+    return evaluation_policy(cfg, model, tokenizer)
 
 
-def write_results(path: Path, cfg: DictConfig, result: dict[str, Any], stage: str,
-                  checkpoint: str | None = None, step: int | None = None, split: str = "test") -> dict[str, Any]:
+def evaluation_policy(
+    cfg: DictConfig, model: Any, tokenizer: Any, model_cfg: DictConfig | None = None, generation_seed: int | None = None
+) -> Policy:
+    """A language model as every evaluation plays it (the `eval` settings), whichever stage evaluates:
+    stage eval, the pipeline's Base, the SFT stage's merged model, each SEPO checkpoint.
+
+    `model_cfg`: the model's settings when they are not `cfg.model` (SFT's merged copy);
+    `generation_seed`: the sampling seed when it is not `generation_seed` (validation episodes).
+    """
+    from sepo.policies.lm import LMPolicy
+
+    return LMPolicy(
+        model,
+        tokenizer,
+        cfg.model if model_cfg is None else model_cfg,
+        temperature=float(cfg.eval.temperature),
+        max_new_tokens=int(cfg.eval.max_new_tokens),
+        seed=int(cfg.generation_seed if generation_seed is None else generation_seed),
+        batch_size=int(cfg.eval.batch_size),
+        action_samples=int(cfg.eval.action_samples),
+    )
+
+
+def evaluate_and_write(
+    cfg: DictConfig,
+    game: Game,
+    policy: Policy,
+    path: Path,
+    stage: str,
+    checkpoint: str | None = None,
+    step: int | None = None,
+    split: str = "test",
+) -> dict[str, Any]:
+    """Evaluate `policy` with the run's protocol (every pool, `eval.episodes_per_opponent` episodes of the
+    split's seed, the evaluation lambdas) and write its results.json at `path`; returns the payload."""
+    result = evaluate_policy(
+        game,
+        policy,
+        pools_of(cfg.game),
+        dict(cfg.lambdas.eval),
+        int(cfg.eval.episodes_per_opponent),
+        int(cfg.seed) if split == "test" else int(cfg.eval.validation_seed),
+        mirrored=bool(cfg.game.get("mirrored", False)),
+        progress=bool(cfg.eval.get("progress", True)),
+    )
+    return write_results(path, cfg, result, stage=stage, checkpoint=checkpoint, step=step, split=split)
+
+
+def write_results(
+    path: Path,
+    cfg: DictConfig,
+    result: dict[str, Any],
+    stage: str,
+    checkpoint: str | None = None,
+    step: int | None = None,
+    split: str = "test",
+) -> dict[str, Any]:
     """`split`: test (the episodes of `seed`, which the tables report) or validation (`eval.validation_seed`)."""
     payload = {
         "game": cfg.game.name,
-        "model": cfg.model.name if cfg.model.name != "scripted" else f"scripted:{cfg.model.strategy or cfg.game.reference_strategy}",
+        "model": cfg.model.name
+        if cfg.model.name != "scripted"
+        else f"scripted:{cfg.model.strategy or cfg.game.reference_strategy}",
         "stage": stage,
         "checkpoint": checkpoint,
         "step": step,
@@ -146,15 +218,17 @@ def train_seed(cfg: DictConfig, stage: str) -> int | None:
     return None if seed is None else int(seed)
 
 
-def run_eval(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
+def run_eval(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, Any]:
     game = make_game(cfg.game)
-    policy = build_policy(cfg, game)
-    result = evaluate_policy(
-        game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval), cfg.eval.episodes_per_opponent,
-        cfg.seed, mirrored=bool(cfg.game.get("mirrored", False)), progress=cfg.eval.progress)
     as_sft = cfg.eval.get("phase") == "sft"  # an SFT checkpoint evaluated on its own: the SFT row of the tables
-    payload = write_results(Path(cfg.paths.output_dir) / "results.json", cfg, result, stage="sft" if as_sft else "eval",
-                            checkpoint="final" if as_sft else None)
+    payload = evaluate_and_write(
+        cfg,
+        game,
+        build_policy(cfg, game),
+        Path(cfg.paths.output_dir) / "results.json",
+        stage="sft" if as_sft else "eval",
+        checkpoint="final" if as_sft else None,
+    )
     tracker.log({**flatten("eval", payload["metrics"]), **flatten("eval_se", payload["se"])}, step=0)
     tracker.summary(flatten("eval", payload["metrics"]))
     m, se = payload["metrics"], payload["se"]

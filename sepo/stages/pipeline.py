@@ -21,9 +21,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sepo import distributed
-from sepo.stages.evaluate import build_policy, evaluate_policy, pools_of, write_results
 from sepo.games import make_game
-from sepo.tracking import NullTracker
+from sepo.stages.evaluate import build_policy, evaluate_and_write
+from sepo.tracking import NO_TRACKING, NullTracker
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +54,11 @@ def run_phase(name: str, out: Path, fn, *args, main_only: bool = False) -> None:
 
 def base_eval(cfg: DictConfig) -> None:
     game = make_game(cfg.game)
-    result = evaluate_policy(game, build_policy(cfg, game), pools_of(cfg.game), dict(cfg.lambdas.eval),
-                             int(cfg.eval.episodes_per_opponent), int(cfg.seed),
-                             mirrored=bool(cfg.game.get("mirrored", False)), progress=bool(cfg.eval.progress))
-    write_results(Path(cfg.paths.output_dir) / "eval" / "base" / "results.json", cfg, result, stage="base",
-                  checkpoint="base", step=0)
+    path = Path(cfg.paths.output_dir) / "eval" / "base" / "results.json"
+    evaluate_and_write(cfg, game, build_policy(cfg, game), path, stage="base", checkpoint="base", step=0)
 
 
-def run_pipeline(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
+def run_pipeline(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, Any]:
     from sepo.stages.sepo_loop import run_sepo
     from sepo.stages.sft import run_sft
 

@@ -32,6 +32,7 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +40,19 @@ import torch
 from omegaconf import DictConfig
 
 from sepo import distributed
-from sepo.stages.evaluate import evaluate_policy, pools_of, write_results
 from sepo.errors import one_line
 from sepo.games import Game, make_game
-from sepo.training.best_response import BestResponseSchedule
-from sepo.training.logprobs import token_logprobs
-from sepo.training.lr_schedule import learning_rate, set_learning_rate
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, quantized_reference
-from sepo.training.objective import EstimatorState, old_policy_kl, sepo_settings, token_loss
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
 from sepo.profiling import section
+from sepo.stages.evaluate import evaluate_and_write, evaluation_policy
+from sepo.tracking import NO_TRACKING, NullTracker
+from sepo.training.best_response import BestResponseSchedule
+from sepo.training.logprobs import token_logprobs
+from sepo.training.lr_schedule import learning_rate, set_learning_rate
+from sepo.training.objective import EstimatorState, old_policy_kl, sepo_settings, token_loss
 from sepo.training.rollouts import BatchBuilder, RolloutBatch
-from sepo.tracking import NullTracker
 
 log = logging.getLogger(__name__)
 
@@ -75,32 +76,44 @@ def _micro_batches(decisions: list[Decision], size: int) -> list[list[int]]:
     grow by a history line per round), so passes over similar lengths waste far less on padding.
     Every quantity computed per pass is a sum over decisions, so the grouping changes nothing else.
     """
-    order = sorted(range(len(decisions)),
-                   key=lambda i: len(decisions[i].extras["prompt_ids"]) + len(decisions[i].extras["gen_ids"]))
-    return [order[i:i + size] for i in range(0, len(order), size)]
+    order = sorted(
+        range(len(decisions)),
+        key=lambda i: len(decisions[i].tokens.prompt_ids) + len(decisions[i].tokens.gen_ids),
+    )
+    return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-def _policy_logprobs(model: Any, policy: LMPolicy, decisions: list[Decision], s: DictConfig
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def _policy_logprobs(
+    model: Any, policy: LMPolicy, decisions: list[Decision], s: DictConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[D, L] log-probs of the decisions' generated tokens under `model` as it is now, and their mask."""
-    prompts = [d.extras["prompt_ids"].tolist() for d in decisions]
-    gens = [d.extras["gen_ids"].tolist() for d in decisions]
+    prompts = [d.tokens.prompt_ids.tolist() for d in decisions]
+    gens = [d.tokens.gen_ids.tolist() for d in decisions]
     shared = policy.shared_prefix_length(prompts)  # the rules, encoded once per pass (model.prefix_cache)
     ids, mask, start = policy.pack_shared(prompts, shared, gens) if shared else policy.pack(prompts, gens)
-    lp = token_logprobs(model, ids, mask, start, chunk=int(s.logprob_chunk), temperature=float(s.temperature),
-                        shared_prefix=shared, **forward_extras(model, policy.model_cfg, ids))
+    lp = token_logprobs(
+        model,
+        ids,
+        mask,
+        start,
+        chunk=int(s.logprob_chunk),
+        temperature=float(s.temperature),
+        shared_prefix=shared,
+        **forward_extras(model, policy.model_cfg, ids),
+    )
     return lp, mask[:, start:].to(lp.dtype)
 
 
 def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     out = torch.zeros(len(rows), width)
     for i, row in enumerate(rows):
-        out[i, :len(row)] = row
+        out[i, : len(row)] = row
     return out
 
 
-def reference_logprobs(model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig,
-                       ref_model: Any = None) -> list[torch.Tensor] | None:
+def reference_logprobs(
+    model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig, ref_model: Any = None
+) -> list[torch.Tensor] | None:
     """log pi_ref of every trained decision's tokens: the same model with the adapter switched off,
     or `ref_model` (the 4-bit copy of `sepo.ref_4bit`) when given.
 
@@ -121,12 +134,13 @@ def reference_logprobs(model: Any, policy: LMPolicy, batch: RolloutBatch, s: Dic
 
 def generated_tokens(batch: RolloutBatch) -> int:
     """Tokens generated in the whole batch (summed over processes when data parallel: each holds its share)."""
-    return int(distributed.sum_floats(sum(len(d.extras["gen_ids"]) for d in batch.decisions))[0])
+    return int(distributed.sum_floats(sum(len(d.tokens.gen_ids) for d in batch.decisions))[0])
 
 
 # ------------------------------------------------------------------------------ the update
-def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref: list[torch.Tensor] | None,
-                         s: DictConfig) -> dict[str, float]:
+def accumulate_gradients(
+    model: Any, policy: LMPolicy, batch: RolloutBatch, ref: list[torch.Tensor] | None, s: DictConfig
+) -> dict[str, float]:
     """Backward of the batch loss (docs/spec.md §4.3) into `.grad`, micro-batch by micro-batch.
 
     The policy term is a sum over decisions, so micro-batches simply add up; the KL term is a mean
@@ -134,13 +148,19 @@ def accumulate_gradients(model: Any, policy: LMPolicy, batch: RolloutBatch, ref:
     """
     model.train()
     tokens = generated_tokens(batch)
-    sums = {"loss": 0.0, "policy_loss": 0.0, "kl_old": 0.0, "clip_fraction": 0.0, **({"kl_ref": 0.0} if ref is not None else {})}
+    sums = {
+        "loss": 0.0,
+        "policy_loss": 0.0,
+        "kl_old": 0.0,
+        "clip_fraction": 0.0,
+        **({"kl_ref": 0.0} if ref is not None else {}),
+    }
     for part in _micro_batches(batch.decisions, int(s.micro_batch)):
         decisions = [batch.decisions[i] for i in part]
         with section("update_forward"):
             lp, mask = _policy_logprobs(model, policy, decisions, s)
         width = lp.shape[1]
-        old = _pad([d.extras["logprobs"].float() for d in decisions], width).to(lp)
+        old = _pad([d.tokens.logprobs.float() for d in decisions], width).to(lp)
         reference = _pad([ref[i] for i in part], width).to(lp) if ref is not None else None
         adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=lp.dtype, device=lp.device)
         loss, stats = token_loss(lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens)
@@ -163,15 +183,21 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
         for part in _micro_batches(batch.decisions, int(s.micro_batch)):
             decisions = [batch.decisions[i] for i in part]
             lp, mask = _policy_logprobs(model, policy, decisions, s)
-            old = _pad([d.extras["logprobs"].float() for d in decisions], lp.shape[1]).to(lp)
+            old = _pad([d.tokens.logprobs.float() for d in decisions], lp.shape[1]).to(lp)
             total += float((old_policy_kl(lp, old) * mask).sum())
             tokens += int(mask.sum())
     total, tokens = distributed.sum_floats(total, tokens)
     return total / max(tokens, 1)
 
 
-def optimisation_step(model: Any, policy: LMPolicy, optimizer: torch.optim.Optimizer, batch: RolloutBatch,
-                      ref: list[torch.Tensor] | None, s: DictConfig) -> dict[str, float]:
+def optimisation_step(
+    model: Any,
+    policy: LMPolicy,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    ref: list[torch.Tensor] | None,
+    s: DictConfig,
+) -> dict[str, float]:
     """One optimizer step over the whole rollout batch; skipped when the loss or a gradient is not finite."""
     optimizer.zero_grad(set_to_none=True)
     stats = accumulate_gradients(model, policy, batch, ref, s)
@@ -203,17 +229,32 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, policy: LMPolicy, step: int,
-                    batch_index: int, estimator: EstimatorState, best_response: BestResponseSchedule) -> Path:
+def save_checkpoint(
+    out: Path,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    policy: LMPolicy,
+    step: int,
+    batch_index: int,
+    estimator: EstimatorState,
+    best_response: BestResponseSchedule,
+) -> Path:
     """Written into a temporary dir, synced, then renamed into place, and only then pointed at by
     `latest`: a crash mid-write never leaves `latest` naming a half-written checkpoint."""
     root = out / "checkpoints"
     ckpt, tmp = root / f"step_{step}", root / f".step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp / "adapter")
-    torch.save({"step": step, "batch_index": batch_index, "optimizer": optimizer.state_dict(),
-                "torch_rng": torch.get_rng_state(), "policy_rng": policy.generator.get_state()},
-               tmp / "train_state.pt")
+    torch.save(
+        {
+            "step": step,
+            "batch_index": batch_index,
+            "optimizer": optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "policy_rng": policy.generator.get_state(),
+        },
+        tmp / "train_state.pt",
+    )
     (tmp / "estimator_state.json").write_text(json.dumps(estimator.to_dict()) + "\n")
     best_response.save(tmp)
     _fsync_tree(tmp)
@@ -227,9 +268,11 @@ def read_checkpoint(ckpt: Path) -> dict[str, Any]:
     """Every file of a checkpoint, read and parsed before anything is applied (so a damaged one changes nothing)."""
     from safetensors.torch import load_file
 
-    return {"adapter": load_file(ckpt / "adapter" / "adapter_model.safetensors"),
-            "train_state": torch.load(ckpt / "train_state.pt", weights_only=True),
-            "estimator": json.loads((ckpt / "estimator_state.json").read_text())}
+    return {
+        "adapter": load_file(ckpt / "adapter" / "adapter_model.safetensors"),
+        "train_state": torch.load(ckpt / "train_state.pt", weights_only=True),
+        "estimator": json.loads((ckpt / "estimator_state.json").read_text()),
+    }
 
 
 def checkpoints_newest_first(out: Path) -> list[Path]:
@@ -237,12 +280,20 @@ def checkpoints_newest_first(out: Path) -> list[Path]:
     root = out / "checkpoints"
     pointer = root / "latest"
     named = [root / pointer.read_text().strip()] if pointer.exists() else []
-    steps = sorted((p for p in root.glob("step_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]), reverse=True)
+    steps = sorted(
+        (p for p in root.glob("step_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]), reverse=True
+    )
     return named + [p for p in steps if p not in named]
 
 
-def load_checkpoint(out: Path, model: Any, optimizer: torch.optim.Optimizer, policy: LMPolicy,
-                    estimator: EstimatorState, best_response: BestResponseSchedule) -> tuple[int, int]:
+def load_checkpoint(
+    out: Path,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    policy: LMPolicy,
+    estimator: EstimatorState,
+    best_response: BestResponseSchedule,
+) -> tuple[int, int]:
     """Restore the newest checkpoint that loads; returns (step, next batch index), or (0, 0) when there is none.
 
     A damaged one (truncated file, missing part) is reported in one line with its path and skipped
@@ -272,29 +323,35 @@ def evaluate_checkpoint(cfg: DictConfig, game: Game, model: Any, tokenizer: Any,
     validation episodes (`eval.validation_seed`: validation.json, what picks the best checkpoint)."""
     out = Path(cfg.paths.output_dir) / "eval" / f"step_{step}"
     checkpoint = "final" if final else f"step_{step}"
-    for split, seed, name in (("validation", int(cfg.eval.validation_seed), "validation.json"),
-                              ("test", int(cfg.seed), "results.json")):
-        policy = LMPolicy(model, tokenizer, cfg.model, temperature=float(cfg.eval.temperature),
-                          max_new_tokens=int(cfg.eval.max_new_tokens),
-                          seed=int(cfg.generation_seed) if split == "test" else seed,
-                          batch_size=int(cfg.eval.batch_size), action_samples=int(cfg.eval.action_samples))
-        result = evaluate_policy(game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval),
-                                 int(cfg.eval.episodes_per_opponent), seed,
-                                 mirrored=bool(cfg.game.get("mirrored", False)), progress=bool(cfg.eval.progress))
-        payload = write_results(out / name, cfg, result, stage="sepo", checkpoint=checkpoint, step=step, split=split)
+    for split, seed, name in (
+        ("validation", int(cfg.eval.validation_seed), "validation.json"),
+        ("test", int(cfg.seed), "results.json"),
+    ):
+        # validation episodes are sampled from their own stream too, so nothing of them leaks into the test's
+        policy = evaluation_policy(cfg, model, tokenizer, generation_seed=None if split == "test" else seed)
+        payload = evaluate_and_write(cfg, game, policy, out / name, "sepo", checkpoint, step, split)
     return payload
 
 
 # ------------------------------------------------------------------------------ the stage
-def training_parts(cfg: DictConfig, s: DictConfig, model: Any, tokenizer: Any
-                   ) -> tuple[LMPolicy, torch.optim.Optimizer, EstimatorState, BatchBuilder]:
+def training_parts(
+    cfg: DictConfig, s: DictConfig, model: Any, tokenizer: Any
+) -> tuple[LMPolicy, torch.optim.Optimizer, EstimatorState, BatchBuilder]:
     """The rollout policy, optimizer, estimator statistics and batch builder of a SEPO run on `model`
     (with its adapter attached); the benchmarks take their steps with the very same parts."""
-    policy = LMPolicy(model, tokenizer, cfg.model, temperature=float(s.temperature),
-                      max_new_tokens=int(s.max_new_tokens), seed=int(cfg.generation_seed),
-                      logprob_chunk=int(s.logprob_chunk), action_samples=int(s.best_response_samples))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=float(s.lr),
-                                  weight_decay=float(s.weight_decay))
+    policy = LMPolicy(
+        model,
+        tokenizer,
+        cfg.model,
+        temperature=float(s.temperature),
+        max_new_tokens=int(s.max_new_tokens),
+        seed=int(cfg.generation_seed),
+        logprob_chunk=int(s.logprob_chunk),
+        action_samples=int(s.best_response_samples),
+    )
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=float(s.lr), weight_decay=float(s.weight_decay)
+    )
     estimator = EstimatorState(scale_decay=float(s.adv_scale_decay), switch_episodes=int(s.exploit_switch_episodes))
     return policy, optimizer, estimator, BatchBuilder(cfg, s)
 
@@ -304,70 +361,171 @@ def best_response_schedule(builder: BatchBuilder, s: DictConfig) -> BestResponse
     (train, exploit, collusive) that respond to the agent; one in the robust pool is never played
     in training, and evaluation gives it the evaluated policy's table."""
     played = {n for pool in ("train", "exploit", "collusive") for n in builder.pools[pool]}
-    responders = [st for name, st in builder.strategies.items()
-                  if name in played and getattr(st, "responds_to_agent", False)]
+    responders = [
+        st for name, st in builder.strategies.items() if name in played and getattr(st, "responds_to_agent", False)
+    ]
     return BestResponseSchedule(responders, int(s.best_response_every), int(s.best_response_samples), int(s.seed))
 
 
-def run_sepo(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
-    s = sepo_settings(cfg)
-    out = Path(cfg.paths.output_dir)
-    torch.manual_seed(int(s.seed))
-    game = make_game(cfg.game)
+@dataclass
+class Learner:
+    """Everything a SEPO step touches, built once per run and restored from its latest checkpoint."""
+
+    model: Any  # the merged SFT model with a fresh LoRA adapter (the policy's weights)
+    ref_model: Any  # None: the reference is the adapter switched off; else a 4-bit copy (sepo.ref_4bit)
+    tokenizer: Any
+    policy: LMPolicy  # samples the rollouts (and their behaviour log-probs)
+    optimizer: torch.optim.Optimizer
+    estimator: EstimatorState  # running statistics: the exploit switch, the advantage scale
+    builder: BatchBuilder  # plays one rollout batch
+    best_response: BestResponseSchedule  # keeps the pools' best responders answering the current policy
+
+
+def build_learner(cfg: DictConfig, s: DictConfig) -> Learner:
     base, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     model = attach_lora(base, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout))
     # sepo.ref_4bit: the paper's frozen 4-bit reference; by default the reference is the adapter switched off
     ref_model = quantized_reference(model) if s.ref_4bit else None
     policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
     best_response = best_response_schedule(builder, s)
-    step, batch_index = (load_checkpoint(out, model, optimizer, policy, estimator, best_response)
-                         if cfg.resume == "auto" else (0, 0))
-    checkpoints = set(int(k) for k in s.checkpoint_steps) | {int(s.steps)}
-    kill_after = s.get("debug_kill_after_step")
+    return Learner(model, ref_model, tokenizer, policy, optimizer, estimator, builder, best_response)
+
+
+def resume_point(cfg: DictConfig, out: Path, learner: Learner) -> tuple[int, int]:
+    """(optimizer step, rollout batch index) to continue from: the newest loadable checkpoint's, or 0."""
+    if cfg.resume != "auto":
+        return 0, 0
+    return load_checkpoint(
+        out, learner.model, learner.optimizer, learner.policy, learner.estimator, learner.best_response
+    )
+
+
+def refresh_best_response(learner: Learner, game: Game, step: int, tracker: NullTracker) -> None:
+    """Every `best_response_every` steps the best responders re-read the policy as it plays now."""
+    if not learner.best_response.due(step):
+        return
+    cost = learner.best_response.refresh(game, learner.policy, step)
+    tracker.log({f"sepo/{k}": v for k, v in cost.items()}, step=step)
+    log.info(
+        "step %d  best response re-read in %.1f s (%d sampled answers): exploit_exact %.3f ± %.3f",
+        step,
+        cost["best_response/seconds"],
+        cost["best_response/decisions_sampled"],
+        cost["best_response/exploit_exact"],
+        cost["best_response/exploit_exact_se"],
+    )
+
+
+def update(learner: Learner, batch: RolloutBatch, ref: list[torch.Tensor] | None, s: DictConfig, step: int) -> dict:
+    """One optimizer step at this step's learning rate (the schedule is a function of the step alone)."""
+    lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
+    set_learning_rate(learner.optimizer, lr)
+    stats = {**optimisation_step(learner.model, learner.policy, learner.optimizer, batch, ref, s), "lr": lr}
+    if stats["skipped"]:
+        log.warning("step %d: non-finite loss or gradient, update skipped", step + 1)
+    return stats
+
+
+def refresh_due(
+    learner: Learner, batch: RolloutBatch, s: DictConfig, reuse: int, step: int, checkpoints: set[int], stats: dict
+) -> bool:
+    """The refresh rule ("5 steps or KL > 0.5"): fresh rollouts after `refresh_steps` updates on a batch,
+    at a checkpoint or the end of the run (a checkpoint never stores rollouts), or once the updated
+    policy has moved more than `refresh_kl` from the one that sampled the batch (logged as kl_old_after)."""
+    if reuse + 1 == int(s.refresh_steps) or step in checkpoints or step >= int(s.steps):
+        return True
+    stats["kl_old_after"] = old_policy_divergence(learner.model, learner.policy, batch, s)
+    return stats["kl_old_after"] > float(s.refresh_kl)
+
+
+def log_step(
+    tracker: NullTracker, step: int, reuse: int, batch: RolloutBatch, stats: dict, tokens: int, seconds: float
+):
+    tracker.log(
+        {
+            **{f"sepo/{k}": v for k, v in {**batch.stats, **stats}.items()},
+            "sepo/reuse": reuse,
+            "sepo/tokens_generated": tokens,
+            "sepo/seconds_per_step": seconds,
+        },
+        step=step,
+    )
+    log.info(
+        "step %d  loss %.4f  objective %.3f  kl_ref %.4f  kl_after %s  clip %.3f",
+        step,
+        stats["loss"],
+        batch.stats["objective"],
+        stats.get("kl_ref", 0.0),
+        f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-",
+        stats["clip_fraction"],
+    )
+
+
+def checkpoint(
+    cfg: DictConfig,
+    out: Path,
+    game: Game,
+    learner: Learner,
+    step: int,
+    batch_index: int,
+    final: bool,
+    tracker: NullTracker,
+) -> None:
+    """Evaluate the policy (test and validation episodes) and save everything a resume needs, on rank 0;
+    every process waits for it."""
+    if distributed.is_main():
+        result = evaluate_checkpoint(cfg, game, learner.model, learner.tokenizer, step, final)
+        tracker.log({f"eval/{k}": v for k, v in result["metrics"].items()}, step=step)
+        save_checkpoint(
+            out,
+            learner.model,
+            learner.optimizer,
+            learner.policy,
+            step,
+            batch_index,
+            learner.estimator,
+            learner.best_response,
+        )
+    distributed.barrier()
+
+
+def crash_if_asked(s: DictConfig, step: int) -> None:
+    """Test hook (`sepo.debug_kill_after_step`): die here like a preempted job, to check resume."""
+    if s.get("debug_kill_after_step") is not None and step == int(s.debug_kill_after_step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, Any]:
+    s = sepo_settings(cfg)
+    out = Path(cfg.paths.output_dir)
+    torch.manual_seed(int(s.seed))
+    game = make_game(cfg.game)
+    learner = build_learner(cfg, s)
+    step, batch_index = resume_point(cfg, out, learner)
+    checkpoints = {int(k) for k in s.checkpoint_steps} | {int(s.steps)}
 
     while step < int(s.steps):
         started = time.time()
-        if best_response.due(step):  # the exploiter answers the policy as it is now
-            cost = best_response.refresh(game, policy, step)
-            tracker.log({f"sepo/{k}": v for k, v in cost.items()}, step=step)
-            log.info("step %d  best response re-read in %.1f s (%d sampled answers): exploit_exact %.3f ± %.3f", step,
-                     cost["best_response/seconds"], cost["best_response/decisions_sampled"],
-                     cost["best_response/exploit_exact"], cost["best_response/exploit_exact_se"])
-        batch = builder.collect(game, RecordingPolicy(policy), batch_index, estimator)
+        refresh_best_response(learner, game, step, tracker)  # the exploiter answers the policy as it is now
+        batch = learner.builder.collect(game, RecordingPolicy(learner.policy), batch_index, learner.estimator)
         batch_index += 1
-        ref = reference_logprobs(model, policy, batch, s, ref_model)
+        ref = reference_logprobs(learner.model, learner.policy, batch, s, learner.ref_model)
         tokens = generated_tokens(batch)
         for reuse in range(int(s.refresh_steps)):
-            lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
-            set_learning_rate(optimizer, lr)
-            stats = {**optimisation_step(model, policy, optimizer, batch, ref, s), "lr": lr}
+            stats = update(learner, batch, ref, s, step)
             step += 1
-            if stats["skipped"]:
-                log.warning("step %d: non-finite loss or gradient, update skipped", step)
-            last_on_batch = (reuse + 1 == int(s.refresh_steps) or step in checkpoints or step >= int(s.steps))
-            if not last_on_batch:  # would the next step reuse this batch? ask the updated policy
-                stats["kl_old_after"] = old_policy_divergence(model, policy, batch, s)
-            tracker.log({**{f"sepo/{k}": v for k, v in {**batch.stats, **stats}.items()},
-                         "sepo/reuse": reuse, "sepo/tokens_generated": tokens,
-                         "sepo/seconds_per_step": time.time() - started}, step=step)
-            log.info("step %d  loss %.4f  objective %.3f  kl_ref %.4f  kl_after %s  clip %.3f", step, stats["loss"],
-                     batch.stats["objective"], stats.get("kl_ref", 0.0),
-                     f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-", stats["clip_fraction"])
+            done_with_batch = refresh_due(learner, batch, s, reuse, step, checkpoints, stats)
+            log_step(tracker, step, reuse, batch, stats, tokens, time.time() - started)
             started = time.time()
-            if step in checkpoints and distributed.is_main():  # the others wait at the barrier below
-                result = evaluate_checkpoint(cfg, game, model, tokenizer, step, final=step == int(s.steps))
-                tracker.log({f"eval/{k}": v for k, v in result["metrics"].items()}, step=step)
-                save_checkpoint(out, model, optimizer, policy, step, batch_index, estimator, best_response)
             if step in checkpoints:
-                distributed.barrier()
-            if kill_after is not None and step == int(kill_after):
-                os.kill(os.getpid(), signal.SIGKILL)  # test hook: crash like a preempted job
-            if last_on_batch or stats["kl_old_after"] > float(s.refresh_kl):
+                checkpoint(cfg, out, game, learner, step, batch_index, step == int(s.steps), tracker)
+            crash_if_asked(s, step)
+            if done_with_batch:
                 break
 
     if not distributed.is_main():
         return {}
-    model.save_pretrained(out / "adapter")
+    learner.model.save_pretrained(out / "adapter")
     summary = json.loads((out / "eval" / f"step_{int(s.steps)}" / "results.json").read_text())
     tracker.summary({f"final/{k}": v for k, v in summary["metrics"].items()})
     return summary

@@ -16,7 +16,7 @@ transformers `Trainer`, then writes into the run dir:
 - `eval/sft/results.json`  the merged model played against every pool by stage eval's code
 
 Settings: the `sft` node; a model may set its own defaults in `model.sft` (conf/sft/default.yaml reads
-them with `oc.select`), and an `sft.<key>=...` override always wins (`sft_settings` checks them).
+them with `oc.select`), and an `sft.<key>=...` override always wins (sepo/config.py checks them before any work).
 Data: `<sft.data_dir>/<dataset>/{train,valid}.jsonl`; when missing it is generated with
 `sepo.training.sft_data` from the shipped game configs and the `datagen` settings, written to a temporary
 directory and renamed into place, so concurrent runs never read half a dataset.
@@ -46,8 +46,10 @@ import math
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,9 +58,14 @@ from omegaconf import DictConfig, OmegaConf
 from sepo import distributed
 from sepo.errors import ConfigError, one_line
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, lora_module_names, render_chat
-from sepo.training.sft_batching import (SFTBatchCollator, check_prefix_sharing, encode_examples, greedy_answers,
-                               sft_trainer_class)
-from sepo.tracking import NullTracker, flatten
+from sepo.tracking import NO_TRACKING, NullTracker, flatten
+from sepo.training.sft_batching import (
+    SFTBatchCollator,
+    check_prefix_sharing,
+    encode_examples,
+    greedy_answers,
+    sft_trainer_class,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +84,10 @@ def model_settable_keys() -> list[str]:
 
 def sft_settings(cfg: DictConfig) -> DictConfig:
     """The resolved `sft` node (the model's `model.sft` defaults already applied by the YAML's
-    `oc.select`, command-line `sft.<key>=` overrides winning), checked, with `lora.target_modules`
-    filled from `model.lora.target_modules` when the node leaves it null.
-
-    A `model.sft` key that the `sft` node does not read is an error, not a silently ignored setting.
+    `oc.select`, command-line `sft.<key>=` overrides winning), with `lora.target_modules` filled from
+    `model.lora.target_modules` when the node leaves it null. Its values were checked before any work
+    (sepo/config.py); a `model.sft` key that the `sft` node does not read is an error here, not a
+    silently ignored setting.
     """
     override = cfg.model.get("sft") or {}
     override = OmegaConf.to_container(override, resolve=True) if OmegaConf.is_config(override) else dict(override)
@@ -88,35 +95,17 @@ def sft_settings(cfg: DictConfig) -> DictConfig:
         allowed = model_settable_keys()
         unknown = [k for k, _ in _leaves(override) if k not in allowed]
         if unknown:
-            raise ConfigError(f"model.sft.{unknown[0]} is not an SFT setting a model can set; allowed: "
-                              f"{', '.join(allowed)}")
-        log.info("sft: model=%s sets its own SFT defaults %s (an sft.<key>=... override wins)", cfg.model.name,
-                 ", ".join(f"{k}={v!r}" for k, v in _leaves(override)))
+            raise ConfigError(
+                f"model.sft.{unknown[0]} is not an SFT setting a model can set; allowed: {', '.join(allowed)}"
+            )
+        log.info(
+            "sft: model=%s sets its own SFT defaults %s (an sft.<key>=... override wins)",
+            cfg.model.name,
+            ", ".join(f"{k}={v!r}" for k, v in _leaves(override)),
+        )
     s = OmegaConf.create(OmegaConf.to_container(cfg.sft, resolve=True))
-    if s.lora.target_modules is None and not s.full_finetune:
-        target = (cfg.model.get("lora") or {}).get("target_modules")
-        if not target:
-            raise ConfigError(f"model={cfg.model.name} names no LoRA targets: set model.lora.target_modules "
-                              "(a regex over module names) or sft.lora.target_modules")
-        s.lora.target_modules = target
-    if s.dataset is None:
-        raise ConfigError(f"sft.dataset is not set and game.sft_dataset is missing for game={cfg.game.name}")
-    if not 0.0 <= float(s.warmup_ratio) < 1.0:
-        raise ConfigError(f"sft.warmup_ratio={s.warmup_ratio} is not allowed; allowed: a number in [0, 1)")
-    save = s.save_steps
-    if not ((isinstance(save, int) and save >= 1) or (isinstance(save, float) and 0.0 < save < 1.0)):
-        raise ConfigError(f"sft.save_steps={save!r} is not allowed; allowed: an integer >= 1 (optimizer steps) or a "
-                          "number in (0, 1) (a share of the run's steps)")
-    for key in ("per_device_batch_size", "grad_accum", "max_length", "eval_steps", "logging_steps",
-                "eval_batch_size", "agreement_batch_size", "agreement_max_new_tokens", "prefix_min_tokens"):
-        if not isinstance(s[key], int) or s[key] < 1:
-            raise ConfigError(f"sft.{key}={s[key]!r} is not allowed; allowed: an integer >= 1")
-    if s.prefix_sharing and not s.answer_logits_only:
-        raise ConfigError("sft.prefix_sharing=true needs sft.answer_logits_only=true (its batch layout); allowed: "
-                          "sft.prefix_sharing=false, or sft.answer_logits_only=true")
-    if s.prefix_sharing and s.gradient_checkpointing:
-        raise ConfigError("sft.prefix_sharing=true needs sft.gradient_checkpointing=false (checkpointed layers drop "
-                          "the KV cache the shared prefix lives in); allowed: one of the two false")
+    if s.lora.target_modules is None and not s.full_finetune:  # sepo/config.py checked that the model names them
+        s.lora.target_modules = cfg.model.lora.target_modules
     return s
 
 
@@ -154,9 +143,15 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     if dataset not in dc.dataset_games:
         raise ConfigError(f"sft.dataset={dataset} is not a datagen dataset; allowed: {', '.join(dc.dataset_games)}")
     caps = dc.get("per_game_cap") or {}
-    settings = {"dataset": dataset, "games": list(dc.dataset_games[dataset]), "seed": int(dc.seed),
-                "valid_fraction": float(dc.valid_fraction), "per_game_cap": caps.get(dataset),
-                "episodes_per_opponent": dc.episodes_per_opponent, "num_opponents": int(dc.num_opponents)}
+    settings = {
+        "dataset": dataset,
+        "games": list(dc.dataset_games[dataset]),
+        "seed": int(dc.seed),
+        "valid_fraction": float(dc.valid_fraction),
+        "per_game_cap": caps.get(dataset),
+        "episodes_per_opponent": dc.episodes_per_opponent,
+        "num_opponents": int(dc.num_opponents),
+    }
     if _complete(ds_dir):
         made = ds_dir / "manifest.json"  # written when this stage generated the data (stage datagen writes none here)
         if made.exists():
@@ -166,13 +161,25 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
                 raise ConfigError(
                     f"sft.data_dir={data_dir} holds a {dataset} dataset generated with other datagen settings "
                     f"({', '.join(f'{k}: {old.get(k)!r} there, {settings[k]!r} now' for k in diff)}); set sft.data_dir "
-                    "to another directory or remove that one")
+                    "to another directory or remove that one"
+                )
         return ds_dir
-    log.info("sft: dataset %s missing under %s; generating it (games %s, seed %s)", dataset, data_dir,
-             settings["games"], dc.seed)
-    splits = generate_dataset(dataset, [load_game_cfg(g) for g in settings["games"]], int(dc.seed),
-                              float(dc.valid_fraction), caps.get(dataset), dc.episodes_per_opponent,
-                              int(dc.num_opponents))
+    log.info(
+        "sft: dataset %s missing under %s; generating it (games %s, seed %s)",
+        dataset,
+        data_dir,
+        settings["games"],
+        dc.seed,
+    )
+    splits = generate_dataset(
+        dataset,
+        [load_game_cfg(g) for g in settings["games"]],
+        int(dc.seed),
+        float(dc.valid_fraction),
+        caps.get(dataset),
+        dc.episodes_per_opponent,
+        int(dc.num_opponents),
+    )
     data_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dataset}-", dir=data_dir))
     try:
@@ -220,8 +227,15 @@ class ChatSFTCollator:
     names the model's argument (Gemma 4).
     """
 
-    def __init__(self, tokenizer: Any, model_cfg: Any, max_length: int, eos_ids: set[int],
-                 type_ids_key: str | None = None, assistant_only: bool = True):
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_cfg: Any,
+        max_length: int,
+        eos_ids: set[int],
+        type_ids_key: str | None = None,
+        assistant_only: bool = True,
+    ):
         self.tokenizer = tokenizer
         self.model_cfg = model_cfg
         self.max_length = int(max_length)
@@ -243,7 +257,7 @@ class ChatSFTCollator:
         full = render_chat(self.tokenizer, self.model_cfg, messages, add_generation_prompt=False)
         content = messages[-1]["content"]
         at = full.rfind(content)
-        tail = full[at + len(content):] if at >= 0 else ""
+        tail = full[at + len(content) :] if at >= 0 else ""
         answer = self._ids(content + tail)
         stop = next((i + 1 for i, t in enumerate(answer) if t in self.eos_ids), None)
         if stop is not None:
@@ -256,12 +270,13 @@ class ChatSFTCollator:
         prompt, answer = self.split(messages)
         if len(answer) > self.max_length:  # cannot happen with the games' short answers
             if not self._warned:
-                log.warning("sft: an answer of %d tokens exceeds sft.max_length=%d and is cut", len(answer),
-                            self.max_length)
+                log.warning(
+                    "sft: an answer of %d tokens exceeds sft.max_length=%d and is cut", len(answer), self.max_length
+                )
                 self._warned = True
             answer = answer[: self.max_length]
         budget = self.max_length - len(answer)
-        prompt = prompt[len(prompt) - budget:] if len(prompt) > budget else prompt
+        prompt = prompt[len(prompt) - budget :] if len(prompt) > budget else prompt
         prompt = prompt if budget > 0 else []
         labels = ([-100] * len(prompt) if self.assistant_only else list(prompt)) + answer
         return prompt + answer, labels
@@ -296,8 +311,14 @@ class ListDataset(torch.utils.data.Dataset):
 # --------------------------------------------------------------------------- model
 def apply_lora(model: Any, s: DictConfig) -> Any:
     """Wrap `model` with LoRA adapters on the modules matched in full by `s.lora.target_modules`."""
-    return attach_lora(model, str(s.lora.target_modules), int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout),
-                       key="sft.lora.target_modules")
+    return attach_lora(
+        model,
+        str(s.lora.target_modules),
+        int(s.lora.r),
+        int(s.lora.alpha),
+        float(s.lora.dropout),
+        key="sft.lora.target_modules",
+    )
 
 
 def _type_ids_key(model: Any, model_cfg: Any) -> str | None:
@@ -313,8 +334,11 @@ def tracker_callback(tracker: NullTracker, prefix: str = "sft"):
     class TrackerCallback(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs:
-                values = {f"{prefix}/{k}": v for k, v in logs.items()
-                          if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                values = {
+                    f"{prefix}/{k}": v
+                    for k, v in logs.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
                 if values:
                     tracker.log(values, step=int(state.global_step))
 
@@ -327,8 +351,16 @@ def training_curve(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for entry in log_history:
         step = int(entry.get("step", 0))
         if "loss" in entry or "eval_loss" in entry:
-            row = rows.setdefault(step, {"step": step, "epoch": entry.get("epoch"), "train_loss": None,
-                                         "valid_loss": None, "learning_rate": None})
+            row = rows.setdefault(
+                step,
+                {
+                    "step": step,
+                    "epoch": entry.get("epoch"),
+                    "train_loss": None,
+                    "valid_loss": None,
+                    "learning_rate": None,
+                },
+            )
             if "loss" in entry:
                 row["train_loss"] = float(entry["loss"])
                 row["learning_rate"] = entry.get("learning_rate")
@@ -367,9 +399,16 @@ def write_curve(rows: list[dict[str, Any]], out: Path) -> None:
 
 
 # --------------------------------------------------------------------------- action agreement
-def generate_answers(model: Any, tokenizer: Any, model_cfg: Any, prompts: list[list[dict[str, str]]],
-                     batch_size: int, max_new_tokens: int, share_prefix: bool = False, min_shared: int = 16
-                     ) -> list[str]:
+def generate_answers(
+    model: Any,
+    tokenizer: Any,
+    model_cfg: Any,
+    prompts: list[list[dict[str, str]]],
+    batch_size: int,
+    max_new_tokens: int,
+    share_prefix: bool = False,
+    min_shared: int = 16,
+) -> list[str]:
     """Greedy answers to chat prompts, cut at the end of turn, in the prompts' order.
 
     Batched by common prefix and length (sepo/training/sft_batching.py:prompt_batches: little padding); with
@@ -377,29 +416,59 @@ def generate_answers(model: Any, tokenizer: Any, model_cfg: Any, prompts: list[l
     """
     eos = end_of_turn_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ids = [tokenizer(render_chat(tokenizer, model_cfg, m, add_generation_prompt=True),
-                     add_special_tokens=False)["input_ids"] for m in prompts]
+    ids = [
+        tokenizer(render_chat(tokenizer, model_cfg, m, add_generation_prompt=True), add_special_tokens=False)[
+            "input_ids"
+        ]
+        for m in prompts
+    ]
     was_training = model.training
     model.eval()
     try:
-        rows = greedy_answers(model, ids, eos, pad, batch_size, max_new_tokens, share_prefix, min_shared,
-                              extras=lambda x: forward_extras(model, model_cfg, x))
+        rows = greedy_answers(
+            model,
+            ids,
+            eos,
+            pad,
+            batch_size,
+            max_new_tokens,
+            share_prefix,
+            min_shared,
+            extras=lambda x: forward_extras(model, model_cfg, x),
+        )
     finally:
         model.train(was_training)
     return [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
 
 
-def action_agreement(model: Any, tokenizer: Any, model_cfg: Any, examples: list[dict[str, Any]],
-                     actions_by_game: dict[str, list[str]], games: dict[str, Any], batch_size: int,
-                     max_new_tokens: int, samples: int = 10, share_prefix: bool = False,
-                     min_shared: int = 16) -> dict[str, Any]:
+def action_agreement(
+    model: Any,
+    tokenizer: Any,
+    model_cfg: Any,
+    examples: list[dict[str, Any]],
+    actions_by_game: dict[str, list[str]],
+    games: dict[str, Any],
+    batch_size: int,
+    max_new_tokens: int,
+    samples: int = 10,
+    share_prefix: bool = False,
+    min_shared: int = 16,
+) -> dict[str, Any]:
     """Parse rate and agreement with the demonstrator of greedy answers to `examples`' prompts.
 
     An answer parses when the game's `parse_action` finds, on its last non-empty line, one of the
     actions seen for that game in the dataset; it agrees when that action is the demonstrator's.
     """
-    answers = generate_answers(model, tokenizer, model_cfg, [ex["messages"][:-1] for ex in examples],
-                               batch_size, max_new_tokens, share_prefix, min_shared)
+    answers = generate_answers(
+        model,
+        tokenizer,
+        model_cfg,
+        [ex["messages"][:-1] for ex in examples],
+        batch_size,
+        max_new_tokens,
+        share_prefix,
+        min_shared,
+    )
     per_game: dict[str, dict[str, int]] = {}
     shown = []
     for ex, text in zip(examples, answers):
@@ -409,15 +478,18 @@ def action_agreement(model: Any, tokenizer: Any, model_cfg: Any, examples: list[
         g["parsed"] += action is not None
         g["agree"] += action == ex["action"]
         if len(shown) < samples:
-            shown.append({"game": ex["game"], "target": ex["messages"][-1]["content"], "answer": text,
-                          "parsed": action})
+            shown.append(
+                {"game": ex["game"], "target": ex["messages"][-1]["content"], "answer": text, "parsed": action}
+            )
     n = max(len(examples), 1)
     return {
         "examples": len(examples),
         "parse_rate": sum(g["parsed"] for g in per_game.values()) / n,
         "action_agreement": sum(g["agree"] for g in per_game.values()) / n,
-        "per_game": {k: {**v, "parse_rate": v["parsed"] / v["examples"], "action_agreement": v["agree"] / v["examples"]}
-                     for k, v in sorted(per_game.items())},
+        "per_game": {
+            k: {**v, "parse_rate": v["parsed"] / v["examples"], "action_agreement": v["agree"] / v["examples"]}
+            for k, v in sorted(per_game.items())
+        },
         "samples": shown,
     }
 
@@ -461,8 +533,14 @@ def training_arguments(s: DictConfig, out: Path, has_valid: bool, progress: bool
     )
 
 
-def training_data(s: DictConfig, model: Any, model_name: str, collator: ChatSFTCollator,
-                  train: list[dict[str, Any]], valid: list[dict[str, Any]]):
+def training_data(
+    s: DictConfig,
+    model: Any,
+    model_name: str,
+    collator: ChatSFTCollator,
+    train: list[dict[str, Any]],
+    valid: list[dict[str, Any]],
+):
     """(Trainer class, train dataset, eval dataset or None, data collator) for the settings.
 
     `sft.answer_logits_only`: examples encoded once, left-padded batches whose vocabulary logits
@@ -477,18 +555,25 @@ def training_data(s: DictConfig, model: Any, model_name: str, collator: ChatSFTC
         return Trainer, ListDataset(train), ListDataset(valid) if valid else None, collator
     if s.prefix_sharing and distributed.world_size() > 1:
         # a shared prefix is a second forward pass per step through the DDP wrapper, which expects one
-        log.info("sft: data parallel over %d processes: sft.prefix_sharing off (same loss, one forward per step)",
-                 distributed.world_size())
+        log.info(
+            "sft: data parallel over %d processes: sft.prefix_sharing off (same loss, one forward per step)",
+            distributed.world_size(),
+        )
         s.prefix_sharing = False
     if s.prefix_sharing:
         why = check_prefix_sharing(model)
         if why:
-            raise ConfigError(f"sft.prefix_sharing=true is not exact for model={model_name}: {why}; "
-                              "set sft.prefix_sharing=false")
+            raise ConfigError(
+                f"sft.prefix_sharing=true is not exact for model={model_name}: {why}; set sft.prefix_sharing=false"
+            )
     started = time.time()
     train_items, valid_items = encode_examples(collator.encode, train), encode_examples(collator.encode, valid)
-    log.info("sft: %d examples encoded in %.1f s; logits on the answer positions only%s", len(train) + len(valid),
-             time.time() - started, ", shared prefixes computed once per batch" if s.prefix_sharing else "")
+    log.info(
+        "sft: %d examples encoded in %.1f s; logits on the answer positions only%s",
+        len(train) + len(valid),
+        time.time() - started,
+        ", shared prefixes computed once per batch" if s.prefix_sharing else "",
+    )
     trainer_cls = sft_trainer_class()
     trainer_cls.type_ids_key = collator.type_ids_key
     batches = SFTBatchCollator(collator.pad_id, bool(s.prefix_sharing), int(s.prefix_min_tokens))
@@ -519,8 +604,11 @@ def newest_loadable_checkpoint(ckpt_dir: Path) -> str | None:
     """The newest Trainer checkpoint that loads; a damaged one is reported in one line and skipped."""
     if not ckpt_dir.is_dir():
         return None
-    found = sorted((p for p in ckpt_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()),
-                   key=lambda p: int(p.name.split("-")[1]), reverse=True)
+    found = sorted(
+        (p for p in ckpt_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()),
+        key=lambda p: int(p.name.split("-")[1]),
+        reverse=True,
+    )
     for ckpt in found:
         problem = checkpoint_loads(ckpt)
         if problem is None:
@@ -529,27 +617,65 @@ def newest_loadable_checkpoint(ckpt_dir: Path) -> str | None:
     return None
 
 
-def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, Any]:
-    from transformers import set_seed
+@dataclass
+class SftData:
+    """The dataset on disk and the examples this run trains and validates on."""
 
-    started = time.time()
-    s = sft_settings(cfg)
-    out = Path(cfg.paths.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    directory: Path
+    train_all: list[dict[str, Any]]  # every training example (the action vocabulary is read from all)
+    valid_all: list[dict[str, Any]]  # every validation example (the agreement set is its head)
+    train: list[dict[str, Any]]  # the seeded subsample trained on (`sft.max_examples`)
+    valid: list[dict[str, Any]]  # the seeded subsample the validation loss is taken on
 
-    # ---- data
-    ds_dir = ensure_dataset(cfg, str(s.dataset), s.data_dir)
-    train_all = read_jsonl(ds_dir / "train.jsonl")
-    valid_all = read_jsonl(ds_dir / "valid.jsonl")
+
+@dataclass
+class SftModel:
+    """The model being fine-tuned, and what the metrics say of its parameters."""
+
+    model: Any
+    tokenizer: Any
+    total_parameters: int
+    trainable_parameters: int
+    lora_modules: list[str]  # empty for a full fine-tune
+
+
+@dataclass
+class SftTraining:
+    """What the Trainer leaves behind."""
+
+    model: Any  # the trained model (still with its adapter under LoRA)
+    step: int  # the last optimizer step
+    resumed_from_step: int | None
+    valid_loss: float | None
+    curve: list[dict[str, Any]]  # the loss curve, one row per logged step
+    train_loss_mean: float  # the Trainer's mean training loss over the run
+
+
+def load_data(cfg: DictConfig, s: DictConfig) -> SftData:
+    directory = ensure_dataset(cfg, str(s.dataset), s.data_dir)
+    train_all = read_jsonl(directory / "train.jsonl")
+    valid_all = read_jsonl(directory / "valid.jsonl")
     train = subsample(train_all, s.max_examples, s.seed, "train")
     valid = subsample(valid_all, s.max_valid_examples, s.seed, "valid")
-    log.info("sft: dataset %s from %s: %d/%d train, %d/%d valid examples", s.dataset, ds_dir, len(train),
-             len(train_all), len(valid), len(valid_all))
+    log.info(
+        "sft: dataset %s from %s: %d/%d train, %d/%d valid examples",
+        s.dataset,
+        directory,
+        len(train),
+        len(train_all),
+        len(valid),
+        len(valid_all),
+    )
+    return SftData(directory, train_all, valid_all, train, valid)
 
-    # ---- model
+
+def build_model(cfg: DictConfig, s: DictConfig) -> SftModel:
+    """The model to fine-tune: every weight trainable, or a LoRA adapter on `lora.target_modules`."""
+    from transformers import set_seed
+
     set_seed(int(s.seed))
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
-    total_params = sum(p.numel() for p in model.parameters())
+    total = sum(p.numel() for p in model.parameters())
     if s.full_finetune:
         for p in model.parameters():
             p.requires_grad_(True)
@@ -560,43 +686,69 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
         if s.gradient_checkpointing:
             model.enable_input_require_grads()
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.info("sft: %s, %d trainable of %d parameters%s", "full fine-tune" if s.full_finetune else "LoRA",
-             trainable, total_params, f" ({len(lora_modules)} LoRA modules)" if lora_modules else "")
+    log.info(
+        "sft: %s, %d trainable of %d parameters%s",
+        "full fine-tune" if s.full_finetune else "LoRA",
+        trainable,
+        total,
+        f" ({len(lora_modules)} LoRA modules)" if lora_modules else "",
+    )
+    return SftModel(model, tokenizer, total, trainable, lora_modules)
 
-    type_ids_key = _type_ids_key(model, cfg.model)
-    collator = ChatSFTCollator(tokenizer, cfg.model, int(s.max_length), end_of_turn_ids(model, tokenizer),
-                               type_ids_key, bool(s.assistant_only_loss))
-    trainer_cls, train_ds, valid_ds, data_collator = training_data(s, model, cfg.model.name, collator, train, valid)
 
-    # ---- training (resume=auto continues from the last Trainer checkpoint)
-    ckpt_dir = out / "checkpoints"
+def resume_checkpoint(cfg: DictConfig, ckpt_dir: Path) -> tuple[str | None, int | None]:
+    """resume=auto: the newest Trainer checkpoint that loads, and its step; resume=never: none (old ones go)."""
     last = newest_loadable_checkpoint(ckpt_dir)
     if cfg.resume != "auto" and ckpt_dir.exists():
         log.info("sft: resume=%s: removing old checkpoints in %s", cfg.resume, ckpt_dir)
         shutil.rmtree(ckpt_dir)
         last = None
-    resumed_step = None
-    if last:
-        resumed_step = json.loads((Path(last) / "trainer_state.json").read_text())["global_step"]
-        log.info("sft: resuming from %s (step %d)", last, resumed_step)
+    if not last:
+        return None, None
+    step = json.loads((Path(last) / "trainer_state.json").read_text())["global_step"]
+    log.info("sft: resuming from %s (step %d)", last, step)
+    return last, step
 
-    trainer = trainer_cls(model=model, args=training_arguments(s, out, bool(valid), bool(cfg.eval.get("progress", True))),
-                          train_dataset=train_ds, eval_dataset=valid_ds, data_collator=data_collator,
-                          callbacks=[tracker_callback(tracker)])
+
+def train(
+    cfg: DictConfig, s: DictConfig, out: Path, data: SftData, built: SftModel, tracker: NullTracker
+) -> SftTraining:
+    """The transformers Trainer on the chat examples (loss on the answer and its end of turn)."""
+    model, tokenizer = built.model, built.tokenizer
+    collator = ChatSFTCollator(
+        tokenizer,
+        cfg.model,
+        int(s.max_length),
+        end_of_turn_ids(model, tokenizer),
+        _type_ids_key(model, cfg.model),
+        bool(s.assistant_only_loss),
+    )
+    trainer_cls, train_ds, valid_ds, data_collator = training_data(
+        s, model, cfg.model.name, collator, data.train, data.valid
+    )
+    last, resumed_step = resume_checkpoint(cfg, out / "checkpoints")
+    trainer = trainer_cls(
+        model=model,
+        args=training_arguments(s, out, bool(data.valid), bool(cfg.eval.get("progress", True))),
+        train_dataset=train_ds,
+        eval_dataset=valid_ds,
+        data_collator=data_collator,
+        callbacks=[tracker_callback(tracker)],
+    )
     train_output = trainer.train(resume_from_checkpoint=last)
     step = int(trainer.state.global_step)
     valid_loss = None
-    if valid:
+    if data.valid:
         at_end = [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e and e.get("step") == step]
         valid_loss = float(at_end[-1]) if at_end else float(trainer.evaluate()["eval_loss"])
-    if not distributed.is_main():  # data parallel: rank 0 alone saves, merges, measures and evaluates
-        return {}
     curve = training_curve(trainer.state.log_history)
-    write_curve(curve, out)
-    train_losses = [r["train_loss"] for r in curve if r["train_loss"] is not None]
+    return SftTraining(trainer.model, step, resumed_step, valid_loss, curve, float(train_output.training_loss))
 
-    # ---- outputs: adapter, merged model
-    model = trainer.model
+
+def export_merged(cfg: DictConfig, s: DictConfig, out: Path, trained: SftTraining, built: SftModel) -> DictConfig:
+    """Write adapter/ (LoRA) and merged/ (the full model, atomically), free the trained copy, and return the
+    model settings that load merged/ as the later stages will."""
+    model, tokenizer = trained.model, built.tokenizer
     if not s.full_finetune:
         adapter = out / "adapter"
         shutil.rmtree(adapter, ignore_errors=True)
@@ -610,67 +762,120 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NullTracker()) -> dict[str, 
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(merged, ignore_errors=True)
     tmp.rename(merged)
-    trained_seconds = time.time() - started
-    del trainer, model
+    trained.model = built.model = model = None  # every reference, so the memory is free before the reload
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    return OmegaConf.create({**OmegaConf.to_container(cfg.model, resolve=True), "path": str(merged), "revision": None})
 
-    # ---- the merged model, reloaded as later stages load it
-    merged_cfg = OmegaConf.create({**OmegaConf.to_container(cfg.model, resolve=True), "path": str(merged),
-                                   "revision": None})
-    model, tokenizer = load_model_and_tokenizer(merged_cfg, cfg.paths.cache_dir)
 
-    from sepo.training.sft_data import load_game_cfg
+def measure_agreement(
+    cfg: DictConfig, s: DictConfig, data: SftData, model: Any, tokenizer: Any, merged_cfg: DictConfig
+) -> dict[str, Any]:
+    """Parse rate and action agreement of the merged model's answers on the head of the validation split."""
     from sepo.games import make_game
+    from sepo.training.sft_data import load_game_cfg
 
+    agreement_set = data.valid_all[: int(s.agreement_examples)] if s.agreement_examples else []
+    if not agreement_set:
+        return {}
     seen: dict[str, set[str]] = {}
-    for ex in train_all + valid_all:
+    for ex in data.train_all + data.valid_all:
         seen.setdefault(ex["game"], set()).add(str(ex["action"]))
     actions_by_game = {g: sorted(a) for g, a in seen.items()}
     games = {g: make_game(load_game_cfg(g, cfg.game)) for g in actions_by_game}
-    agreement_set = valid_all[: int(s.agreement_examples)] if s.agreement_examples else []
     share = bool(s.prefix_sharing) and check_prefix_sharing(model, training=False) is None
-    agreement = action_agreement(model, tokenizer, merged_cfg, agreement_set, actions_by_game, games,
-                                 int(s.agreement_batch_size), int(s.agreement_max_new_tokens), share_prefix=share,
-                                 min_shared=int(s.prefix_min_tokens)) if agreement_set else {}
+    return action_agreement(
+        model,
+        tokenizer,
+        merged_cfg,
+        agreement_set,
+        actions_by_game,
+        games,
+        int(s.agreement_batch_size),
+        int(s.agreement_max_new_tokens),
+        share_prefix=share,
+        min_shared=int(s.prefix_min_tokens),
+    )
 
-    metrics = {
-        "dataset": str(s.dataset), "data_dir": str(ds_dir), "train_examples": len(train),
-        "valid_examples": len(valid), "full_finetune": bool(s.full_finetune),
-        "trainable_parameters": trainable, "total_parameters": total_params, "lora_modules": lora_modules,
-        "global_step": step, "epochs": float(trainer_epoch(curve)), "resumed_from_step": resumed_step,
+
+def sft_metrics(
+    s: DictConfig, data: SftData, built: SftModel, trained: SftTraining, agreement: dict, seconds: float
+) -> dict[str, Any]:
+    train_losses = [r["train_loss"] for r in trained.curve if r["train_loss"] is not None]
+    return {
+        "dataset": str(s.dataset),
+        "data_dir": str(data.directory),
+        "train_examples": len(data.train),
+        "valid_examples": len(data.valid),
+        "full_finetune": bool(s.full_finetune),
+        "trainable_parameters": built.trainable_parameters,
+        "total_parameters": built.total_parameters,
+        "lora_modules": built.lora_modules,
+        "global_step": trained.step,
+        "epochs": float(trainer_epoch(trained.curve)),
+        "resumed_from_step": trained.resumed_from_step,
         "train_loss": train_losses[-1] if train_losses else None,
-        "train_loss_mean": float(train_output.training_loss), "valid_loss": valid_loss,
-        "parse_rate": agreement.get("parse_rate"), "action_agreement": agreement.get("action_agreement"),
-        "agreement": agreement, "train_seconds": round(trained_seconds, 2),
+        "train_loss_mean": trained.train_loss_mean,
+        "valid_loss": trained.valid_loss,
+        "parse_rate": agreement.get("parse_rate"),
+        "action_agreement": agreement.get("action_agreement"),
+        "agreement": agreement,
+        "train_seconds": round(seconds, 2),
     }
-    summary = {k: metrics[k] for k in ("valid_loss", "train_loss", "parse_rate", "action_agreement", "global_step")
-               if metrics[k] is not None}
-    tracker.log(flatten("sft", summary), step=step)
+
+
+def report(tracker: NullTracker, metrics: dict[str, Any], out: Path) -> None:
+    """Log the SFT figures and write sft_metrics.json (written again at the end, with the evaluation's)."""
+    keys = ("valid_loss", "train_loss", "parse_rate", "action_agreement", "global_step")
+    summary = {k: metrics[k] for k in keys if metrics[k] is not None}
+    tracker.log(flatten("sft", summary), step=metrics["global_step"])
     tracker.summary(flatten("sft", summary))
-    log.info("sft: step %d, valid loss %s, parse rate %s, action agreement %s", step, valid_loss,
-             metrics["parse_rate"], metrics["action_agreement"])
-    (out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")  # again below, with eval figures
+    log.info(
+        "sft: step %d, valid loss %s, parse rate %s, action agreement %s",
+        metrics["global_step"],
+        metrics["valid_loss"],
+        metrics["parse_rate"],
+        metrics["action_agreement"],
+    )
+    (out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
-    # ---- evaluation of the merged model with stage eval's code
+
+def evaluate_merged(
+    cfg: DictConfig, out: Path, model: Any, tokenizer: Any, merged_cfg: DictConfig, step: int, tracker: NullTracker
+) -> dict[str, Any]:
+    """The merged model through stage eval's protocol: the SFT row of the tables (eval/sft/results.json)."""
+    from sepo.games import make_game
+    from sepo.stages.evaluate import evaluate_and_write, evaluation_policy
+
+    policy = evaluation_policy(cfg, model, tokenizer, model_cfg=merged_cfg)
+    path = out / "eval" / "sft" / "results.json"
+    payload = evaluate_and_write(cfg, make_game(cfg.game), policy, path, stage="sft", checkpoint="final", step=step)
+    tracker.log(flatten("eval", payload["metrics"]), step=step)
+    tracker.summary(flatten("eval", payload["metrics"]))
+    return payload["metrics"]
+
+
+def run_sft(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, Any]:
+    started = time.time()
+    s = sft_settings(cfg)
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    data = load_data(cfg, s)
+    built = build_model(cfg, s)
+    trained = train(cfg, s, out, data, built, tracker)  # resume=auto continues from the last Trainer checkpoint
+    if not distributed.is_main():  # data parallel: rank 0 alone saves, merges, measures and evaluates
+        return {}
+    write_curve(trained.curve, out)
+    merged_cfg = export_merged(cfg, s, out, trained, built)
+    trained_seconds = time.time() - started
+    model, tokenizer = load_model_and_tokenizer(merged_cfg, cfg.paths.cache_dir)  # as later stages load it
+    agreement = measure_agreement(cfg, s, data, model, tokenizer, merged_cfg)
+    metrics = sft_metrics(s, data, built, trained, agreement, trained_seconds)
+    report(tracker, metrics, out)
     if s.evaluate:
-        from sepo.stages.evaluate import evaluate_policy, pools_of, write_results
-        from sepo.policies.lm import LMPolicy
-
-        game = make_game(cfg.game)
-        policy = LMPolicy(model, tokenizer, merged_cfg, temperature=cfg.eval.temperature,
-                          max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.generation_seed,
-                          batch_size=cfg.eval.get("batch_size", 0), action_samples=cfg.eval.action_samples)
-        result = evaluate_policy(game, policy, pools_of(cfg.game), dict(cfg.lambdas.eval),
-                                 int(cfg.eval.episodes_per_opponent), int(cfg.seed),
-                                 mirrored=bool(cfg.game.get("mirrored", False)),
-                                 progress=bool(cfg.eval.get("progress", True)))
-        payload = write_results(out / "eval" / "sft" / "results.json", cfg, result, stage="sft",
-                                checkpoint="final", step=step)
-        tracker.log(flatten("eval", payload["metrics"]), step=step)
-        tracker.summary(flatten("eval", payload["metrics"]))
-        metrics["eval"] = payload["metrics"]
+        metrics["eval"] = evaluate_merged(cfg, out, model, tokenizer, merged_cfg, trained.step, tracker)
 
     metrics["seconds"] = round(time.time() - started, 2)
     (out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

@@ -11,7 +11,8 @@ Strategies register under a game and a name (the names of docs/spec.md §2, used
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -76,9 +77,7 @@ def get_strategy(game: str, name: str, key: str = "strategy", params: dict[str, 
     _ensure_loaded(game)
     table = _REGISTRY.get(game, {})
     if name not in table:
-        raise ConfigError(
-            f"{key}: unknown {game} strategy {name!r}; allowed: {', '.join(sorted(table)) or '(none)'}"
-        )
+        raise ConfigError(f"{key}: unknown {game} strategy {name!r}; allowed: {', '.join(sorted(table)) or '(none)'}")
     try:
         strategy = table[name](**(params or {}))
     except TypeError as err:

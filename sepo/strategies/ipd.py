@@ -102,4 +102,3 @@ class AlwaysCooperate(Strategy):
 class RandomIPD(Strategy):
     def probs(self, obs, legal):
         return {a: 1.0 / len(legal) for a in legal}
-

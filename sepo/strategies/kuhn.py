@@ -50,10 +50,18 @@ class NashApx(KuhnTableStrategy):
     """
 
     aggression = {
-        ("J", ""): 1 / 3, ("Q", ""): 0.0, ("K", ""): 1.0,
-        ("J", "pb"): 0.0, ("Q", "pb"): 2 / 3, ("K", "pb"): 1.0,
-        ("J", "p"): 1 / 3, ("Q", "p"): 0.0, ("K", "p"): 1.0,
-        ("J", "b"): 0.0, ("Q", "b"): 1 / 3, ("K", "b"): 1.0,
+        ("J", ""): 1 / 3,
+        ("Q", ""): 0.0,
+        ("K", ""): 1.0,
+        ("J", "pb"): 0.0,
+        ("Q", "pb"): 2 / 3,
+        ("K", "pb"): 1.0,
+        ("J", "p"): 1 / 3,
+        ("Q", "p"): 0.0,
+        ("K", "p"): 1.0,
+        ("J", "b"): 0.0,
+        ("Q", "b"): 1 / 3,
+        ("K", "b"): 1.0,
     }
 
 
@@ -134,6 +142,8 @@ class BestResponse(KuhnTableStrategy):
 
     def probs(self, obs: dict[str, Any], legal: list[str]) -> dict[str, float]:
         if self.aggression is None:
-            raise RuntimeError("BestResponse has no agent table to respond to: call respond_to(table) first "
-                               "(evaluation and SEPO do; it cannot be a demonstrator, a datagen opponent or the agent)")
+            raise RuntimeError(
+                "BestResponse has no agent table to respond to: call respond_to(table) first "
+                "(evaluation and SEPO do; it cannot be a demonstrator, a datagen opponent or the agent)"
+            )
         return super().probs(obs, legal)

@@ -8,7 +8,8 @@ the two equal.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sepo.strategies.base import Strategy, register
 

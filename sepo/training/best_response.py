@@ -43,14 +43,17 @@ class BestResponseSchedule:
     def refresh(self, game: Any, policy: Any, step: int) -> dict[str, float]:
         """Read the current policy's table and respond to it; returns what it cost and what it read."""
         started = time.time()
-        played = game.played_table(policy, samples=self.samples,
-                                   seed=int(np.random.SeedSequence([self.seed, step, 0xB5]).generate_state(1)[0]))
+        played = game.played_table(
+            policy, samples=self.samples, seed=int(np.random.SeedSequence([self.seed, step, 0xB5]).generate_state(1)[0])
+        )
         self._respond({k: v.tolist() for k, v in played.table.items()}, step)
-        return {"best_response/seconds": time.time() - started,
-                "best_response/decisions_sampled": float(self.samples * len(played.table)),
-                "best_response/exploit_exact": played.exploitability,
-                "best_response/exploit_exact_se": played.exploitability_se,
-                "best_response/rao_blackwellised": played.rao_blackwellised}
+        return {
+            "best_response/seconds": time.time() - started,
+            "best_response/decisions_sampled": float(self.samples * len(played.table)),
+            "best_response/exploit_exact": played.exploitability,
+            "best_response/exploit_exact_se": played.exploitability_se,
+            "best_response/rao_blackwellised": played.rao_blackwellised,
+        }
 
     def _respond(self, table: dict[str, list[float]], step: int) -> None:
         self.table, self.step = table, step

@@ -22,16 +22,17 @@ prints the table; its last line is a JSON object {"modes": {mode: {term: {"estim
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
 from sepo.games import make_game
 from sepo.games.ipd import COOPERATE, DEFECT
-from sepo.training.objective import TERMS, EstimatorState
 from sepo.policies.base import Decision, DecisionRequest
+from sepo.training.objective import TERMS, EstimatorState
 from sepo.training.rollouts import BatchBuilder
 
 #: the parametric agents (which parameter sets P(COOPERATE) at a decision) and their parameters' names
@@ -45,6 +46,14 @@ def sigmoid(z: float) -> float:
 
 def logit(p: float) -> float:
     return math.log(p / (1.0 - p))
+
+
+@dataclass
+class ScoredDecision(Decision):
+    """A table agent's decision with its score function: the training batch's analogue of an answer's
+    token log-probs, so the estimator's update of a table agent is sum_d A_d * score_d."""
+
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0))  # d log pi(action) / d theta
 
 
 @dataclass
@@ -84,7 +93,7 @@ class ParametricAgent:
             cooperate = request.rng.random() < p
             score = np.zeros(len(self.theta))
             score[i] = (1.0 - p) if cooperate else -p  # d log pi(a) / d theta_i for a sigmoid policy
-            decisions.append(Decision(COOPERATE if cooperate else DEFECT, extras={"score": score}))
+            decisions.append(ScoredDecision(COOPERATE if cooperate else DEFECT, score=score))
         return decisions
 
 
@@ -93,14 +102,16 @@ def make_agent(kind: str, probabilities: Sequence[float], rounds: int = 8) -> Pa
         raise ValueError(f"agent kind {kind!r}; allowed: {', '.join(AGENT_KINDS)}")
     size = len(PARAMETER_NAMES[kind])
     if len(probabilities) != size:
-        raise ValueError(f"a {kind} agent has {size} probabilities ({', '.join(PARAMETER_NAMES[kind])}), "
-                         f"got {list(probabilities)}")
+        raise ValueError(
+            f"a {kind} agent has {size} probabilities ({', '.join(PARAMETER_NAMES[kind])}), got {list(probabilities)}"
+        )
     return ParametricAgent(kind, np.array([logit(p) for p in probabilities], dtype=float), rounds=rounds)
 
 
 # ------------------------------------------------------------------------------ exact J
-def opponent_cooperation(name: str, round_index: int, agent_last: str | None, agent_defected: bool,
-                         params: dict[str, dict[str, float]]) -> float:
+def opponent_cooperation(
+    name: str, round_index: int, agent_last: str | None, agent_defected: bool, params: dict[str, dict[str, float]]
+) -> float:
     """P(the IPD opponent `name` cooperates) given the Markov state; docs/spec.md §2's definitions."""
     tft = 0.0 if agent_last == DEFECT else 1.0
     if name == "TFT":
@@ -131,8 +142,12 @@ def opponent_cooperation(name: str, round_index: int, agent_last: str | None, ag
 def opponent_means(agent: ParametricAgent, opponent: str, game_cfg: DictConfig) -> dict[str, float]:
     """Exact per-round means of one opponent's episodes: pay, opp_pay, ext, collusive (agent defects)."""
     p = game_cfg.payoffs
-    pay = {(COOPERATE, COOPERATE): (p.reward, p.reward), (DEFECT, DEFECT): (p.punishment, p.punishment),
-           (DEFECT, COOPERATE): (p.temptation, p.sucker), (COOPERATE, DEFECT): (p.sucker, p.temptation)}
+    pay = {
+        (COOPERATE, COOPERATE): (p.reward, p.reward),
+        (DEFECT, DEFECT): (p.punishment, p.punishment),
+        (DEFECT, COOPERATE): (p.temptation, p.sucker),
+        (COOPERATE, DEFECT): (p.sucker, p.temptation),
+    }
     optimum = 2.0 * float(p.reward)
     params = {k: dict(v) for k, v in (game_cfg.get("strategy_params") or {}).items()}
     T = int(game_cfg.rounds)
@@ -208,8 +223,9 @@ class Estimate:
     scaled_se: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def estimate_update(agent: ParametricAgent, cfg: DictConfig, s: DictConfig, batches: int, burn_in: int = 0,
-                    first_batch: int = 0) -> Estimate:
+def estimate_update(
+    agent: ParametricAgent, cfg: DictConfig, s: DictConfig, batches: int, burn_in: int = 0, first_batch: int = 0
+) -> Estimate:
     """Run `burn_in + batches` rollout batches through `BatchBuilder.collect`; average the last `batches`.
 
     The burn-in fills the estimator's running statistics (exploit switch, advantage scale) from
@@ -223,7 +239,7 @@ def estimate_update(agent: ParametricAgent, cfg: DictConfig, s: DictConfig, batc
         batch = builder.collect(game, agent, b, state)
         if b < first_batch + burn_in:
             continue
-        scores = np.stack([d.extras["score"] for d in batch.decisions])
+        scores = np.stack([d.score for d in batch.decisions])
         for key, adv in batch.unscaled.items():
             updates.setdefault(key, []).append(adv @ scores)
         inverse_scale.append(1.0 / batch.scale)
@@ -246,22 +262,31 @@ def estimate_update(agent: ParametricAgent, cfg: DictConfig, s: DictConfig, batc
 #: the points of the default table: every exploit opponent's advantage is far from 0 at each
 #: (AltD's advantage is 5p - 2.5 for the constant agent), plus two on either side of AltD's kink
 DEFAULT_POINTS: tuple[tuple[str, tuple[float, ...]], ...] = (
-    ("constant", (0.8,)), ("constant", (0.2,)),
-    ("reactive", (0.9, 0.9, 0.5)), ("reactive", (0.3, 0.5, 0.1)), ("endgame", (0.9, 0.9, 0.5, 0.5)),
+    ("constant", (0.8,)),
+    ("constant", (0.2,)),
+    ("reactive", (0.9, 0.9, 0.5)),
+    ("reactive", (0.3, 0.5, 0.1)),
+    ("endgame", (0.9, 0.9, 0.5, 0.5)),
 )
 KINK_POINTS: tuple[tuple[str, tuple[float, ...]], ...] = (("constant", (0.56,)), ("constant", (0.44,)))
 
 
-def check_point(kind: str, probabilities: Sequence[float], cfg: DictConfig, s: DictConfig, batches: int,
-                burn_in: int) -> dict[str, Any]:
+def check_point(
+    kind: str, probabilities: Sequence[float], cfg: DictConfig, s: DictConfig, batches: int, burn_in: int
+) -> dict[str, Any]:
     agent = make_agent(kind, probabilities, rounds=int(cfg.game.rounds))
     fd = finite_difference(agent, cfg, s)
     est = estimate_update(agent, cfg, s, batches, burn_in)
     exact = exact_terms(agent, cfg, s)
     label = f"{kind}({', '.join(f'{p:g}' for p in probabilities)})"
     names = PARAMETER_NAMES[kind]
-    return {"label": label, "parameters": [f"{label}.{n}" for n in names], "fd": fd, "est": est,
-            "advantages": {k[4:]: v for k, v in exact.items() if k.startswith("adv/")}}
+    return {
+        "label": label,
+        "parameters": [f"{label}.{n}" for n in names],
+        "fd": fd,
+        "est": est,
+        "advantages": {k[4:]: v for k, v in exact.items() if k.startswith("adv/")},
+    }
 
 
 def within(estimate: np.ndarray, target: np.ndarray, tolerance: np.ndarray) -> bool:
@@ -289,14 +314,19 @@ def verdicts(variant: str, point: dict[str, Any], kink: bool) -> dict[str, bool]
     fd, est = point["fd"], point["est"]
     if variant == "pooled":
         terms = ("e",) if kink else TERMS
-        out = {f"{k} ({which})": term_agrees(getattr(est, which)[k], fd[k]) for k in terms
-               for which in ("mean", "scaled")}
+        out = {
+            f"{k} ({which})": term_agrees(getattr(est, which)[k], fd[k]) for k in terms for which in ("mean", "scaled")
+        }
         if not kink:
-            out |= {f"total ({which})": total_agrees({"total": getattr(est, which)["total"]}, fd)
-                    for which in ("mean", "scaled")}
+            out |= {
+                f"total ({which})": total_agrees({"total": getattr(est, which)["total"]}, fd)
+                for which in ("mean", "scaled")
+            }
         return {k.replace("(mean)", "(unscaled)"): v for k, v in out.items()}
     if variant == "shared":
-        return {f"{k} = 0": bool(np.all(np.abs(est.mean[k]) <= 1e-9 * (1 + np.abs(est.mean["u"])))) for k in ("e", "c", "x")}
+        return {
+            f"{k} = 0": bool(np.all(np.abs(est.mean[k]) <= 1e-9 * (1 + np.abs(est.mean["u"])))) for k in ("e", "c", "x")
+        }
     return {}  # per_rollout: judged over all points at once (`zero_mean_checks`)
 
 
@@ -313,9 +343,15 @@ def zero_mean_checks(z: dict[str, list[float]], level: float = 0.05) -> tuple[di
     for k, values in z.items():
         bound = NormalDist().inv_cdf(1 - level / (2 * len(values)))
         worst = max(abs(v) for v in values)
-        checks[f"{k}: expected update 0 (every |z| <= {bound:.2f}, Bonferroni over {len(values)} lines)"] = worst <= bound
-        detail[k] = {"lines": len(values), "within_2_se": sum(abs(v) <= 2 for v in values), "max_abs_z": round(worst, 3),
-                     "bonferroni_bound": round(bound, 3)}
+        checks[f"{k}: expected update 0 (every |z| <= {bound:.2f}, Bonferroni over {len(values)} lines)"] = (
+            worst <= bound
+        )
+        detail[k] = {
+            "lines": len(values),
+            "within_2_se": sum(abs(v) <= 2 for v in values),
+            "max_abs_z": round(worst, 3),
+            "bonferroni_bound": round(bound, 3),
+        }
     return checks, detail
 
 
@@ -329,21 +365,36 @@ def term_agrees(est: np.ndarray, fd: np.ndarray, rel: float = 0.25) -> bool:
     return bool(np.linalg.norm(est - fd) <= rel * np.linalg.norm(fd))
 
 
-def report(compose, batches: int, burn_in: int = 20, points=DEFAULT_POINTS, kink_points=KINK_POINTS,
-           variants: dict[str, tuple[str, ...]] = VARIANTS, progress=print) -> dict[str, Any]:
+def report(
+    compose,
+    batches: int,
+    burn_in: int = 20,
+    points=DEFAULT_POINTS,
+    kink_points=KINK_POINTS,
+    variants: dict[str, tuple[str, ...]] = VARIANTS,
+    progress=print,
+) -> dict[str, Any]:
     """Run every variant at every point; return the JSON of `python -m sepo.bench gradcheck`.
 
     `compose(overrides)` returns the project's config (IPD) with those overrides.
     """
     from sepo.training.objective import sepo_settings
 
-    out: dict[str, Any] = {"modes": {}, "parameters": [], "batches": batches, "burn_in": burn_in, "checks": {},
-                           "advantages": {}}
+    out: dict[str, Any] = {
+        "modes": {},
+        "parameters": [],
+        "batches": batches,
+        "burn_in": burn_in,
+        "checks": {},
+        "advantages": {},
+    }
     for variant, overrides in variants.items():
         cfg = compose(["game=ipd", *overrides])
         s = sepo_settings(cfg)
-        table: dict[str, dict[str, list[float]]] = {k: {"estimate": [], "se": [], "estimate_scaled": [], "se_scaled": [],
-                                                        "finite_difference": []} for k in (*TERMS, "total")}
+        table: dict[str, dict[str, list[float]]] = {
+            k: {"estimate": [], "se": [], "estimate_scaled": [], "se_scaled": [], "finite_difference": []}
+            for k in (*TERMS, "total")
+        }
         labels: list[str] = []
         zeros: dict[str, list[float]] = {"e": [], "c": []}
         for kink, group in ((False, points), (True, kink_points)):
@@ -380,13 +431,20 @@ def print_table(result: dict[str, Any]) -> None:
 
     console = Console(width=160)
     for variant, table in result["modes"].items():
-        view = Table(title=f"{variant}: estimated update (unscaled) +- SE  vs  finite difference of J", title_justify="left")
+        view = Table(
+            title=f"{variant}: estimated update (unscaled) +- SE  vs  finite difference of J", title_justify="left"
+        )
         view.add_column("parameter")
         for k in (*TERMS, "total"):
             view.add_column(k, justify="right")
         for i, label in enumerate(result["parameters"]):
-            view.add_row(label, *[f"{table[k]['estimate'][i]:+.3f}±{table[k]['se'][i]:.3f} ({table[k]['finite_difference'][i]:+.3f})"
-                                  for k in (*TERMS, "total")])
+            view.add_row(
+                label,
+                *[
+                    f"{table[k]['estimate'][i]:+.3f}±{table[k]['se'][i]:.3f} ({table[k]['finite_difference'][i]:+.3f})"
+                    for k in (*TERMS, "total")
+                ],
+            )
         console.print(view)
     checks = Table(title="docs/spec.md §4.4 checks", title_justify="left")
     checks.add_column("check")

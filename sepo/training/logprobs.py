@@ -14,7 +14,8 @@ so that training keeps the same bound.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,15 +51,21 @@ def _logits(hidden: torch.Tensor, head: Head, temperature: float, softcap: float
     return logits
 
 
-def _chunk_logprobs(hidden: torch.Tensor, head: Head, targets: torch.Tensor, temperature: float,
-                    softcap: float | None) -> torch.Tensor:
+def _chunk_logprobs(
+    hidden: torch.Tensor, head: Head, targets: torch.Tensor, temperature: float, softcap: float | None
+) -> torch.Tensor:
     logp = F.log_softmax(_logits(hidden, head, temperature, softcap), dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def chunked_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: Head, targets: torch.Tensor,
-                                 chunk: int = 32, temperature: float = 1.0,
-                                 softcap: float | None = None) -> torch.Tensor:
+def chunked_logprobs_from_hidden(
+    hidden: torch.Tensor,
+    lm_head_weight: Head,
+    targets: torch.Tensor,
+    chunk: int = 32,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """log softmax(head(hidden[:, t]))[targets[:, t]] for every t, `chunk` positions at a time.
 
     hidden: [B, T, H] (the states that predict `targets`), lm_head_weight: a [V, H] weight or the
@@ -66,10 +73,9 @@ def chunked_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: Head, tar
     """
     out = []
     for s in range(0, hidden.shape[1], chunk):
-        h, y = hidden[:, s:s + chunk], targets[:, s:s + chunk]
+        h, y = hidden[:, s : s + chunk], targets[:, s : s + chunk]
         if torch.is_grad_enabled() and h.requires_grad:
-            out.append(checkpoint(_chunk_logprobs, h, lm_head_weight, y, temperature, softcap,
-                                  use_reentrant=False))
+            out.append(checkpoint(_chunk_logprobs, h, lm_head_weight, y, temperature, softcap, use_reentrant=False))
         else:
             out.append(_chunk_logprobs(h, lm_head_weight, y, temperature, softcap))
     if not out:
@@ -77,14 +83,20 @@ def chunked_logprobs_from_hidden(hidden: torch.Tensor, lm_head_weight: Head, tar
     return torch.cat(out, dim=1)
 
 
-def logprobs_from_hidden_reference(hidden: torch.Tensor, lm_head_weight: Head, targets: torch.Tensor,
-                                   temperature: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+def logprobs_from_hidden_reference(
+    hidden: torch.Tensor,
+    lm_head_weight: Head,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """The same as `chunked_logprobs_from_hidden` in one piece (memory grows with T)."""
     return _chunk_logprobs(hidden, lm_head_weight, targets, temperature, softcap)
 
 
-def forward_inputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   **forward_kwargs: Any) -> dict[str, Any]:
+def forward_inputs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, **forward_kwargs: Any
+) -> dict[str, Any]:
     """Keyword arguments of a forward pass over a (left- or right-)padded batch."""
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wrappers
@@ -93,8 +105,13 @@ def forward_inputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return kwargs
 
 
-def final_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        shared_prefix: int = 0, **forward_kwargs: Any) -> torch.Tensor:
+def final_hidden_states(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    shared_prefix: int = 0,
+    **forward_kwargs: Any,
+) -> torch.Tensor:
     """The hidden states the output head would read, [B, T, H], without computing [B, T, V] logits.
 
     A pre-hook on the output embeddings records its input and hands the head a single position, so
@@ -135,16 +152,24 @@ def final_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     return captured[-1]
 
 
-def next_token_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      **forward_kwargs: Any) -> torch.Tensor:
+def next_token_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, **forward_kwargs: Any
+) -> torch.Tensor:
     """Float32 logits [B, V] of the token after each (left-padded) row, soft-capped like the model's."""
     hidden = final_hidden_states(model, input_ids, attention_mask, **forward_kwargs)
     return _logits(hidden[:, -1], model.get_output_embeddings(), 1.0, _softcap(model))
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   start: int, chunk: int = 32, temperature: float = 1.0, shared_prefix: int = 0,
-                   **forward_kwargs: Any) -> torch.Tensor:
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    start: int,
+    chunk: int = 32,
+    temperature: float = 1.0,
+    shared_prefix: int = 0,
+    **forward_kwargs: Any,
+) -> torch.Tensor:
     """log p(input_ids[:, t] | input_ids[:, <t]) for t in [start, T), as float32 [B, T - start].
 
     `start` >= 1 is the first scored position (the length of the left-padded prompt). Positions
@@ -155,13 +180,25 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     if shared_prefix >= start:
         raise ValueError(f"shared_prefix={shared_prefix} must end before the first scored position ({start})")
     hidden = final_hidden_states(model, input_ids, attention_mask, shared_prefix, **forward_kwargs)
-    return chunked_logprobs_from_hidden(hidden[:, start - 1 - shared_prefix:-1], model.get_output_embeddings(),
-                                        input_ids[:, start:], chunk, temperature, _softcap(model))
+    return chunked_logprobs_from_hidden(
+        hidden[:, start - 1 - shared_prefix : -1],
+        model.get_output_embeddings(),
+        input_ids[:, start:],
+        chunk,
+        temperature,
+        _softcap(model),
+    )
 
 
-def token_logprobs_reference(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                             start: int, temperature: float = 1.0, **forward_kwargs: Any) -> torch.Tensor:
+def token_logprobs_reference(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    start: int,
+    temperature: float = 1.0,
+    **forward_kwargs: Any,
+) -> torch.Tensor:
     """Unchunked `token_logprobs`: the model's own full logits, one log-softmax over everything."""
     logits = model(**forward_inputs(model, input_ids, attention_mask, **forward_kwargs), use_cache=False).logits
-    logp = F.log_softmax(logits[:, start - 1:-1].float() / temperature, dim=-1)
+    logp = F.log_softmax(logits[:, start - 1 : -1].float() / temperature, dim=-1)
     return logp.gather(-1, input_ids[:, start:].unsqueeze(-1)).squeeze(-1)

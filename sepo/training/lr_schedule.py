@@ -13,9 +13,6 @@ import math
 
 import torch
 
-#: allowed values of `sepo.lr_schedule`
-LR_SCHEDULES = ("constant", "cosine", "linear")
-
 
 def learning_rate(base: float, schedule: str, step: int, total_steps: int, final_ratio: float) -> float:
     """The rate of the update that takes the policy from `step` to `step + 1` (of `total_steps`).

@@ -25,49 +25,28 @@ episode records; `sepo.training.rollouts` wires it to the arena, `sepo.stages.se
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.arena import EpisodeRecord
-from sepo.errors import ConfigError
 from sepo.games.base import AGENT, OPPONENT, Game
 from sepo.metrics import collusive_per_round
-from sepo.training.lr_schedule import LR_SCHEDULES
+from sepo.training.options import ADV_NORMS, CREDITS
 
 log = logging.getLogger(__name__)
 
-PENALTY_MODES = ("pooled", "per_rollout", "shared")
-CREDITS = ("return_to_go", "round")
-ADV_NORMS = ("batch", "group_round")
 TERMS = ("u", "e", "c", "x")
 
 
 def sepo_settings(cfg: DictConfig) -> DictConfig:
-    """The resolved `sepo` node (game and model defaults are interpolated in conf/sepo/default.yaml), checked."""
-    s = OmegaConf.create(OmegaConf.to_container(cfg.sepo, resolve=True))
-    for key, allowed in (("penalty_mode", PENALTY_MODES), ("credit", CREDITS), ("adv_norm", ADV_NORMS),
-                         ("lr_schedule", LR_SCHEDULES)):
-        if s[key] not in allowed:
-            raise ConfigError(f"sepo.{key}={s[key]}; allowed: {', '.join(allowed)}")
-    n = s.rollouts_per_opponent
-    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-        raise ConfigError(f"sepo.rollouts_per_opponent={n}; allowed: an integer >= 2 (the leave-one-out baseline "
-                          "compares each rollout with the others of its group)")
-    if not 0.0 <= float(s.adv_scale_decay) < 1.0:
-        raise ConfigError(f"sepo.adv_scale_decay={s.adv_scale_decay}; allowed: a number in [0, 1)")
-    if not isinstance(s.exploit_switch_episodes, int) or s.exploit_switch_episodes < 1:
-        raise ConfigError(f"sepo.exploit_switch_episodes={s.exploit_switch_episodes}; allowed: an integer >= 1")
-    if s.ref_4bit and not torch.cuda.is_available():
-        raise ConfigError("sepo.ref_4bit=true needs a CUDA device (bitsandbytes 4-bit) and none is available; "
-                          "allowed: sepo.ref_4bit=false")
-    if float(s.lora.dropout) != 0.0:
-        log.warning("sepo.lora.dropout=%s: the training pass then differs from the sampling pass, so the "
-                    "importance ratio is not 1 on a fresh batch (docs/spec.md §4.3 uses 0)", s.lora.dropout)
-    return s
+    """The resolved `sepo` node (game and model defaults are interpolated in conf/sepo/default.yaml);
+    its values were checked before any work (sepo/config.py)."""
+    return OmegaConf.create(OmegaConf.to_container(cfg.sepo, resolve=True))
 
 
 # --------------------------------------------------------------------------- per-round quantities
@@ -104,8 +83,14 @@ def episode_externality(game: Game, record: EpisodeRecord) -> float:
 
 
 # --------------------------------------------------------------------------- term rewards
-def pooled_terms(game: Game, pool: str, records: Sequence[EpisodeRecord], scale: float,
-                 lambdas: dict[str, float], exploit_on: bool = True) -> dict[str, np.ndarray]:
+def pooled_terms(
+    game: Game,
+    pool: str,
+    records: Sequence[EpisodeRecord],
+    scale: float,
+    lambdas: dict[str, float],
+    exploit_on: bool = True,
+) -> dict[str, np.ndarray]:
     """Per-round rewards f[r, t] of one group in `pooled` mode, term by term (docs/spec.md §4.2 step 2).
 
     train: u = s*payoff_t and x = -lambda_x*x_t; exploit: e = -lambda_e*s*(opp_t - agent_t), or 0 when
@@ -113,8 +98,7 @@ def pooled_terms(game: Game, pool: str, records: Sequence[EpisodeRecord], scale:
     c = -lambda_c*collusive_t.
     """
     if pool == "train":
-        return {"u": scale * payoffs(records, AGENT),
-                "x": -float(lambdas["x"]) * externality_per_round(game, records)}
+        return {"u": scale * payoffs(records, AGENT), "x": -float(lambdas["x"]) * externality_per_round(game, records)}
     if pool == "exploit":
         on = 1.0 if exploit_on else 0.0
         return {"e": -on * float(lambdas["e"]) * scale * advantage_per_round(records)}
@@ -123,8 +107,14 @@ def pooled_terms(game: Game, pool: str, records: Sequence[EpisodeRecord], scale:
     raise ValueError(f"no SEPO reward for pool {pool!r}")
 
 
-def paper_terms(game: Game, records: Sequence[EpisodeRecord], scale: float, lambdas: dict[str, float],
-                mode: str, aux: list[dict[str, dict[str, list[EpisodeRecord]]]]) -> dict[str, np.ndarray]:
+def paper_terms(
+    game: Game,
+    records: Sequence[EpisodeRecord],
+    scale: float,
+    lambdas: dict[str, float],
+    mode: str,
+    aux: list[dict[str, dict[str, list[EpisodeRecord]]]],
+) -> dict[str, np.ndarray]:
     """Per-round rewards of a train group in the paper's modes: u_t minus an episode-level penalty.
 
     `aux[r]` holds rollout r's auxiliary episodes, {"exploit": {opp: [episodes]}, "collusive": {...}}.
@@ -144,8 +134,12 @@ def paper_terms(game: Game, records: Sequence[EpisodeRecord], scale: float, lamb
     else:
         raise ValueError(f"sepo.penalty_mode={mode!r} has no paper penalty; allowed: per_rollout, shared")
     column = lambda v: np.repeat(v[:, None], T, axis=1)  # noqa: E731  (an episode-level value in every round)
-    return {"u": scale * payoffs(records, AGENT), "e": column(-le * scale * e), "c": column(-lc * c),
-            "x": column(-lx * x)}
+    return {
+        "u": scale * payoffs(records, AGENT),
+        "e": column(-le * scale * e),
+        "c": column(-lc * c),
+        "x": column(-lx * x),
+    }
 
 
 # --------------------------------------------------------------------------- credit and baseline
@@ -218,7 +212,7 @@ class EstimatorState:
 
     def record_exploit(self, opponent: str, episode_advantages: Sequence[float]) -> None:
         history = self.exploit_adv.setdefault(opponent, []) + [float(a) for a in episode_advantages]
-        self.exploit_adv[opponent] = history[-self.switch_episodes:]
+        self.exploit_adv[opponent] = history[-self.switch_episodes :]
 
     def scale_for(self, batch_std: float) -> float:
         """The divisor of this batch: earlier batches' running std (this batch's own for the first)."""
@@ -242,9 +236,16 @@ class EstimatorState:
 
 
 # --------------------------------------------------------------------------- the update
-def token_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None, advantage: torch.Tensor,
-               mask: torch.Tensor, clip_eps: float, beta: float, kl_tokens: float | None = None
-               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def token_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_ref: torch.Tensor | None,
+    advantage: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    beta: float,
+    kl_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clipped surrogate averaged over each decision's tokens and SUMMED over decisions, plus
     beta * max(0, log pi_theta - log pi_ref) averaged over all generated tokens of the batch.
 

@@ -17,7 +17,8 @@ so a config with other payoffs keeps them true.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -210,7 +211,11 @@ def _kuhn(name: str, action: str, obs: dict[str, Any]) -> Explained:
 
 
 EXPLAINERS: dict[str, Callable[[str, str, dict[str, Any]], Explained]] = {
-    "ipd": _ipd, "auction": _auction, "neg_v1": _neg_v1, "neg_v2": _neg_v2, "kuhn": _kuhn,
+    "ipd": _ipd,
+    "auction": _auction,
+    "neg_v1": _neg_v1,
+    "neg_v2": _neg_v2,
+    "kuhn": _kuhn,
 }
 
 PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
@@ -262,9 +267,7 @@ PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
             "I lost last round, so I bid one step above my usual bid for value {value}: {action}.",
             "After losing the last round I push one step higher than my value bid and go {action}.",
         ),
-        "raise_capped": (
-            "I lost last round, but {action} is already the top bid, so I keep it with value {value}.",
-        ),
+        "raise_capped": ("I lost last round, but {action} is already the top bid, so I keep it with value {value}.",),
         "adaptive_open": (
             "No history yet, so I start with a moderate bid of {action} and adapt from there.",
             "First round: I open at {action} and will adjust to how the opponent bids.",
@@ -273,19 +276,13 @@ PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
             "The opponent won last round with {opp}, so I bid one step above it: {action}.",
             "I was outbid by {opp} last round, so I raise to {action}.",
         ),
-        "lost_match": (
-            "The opponent won last round with {opp}, the top bid, so I match it with {action}.",
-        ),
+        "lost_match": ("The opponent won last round with {opp}, the top bid, so I match it with {action}.",),
         "won_down": (
             "I won last round, so I step down to one bid below the opponent's {opp}: {action}.",
             "Having won against {opp}, I try to save money with {action}.",
         ),
-        "won_floor": (
-            "I won last round against {opp}, the lowest bid, so I bid {action} as well.",
-        ),
-        "tie_match": (
-            "We tied at {opp} last round, so I bid {opp} again.",
-        ),
+        "won_floor": ("I won last round against {opp}, the lowest bid, so I bid {action} as well.",),
+        "tie_match": ("We tied at {opp} last round, so I bid {opp} again.",),
     },
     "neg_v1": {
         "fair": (
@@ -309,12 +306,8 @@ PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
             "I lower my demand from {prev} to {action} to move toward a deal.",
             "I concede a little, from {prev} down to {action}, to make a deal more likely.",
         ),
-        "hold": (
-            "I keep my demand at {action}, where my concessions stop.",
-        ),
-        "tft_open": (
-            "I open with the fair demand of {action} and will mirror the opponent after that.",
-        ),
+        "hold": ("I keep my demand at {action}, where my concessions stop.",),
+        "tft_open": ("I open with the fair demand of {action} and will mirror the opponent after that.",),
         "tft_answer": (
             "The opponent asked for {opp} last round, so I claim the remaining {action}.",
             "They demanded {opp}, so I ask for what is left of the {pie}: {action}.",
@@ -339,34 +332,56 @@ PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
     },
     "kuhn": {
-        "K_open_BET": ("I hold the K, the best card, so I open with a bet for value.",
-                       "With the K nothing can beat me at showdown, so I bet to build the pot."),
+        "K_open_BET": (
+            "I hold the K, the best card, so I open with a bet for value.",
+            "With the K nothing can beat me at showdown, so I bet to build the pot.",
+        ),
         "K_open_PASS": ("I check with the K and hope the opponent bets into my strong hand.",),
-        "K_checked_BET": ("The opponent checked and I hold the K, the best card, so I bet for value.",
-                          "With the K after the opponent's check, I bet to win a bigger pot."),
+        "K_checked_BET": (
+            "The opponent checked and I hold the K, the best card, so I bet for value.",
+            "With the K after the opponent's check, I bet to win a bigger pot.",
+        ),
         "K_checked_PASS": ("The opponent checked; I check back with the K and take the showdown.",),
-        "K_facing_CALL": ("I hold the K, which wins every showdown, so I call the bet.",
-                          "The K beats any card the opponent can hold, so calling is clearly right."),
+        "K_facing_CALL": (
+            "I hold the K, which wins every showdown, so I call the bet.",
+            "The K beats any card the opponent can hold, so calling is clearly right.",
+        ),
         "K_facing_FOLD": ("I fold the K this time instead of calling the bet.",),
-        "Q_open_PASS": ("With the Q a bet only gets called by a K and folds out a J, so I check.",
-                        "A middle card like the Q plays best as a check rather than a bet."),
+        "Q_open_PASS": (
+            "With the Q a bet only gets called by a K and folds out a J, so I check.",
+            "A middle card like the Q plays best as a check rather than a bet.",
+        ),
         "Q_open_BET": ("I bet the middle card Q to try to take the pot right away.",),
-        "Q_checked_PASS": ("The opponent checked; with the Q I take the free showdown, which beats a J.",
-                           "With the Q I check back: it beats a J at showdown without risking more."),
+        "Q_checked_PASS": (
+            "The opponent checked; with the Q I take the free showdown, which beats a J.",
+            "With the Q I check back: it beats a J at showdown without risking more.",
+        ),
         "Q_checked_BET": ("After the opponent's check I bet the Q to push out a J.",),
-        "Q_facing_CALL": ("The Q beats a bluffing J, so I call the bet.",
-                          "I call with the Q to keep the opponent's bluffs with the J from paying off."),
-        "Q_facing_FOLD": ("Facing a bet, the Q usually trails a K, so I fold and save the chip.",
-                          "The Q loses to a value bet with the K, so I give up this hand."),
-        "J_open_PASS": ("The J is the weakest card and cannot win a showdown, so I check.",
-                        "With the J I check rather than put more chips into the pot."),
-        "J_open_BET": ("I bluff with the J now and then so that my bets do not always mean a K.",
-                       "A bet with the J is a bluff that keeps the opponent guessing about my card."),
+        "Q_facing_CALL": (
+            "The Q beats a bluffing J, so I call the bet.",
+            "I call with the Q to keep the opponent's bluffs with the J from paying off.",
+        ),
+        "Q_facing_FOLD": (
+            "Facing a bet, the Q usually trails a K, so I fold and save the chip.",
+            "The Q loses to a value bet with the K, so I give up this hand.",
+        ),
+        "J_open_PASS": (
+            "The J is the weakest card and cannot win a showdown, so I check.",
+            "With the J I check rather than put more chips into the pot.",
+        ),
+        "J_open_BET": (
+            "I bluff with the J now and then so that my bets do not always mean a K.",
+            "A bet with the J is a bluff that keeps the opponent guessing about my card.",
+        ),
         "J_checked_PASS": ("The J rarely wins, so after the check I check behind rather than bluff.",),
-        "J_checked_BET": ("The opponent checked, showing weakness, so I bluff with the J.",
-                          "After the opponent's check I bet the J as a bluff to win the pot now."),
-        "J_facing_FOLD": ("The J cannot win a showdown, so I fold to the bet.",
-                          "With the J I lose every showdown, so I fold rather than call."),
+        "J_checked_BET": (
+            "The opponent checked, showing weakness, so I bluff with the J.",
+            "After the opponent's check I bet the J as a bluff to win the pot now.",
+        ),
+        "J_facing_FOLD": (
+            "The J cannot win a showdown, so I fold to the bet.",
+            "With the J I lose every showdown, so I fold rather than call.",
+        ),
         "J_facing_CALL": ("I call with the J to catch a possible bluff.",),
     },
 }

@@ -26,13 +26,23 @@ from omegaconf import DictConfig
 
 from sepo import distributed
 from sepo.arena import EpisodeRecord, Match, episode_seed, play_matches
-from sepo.metrics import pools_of
 from sepo.games import Game
-from sepo.training.objective import (TERMS, EstimatorState, advantage_per_round, episode_collusion, episode_exploit,
-                            externality_per_round, group_advantages, paper_terms, payoffs, pooled_terms)
 from sepo.games.base import AGENT
+from sepo.metrics import pools_of
 from sepo.policies.base import Decision, Policy
 from sepo.strategies import make_strategy
+from sepo.training.objective import (
+    TERMS,
+    EstimatorState,
+    advantage_per_round,
+    episode_collusion,
+    episode_exploit,
+    externality_per_round,
+    group_advantages,
+    paper_terms,
+    payoffs,
+    pooled_terms,
+)
 
 #: pools whose episodes are trained on in `pooled` mode; the paper's modes train on `train` only
 TRAINED_POOLS = ("train", "exploit", "collusive")
@@ -118,7 +128,9 @@ class BatchBuilder:
         """
         plan = self.plan(batch_index)
         if distributed.world_size() == 1:
-            return self.assemble(game, plan, play_matches(game, policy, plan.matches, plan.seed, keep_trace=True), state)
+            return self.assemble(
+                game, plan, play_matches(game, policy, plan.matches, plan.seed, keep_trace=True), state
+            )
         mine = sorted(i for g in distributed.shard(plan.groups) for i in _match_indices(g))
         played = play_matches(game, policy, [plan.matches[i] for i in mine], plan.seed, keep_trace=True)
         records: list[EpisodeRecord | None] = [None] * len(plan.matches)
@@ -139,8 +151,9 @@ class BatchBuilder:
             tag = f"{pool}/{name}"
             mirror = _seat_swap(seed, tag, self.mirrored)
             start = len(matches)
-            matches.extend(Match(name, self.strategies[name], r, tag, deal=0, opponent_stream=0, mirror=mirror)
-                           for r in range(n))
+            matches.extend(
+                Match(name, self.strategies[name], r, tag, deal=0, opponent_stream=0, mirror=mirror) for r in range(n)
+            )
             return list(range(start, start + n))
 
         def aux_episodes(tag: str) -> dict[str, dict[str, list[int]]]:
@@ -149,14 +162,21 @@ class BatchBuilder:
                 tree[pool] = {}
                 for name in self.pools[pool]:
                     start = len(matches)
-                    matches.extend(Match(name, self.strategies[name], j, tag,
-                                         mirror=_seat_swap(seed, f"{tag}/{name}/{j}", self.mirrored))
-                                   for j in range(k))
+                    matches.extend(
+                        Match(
+                            name,
+                            self.strategies[name],
+                            j,
+                            tag,
+                            mirror=_seat_swap(seed, f"{tag}/{name}/{j}", self.mirrored),
+                        )
+                        for j in range(k)
+                    )
                     tree[pool][name] = list(range(start, start + k))
             return tree
 
         groups: list[GroupPlan] = []
-        for pool in (TRAINED_POOLS if self.mode == "pooled" else ("train",)):
+        for pool in TRAINED_POOLS if self.mode == "pooled" else ("train",):
             for name in self.pools[pool]:
                 groups.append(GroupPlan(pool, name, group(pool, name)))
         for g in groups:
@@ -166,7 +186,9 @@ class BatchBuilder:
                 g.aux = [aux_episodes(f"aux/{g.opponent}")] * n
         return BatchPlan(seed, matches, groups)
 
-    def assemble(self, game: Game, plan: BatchPlan, records: list[EpisodeRecord], state: EstimatorState) -> RolloutBatch:
+    def assemble(
+        self, game: Game, plan: BatchPlan, records: list[EpisodeRecord], state: EstimatorState
+    ) -> RolloutBatch:
         """Rewards, credit, baseline, weights and scale of a played batch; updates `state` afterwards."""
         groups: list[Group] = []
         for gp in plan.groups:
@@ -175,16 +197,25 @@ class BatchBuilder:
             if self.mode == "pooled":
                 terms = pooled_terms(game, gp.pool, recs, self.reward_scale, self.lambdas, exploit_on)
             else:
-                aux = [{p: {q: [records[i] for i in idx] for q, idx in by.items()} for p, by in tree.items()}
-                       for tree in gp.aux]
+                aux = [
+                    {p: {q: [records[i] for i in idx] for q, idx in by.items()} for p, by in tree.items()}
+                    for tree in gp.aux
+                ]
                 terms = paper_terms(game, recs, self.reward_scale, self.lambdas, self.mode, aux)
             T = len(recs[0].rounds)
             advantages = lambda f: group_advantages(f, self.credit, self.adv_norm, self.eps)  # noqa: E731
-            groups.append(Group(
-                gp.pool, gp.opponent, recs, terms, weight=1.0 / (len(self.pools[gp.pool]) * len(recs) * T),
-                advantages=advantages(sum(terms.values())),
-                term_advantages={k: advantages(v) for k, v in terms.items()} if self.adv_norm == "batch" else {},
-                exploit_on=exploit_on))
+            groups.append(
+                Group(
+                    gp.pool,
+                    gp.opponent,
+                    recs,
+                    terms,
+                    weight=1.0 / (len(self.pools[gp.pool]) * len(recs) * T),
+                    advantages=advantages(sum(terms.values())),
+                    term_advantages={k: advantages(v) for k, v in terms.items()} if self.adv_norm == "batch" else {},
+                    exploit_on=exploit_on,
+                )
+            )
 
         batch_std = float(np.concatenate([g.advantages.ravel() for g in groups]).std())
         scale = state.scale_for(batch_std) + self.eps if self.adv_norm == "batch" else 1.0
@@ -213,8 +244,14 @@ class BatchBuilder:
         return RolloutBatch(groups, decisions, arrays["total"] / scale, arrays, scale, stats)
 
 
-def batch_stats(game: Game, plan: BatchPlan, records: list[EpisodeRecord], groups: list[Group],
-                lambdas: dict[str, float], reward_scale: float) -> dict[str, Any]:
+def batch_stats(
+    game: Game,
+    plan: BatchPlan,
+    records: list[EpisodeRecord],
+    groups: list[Group],
+    lambdas: dict[str, float],
+    reward_scale: float,
+) -> dict[str, Any]:
     """The batch's u, e, c, x (from whichever episodes measure them) and its estimate of J."""
     train = [ep for g in groups if g.pool == "train" for ep in g.records]
     by_pool: dict[str, dict[str, list[EpisodeRecord]]] = {"exploit": {}, "collusive": {}}
@@ -233,8 +270,11 @@ def batch_stats(game: Game, plan: BatchPlan, records: list[EpisodeRecord], group
     decisions = sum(ep.decisions for ep in records)
     return {
         "objective": reward_scale * u - lambdas["e"] * reward_scale * e - lambdas["c"] * c - lambdas["x"] * x,
-        "train/u": u, "train/x": x, "exploit/e": e, "collusive/c": c,
+        "train/u": u,
+        "train/x": x,
+        "exploit/e": e,
+        "collusive/c": c,
         "parse_rate": sum(ep.parsed for ep in records) / max(decisions, 1),
-        "episodes": float(len(records)), "decisions": float(sum(ep.decisions for g in groups for ep in g.records)),
+        "episodes": float(len(records)),
+        "decisions": float(sum(ep.decisions for g in groups for ep in g.records)),
     }
-

@@ -32,7 +32,8 @@ longest). Batch composition and order are the Trainer's seeded sampler's; nothin
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -40,8 +41,9 @@ IGNORE = -100
 
 
 # --------------------------------------------------------------------------- encoding
-def encode_examples(encode: Callable[[Sequence[dict[str, str]]], tuple[list[int], list[int]]],
-                    examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def encode_examples(
+    encode: Callable[[Sequence[dict[str, str]]], tuple[list[int], list[int]]], examples: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Each example's (input ids, labels), computed once: `{"ids": [...], "labels": [...]}`."""
     out = []
     for ex in examples:
@@ -59,8 +61,7 @@ def first_predicted(labels: Sequence[int]) -> int:
     return len(labels) - 1
 
 
-def prefix_groups(rows: Sequence[Sequence[int]], limits: Sequence[int], min_shared: int
-                  ) -> list[tuple[list[int], int]]:
+def prefix_groups(rows: Sequence[Sequence[int]], limits: Sequence[int], min_shared: int) -> list[tuple[list[int], int]]:
     """Groups of rows that share a token prefix, as (row indices, prefix length).
 
     Rows sorted by their ids; neighbours sharing at least `min_shared` leading tokens join a group,
@@ -99,8 +100,8 @@ def _left_pad(seqs: Sequence[Sequence[int]], width: int, pad: int) -> tuple[torc
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for r, s in enumerate(seqs):
         if s:
-            ids[r, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
-            mask[r, width - len(s):] = 1
+            ids[r, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
+            mask[r, width - len(s) :] = 1
     return ids, mask
 
 
@@ -131,7 +132,7 @@ class SFTBatchCollator:
         for r, (lab, n) in enumerate(zip(labels, map(len, ids))):
             shifted = lab[1:] + [IGNORE]  # the target of position t is the label of t + 1
             lo = max(0, n - keep)
-            targets[r, keep - n + lo:] = torch.tensor(shifted[lo:], dtype=torch.long)
+            targets[r, keep - n + lo :] = torch.tensor(shifted[lo:], dtype=torch.long)
         found = prefix_groups(ids, first, self.min_shared) if self.share_prefix else [(list(range(len(ids))), 0)]
         shared = [(m, p) for m, p in found if len(m) > 1 and p > 0]
         alone = sorted(r for m, p in found if not (len(m) > 1 and p > 0) for r in m)
@@ -139,8 +140,11 @@ class SFTBatchCollator:
         for members, p in shared + ([(alone, 0)] if alone else []):
             rests = [ids[r][p:] for r in members]
             r_ids, r_mask = _left_pad(rests, max(map(len, rests)), self.pad_id)
-            group = {"rows": torch.tensor(members, dtype=torch.long), "input_ids": r_ids,
-                     "position_ids": positions_from_mask(r_mask, p)}
+            group = {
+                "rows": torch.tensor(members, dtype=torch.long),
+                "input_ids": r_ids,
+                "position_ids": positions_from_mask(r_mask, p),
+            }
             if p:
                 group["prefix_ids"] = torch.tensor([ids[members[0]][:p]], dtype=torch.long)
                 r_mask = torch.cat([torch.ones(len(members), p, dtype=torch.long), r_mask], dim=1)
@@ -166,13 +170,23 @@ def sft_logits(model: Any, batch: dict[str, Any], type_ids_key: str | None = Non
             from transformers import DynamicCache
 
             cache = DynamicCache(config=model.config)
-            model(input_ids=group["prefix_ids"], past_key_values=cache, use_cache=True, logits_to_keep=1,
-                  **_extras(type_ids_key, group["prefix_ids"]))
+            model(
+                input_ids=group["prefix_ids"],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **_extras(type_ids_key, group["prefix_ids"]),
+            )
             cache.batch_repeat_interleave(len(group["rows"]))  # its backward sums the rows' gradients
             kwargs = {"past_key_values": cache, "use_cache": True}
-        out = model(input_ids=group["input_ids"], attention_mask=group["attention_mask"],
-                    position_ids=group["position_ids"], logits_to_keep=keep, **kwargs,
-                    **_extras(type_ids_key, group["input_ids"]))
+        out = model(
+            input_ids=group["input_ids"],
+            attention_mask=group["attention_mask"],
+            position_ids=group["position_ids"],
+            logits_to_keep=keep,
+            **kwargs,
+            **_extras(type_ids_key, group["input_ids"]),
+        )
         short = keep - out.logits.shape[1]  # a group's rests can be narrower than the batch's K (its
         # rows' targets then start inside them anyway): the missing columns' targets are all -100
         parts.append(torch.nn.functional.pad(out.logits, (0, 0, short, 0)) if short > 0 else out.logits)
@@ -184,15 +198,19 @@ def sft_logits(model: Any, batch: dict[str, Any], type_ids_key: str | None = Non
     return logits
 
 
-def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                        num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+def token_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
+) -> torch.Tensor:
     """transformers' causal-LM loss on already shifted targets: the summed cross-entropy divided by
     `num_items_in_batch` (the trained tokens of the whole accumulated batch) when given, else the
     mean over this batch's trained tokens."""
     logits = logits.float()
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).to(logits.device),
-                                             ignore_index=IGNORE,
-                                             reduction="sum" if num_items_in_batch is not None else "mean")
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        targets.reshape(-1).to(logits.device),
+        ignore_index=IGNORE,
+        reduction="sum" if num_items_in_batch is not None else "mean",
+    )
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
@@ -232,8 +250,11 @@ def sft_trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             logits = sft_logits(model, inputs, self.type_ids_key)
             loss = token_cross_entropy(logits, inputs["labels"], num_items_in_batch)
-            if (self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs
-                    and num_items_in_batch is not None):  # as Trainer.compute_loss does for the model's own loss
+            if (
+                self.args.average_tokens_across_devices
+                and self.model_accepts_loss_kwargs
+                and num_items_in_batch is not None
+            ):  # as Trainer.compute_loss does for the model's own loss
                 loss = loss * (self.accelerator.num_processes // self.get_tp_size())
             return (loss, {"logits": logits}) if return_outputs else loss
 
@@ -241,8 +262,9 @@ def sft_trainer_class():
 
 
 # --------------------------------------------------------------------------- greedy answers (the agreement)
-def prompt_batches(prompts: Sequence[Sequence[int]], batch_size: int, share_prefix: bool, min_shared: int
-                   ) -> list[tuple[list[int], int]]:
+def prompt_batches(
+    prompts: Sequence[Sequence[int]], batch_size: int, share_prefix: bool, min_shared: int
+) -> list[tuple[list[int], int]]:
     """Batches of prompt indices for generation and each batch's shared prefix length (0: none).
 
     Prompts are grouped by common prefix (`prefix_groups`; every prompt keeps its last token, which
@@ -254,15 +276,23 @@ def prompt_batches(prompts: Sequence[Sequence[int]], batch_size: int, share_pref
     for members, p in groups:
         members = sorted(members, key=lambda i: (len(prompts[i]), i))
         for start in range(0, len(members), batch_size):
-            chunk = members[start:start + batch_size]
+            chunk = members[start : start + batch_size]
             out.append((chunk, p if share_prefix and len(chunk) > 1 and p >= min_shared else 0))
     return out
 
 
 @torch.no_grad()
-def greedy_answers(model: Any, prompts: Sequence[Sequence[int]], eos: set[int], pad_id: int, batch_size: int,
-                   max_new_tokens: int, share_prefix: bool = False, min_shared: int = 1,
-                   extras: Callable[[torch.Tensor], dict[str, torch.Tensor]] = lambda ids: {}) -> list[list[int]]:
+def greedy_answers(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    eos: set[int],
+    pad_id: int,
+    batch_size: int,
+    max_new_tokens: int,
+    share_prefix: bool = False,
+    min_shared: int = 1,
+    extras: Callable[[torch.Tensor], dict[str, torch.Tensor]] = lambda ids: {},
+) -> list[list[int]]:
     """Greedy continuations of token-id prompts, cut after the first end-of-turn token, in the
     prompts' order. Batched by `prompt_batches`; a batch's shared prefix runs once and its KV cache
     serves every row (rows laid out [prefix][padding][rest]; generate's position ids follow the
@@ -280,15 +310,30 @@ def greedy_answers(model: Any, prompts: Sequence[Sequence[int]], eos: set[int], 
             ids = torch.cat([prefix.expand(len(chunk), -1), ids], dim=1)
             mask = torch.cat([torch.ones(len(chunk), shared, dtype=torch.long), mask], dim=1)
             cache = DynamicCache(config=model.config)
-            model(input_ids=prefix.to(device), past_key_values=cache, use_cache=True, logits_to_keep=1,
-                  **extras(prefix.to(device)))
+            model(
+                input_ids=prefix.to(device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **extras(prefix.to(device)),
+            )
             cache.batch_repeat_interleave(len(chunk))
             kwargs["past_key_values"] = cache
         ids, mask = ids.to(device), mask.to(device)
-        out = model.generate(input_ids=ids, attention_mask=mask, **extras(ids), **kwargs, do_sample=False,
-                             temperature=None, top_k=None, top_p=None, max_new_tokens=max_new_tokens,
-                             pad_token_id=pad_id, eos_token_id=sorted(eos))
-        for i, row in zip(chunk, out[:, ids.shape[1]:].tolist()):
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            **extras(ids),
+            **kwargs,
+            do_sample=False,
+            temperature=None,
+            top_k=None,
+            top_p=None,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=sorted(eos),
+        )
+        for i, row in zip(chunk, out[:, ids.shape[1] :].tolist()):
             cut = next((j for j, tok in enumerate(row) if tok in eos), len(row))
             answers[i] = row[:cut]
     return answers

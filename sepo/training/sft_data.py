@@ -34,8 +34,9 @@ import hashlib
 import json
 import logging
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -43,9 +44,9 @@ from omegaconf import DictConfig, OmegaConf
 from sepo.arena import EpisodeRecord, play
 from sepo.errors import ConfigError
 from sepo.games import Game, make_game
-from sepo.policies.base import Decision, DecisionRequest
-from sepo.training.reasoning import reasoning_line
+from sepo.policies.base import Decision, DecisionRequest, Demonstration
 from sepo.strategies.base import make_strategy, responds_to_agent
+from sepo.training.reasoning import reasoning_line
 
 log = logging.getLogger(__name__)
 
@@ -78,22 +79,31 @@ def datagen_opponents(game_cfg: DictConfig, count: int) -> list[str]:
     if listed:
         return list(dict.fromkeys(listed))
     pools = game_cfg.pools
-    names = [n for n in dict.fromkeys([*(pools.get("train") or []), *(pools.get("exploit") or [])])
-             if not responds_to_agent(game_cfg.name, n)][:count]  # a best responder needs the agent's table
+    names = [
+        n
+        for n in dict.fromkeys([*(pools.get("train") or []), *(pools.get("exploit") or [])])
+        if not responds_to_agent(game_cfg.name, n)
+    ][:count]  # a best responder needs the agent's table
     random_name = game_cfg.datagen.random_strategy
     if len(names) < count and random_name not in names:
         names.append(random_name)
     if len(names) < count:
-        log.warning("datagen: %s has only %d distinct datagen opponents (%s), fewer than %d",
-                    game_cfg.name, len(names), ", ".join(names), count)
+        log.warning(
+            "datagen: %s has only %d distinct datagen opponents (%s), fewer than %d",
+            game_cfg.name,
+            len(names),
+            ", ".join(names),
+            count,
+        )
     return names
 
 
 def demonstrator_weights(game_cfg: DictConfig) -> dict[str, float]:
     weights = {str(k): float(v) for k, v in game_cfg.demonstrators.items()}
     if not weights or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
-        raise ConfigError(f"game.demonstrators of {game_cfg.name} must give non-negative weights with a "
-                          f"positive sum; got {weights}")
+        raise ConfigError(
+            f"game.demonstrators of {game_cfg.name} must give non-negative weights with a positive sum; got {weights}"
+        )
     return weights
 
 
@@ -105,7 +115,7 @@ class DemonstratorPolicy:
     (`request.rng`), and remembered by the identity of the episode's state, so the draw, the
     demonstrator's own randomness and the phrasing all come from that one seeded stream: episodes
     do not depend on how the arena batches them. Each decision keeps the rendered prompt, the
-    observation and the strategy in `Decision.extras` (the arena's trace carries them out).
+    observation and the strategy in `Decision.demonstration` (the arena's trace carries them out).
     """
 
     def __init__(self, game: Game, game_cfg: DictConfig, weights: dict[str, float]):
@@ -132,15 +142,24 @@ class DemonstratorPolicy:
             messages = [dict(m) for m in r.messages]  # rendered now, before the state moves on
             action = self.strategies[name].act(obs, r.legal, r.rng)
             text = f"{reasoning_line(self.game.name, name, action, obs, r.rng)}\n{action}"
-            decisions.append(Decision(action, text=text, extras={
-                "strategy": name, "observation": obs,
-                "messages": [*messages, {"role": "assistant", "content": text}]}))
+            decisions.append(
+                Decision(
+                    action,
+                    text=text,
+                    demonstration=Demonstration(
+                        strategy=name,
+                        observation=obs,
+                        messages=[*messages, {"role": "assistant", "content": text}],
+                    ),
+                )
+            )
         return decisions
 
 
 # ------------------------------------------------------------------------------ generation
-def play_demonstrators(game_cfg: DictConfig, seed: int, episodes_per_opponent: int | None = None,
-                       num_opponents: int = 5) -> tuple[Game, list[EpisodeRecord]]:
+def play_demonstrators(
+    game_cfg: DictConfig, seed: int, episodes_per_opponent: int | None = None, num_opponents: int = 5
+) -> tuple[Game, list[EpisodeRecord]]:
     """Play every demonstrator episode of one game (with traces); records in opponent, episode order.
 
     Episodes are dealt independently (no mirrored pairs, even for Kuhn poker, whose seats still
@@ -148,8 +167,9 @@ def play_demonstrators(game_cfg: DictConfig, seed: int, episodes_per_opponent: i
     """
     game = make_game(game_cfg)
     episodes = int(episodes_per_opponent or game_cfg.datagen.episodes_per_opponent)
-    opponents = {n: make_strategy(game_cfg, n, key="game.datagen.opponents")
-                 for n in datagen_opponents(game_cfg, num_opponents)}
+    opponents = {
+        n: make_strategy(game_cfg, n, key="game.datagen.opponents") for n in datagen_opponents(game_cfg, num_opponents)
+    }
     policy = DemonstratorPolicy(game, game_cfg, demonstrator_weights(game_cfg))
     records = play(game, policy, opponents, episodes, seed, mirrored=False, keep_trace=True)
     return game, records
@@ -159,9 +179,9 @@ def examples_from_records(game: Game, records: Iterable[EpisodeRecord]) -> list[
     """One chat example per agent decision, in play order."""
     return [
         {
-            "messages": decision.extras["messages"],
+            "messages": decision.demonstration.messages,
             "game": game.name,
-            "strategy": decision.extras["strategy"],
+            "strategy": decision.demonstration.strategy,
             "opponent": record.opponent,
             "episode": record.index,
             "round": int(round_index),
@@ -172,8 +192,9 @@ def examples_from_records(game: Game, records: Iterable[EpisodeRecord]) -> list[
     ]
 
 
-def generate_game_examples(game_cfg: DictConfig, seed: int, episodes_per_opponent: int | None = None,
-                           num_opponents: int = 5) -> list[dict[str, Any]]:
+def generate_game_examples(
+    game_cfg: DictConfig, seed: int, episodes_per_opponent: int | None = None, num_opponents: int = 5
+) -> list[dict[str, Any]]:
     """All SFT examples of one game (unshuffled, in play order). Same arguments -> same examples."""
     game, records = play_demonstrators(game_cfg, seed, episodes_per_opponent, num_opponents)
     return examples_from_records(game, records)
@@ -184,8 +205,13 @@ def _rng(seed: int, *tags: str) -> np.random.Generator:
     return np.random.default_rng([seed, *(zlib.crc32(t.encode()) for t in tags)])
 
 
-def build_dataset(name: str, examples_by_game: dict[str, list[dict[str, Any]]], seed: int,
-                  valid_fraction: float, per_game_cap: int | None = None) -> dict[str, list[dict[str, Any]]]:
+def build_dataset(
+    name: str,
+    examples_by_game: dict[str, list[dict[str, Any]]],
+    seed: int,
+    valid_fraction: float,
+    per_game_cap: int | None = None,
+) -> dict[str, list[dict[str, Any]]]:
     """Balance, shuffle and split examples of one or more games into {train, valid}.
 
     Each game keeps `min(per_game_cap, fewest examples of any game)`: a seeded subsample (in play
@@ -204,15 +230,20 @@ def build_dataset(name: str, examples_by_game: dict[str, list[dict[str, Any]]], 
     order = _rng(seed, name, "shuffle").permutation(len(pooled))
     shuffled = [pooled[i] for i in order]
     n_valid = int(round(len(shuffled) * valid_fraction))
-    return {"train": shuffled[: len(shuffled) - n_valid], "valid": shuffled[len(shuffled) - n_valid:]}
+    return {"train": shuffled[: len(shuffled) - n_valid], "valid": shuffled[len(shuffled) - n_valid :]}
 
 
-def generate_dataset(name: str, game_cfgs: list[DictConfig], seed: int, valid_fraction: float = 0.2,
-                     per_game_cap: int | None = None, episodes_per_opponent: int | None = None,
-                     num_opponents: int = 5) -> dict[str, list[dict[str, Any]]]:
+def generate_dataset(
+    name: str,
+    game_cfgs: list[DictConfig],
+    seed: int,
+    valid_fraction: float = 0.2,
+    per_game_cap: int | None = None,
+    episodes_per_opponent: int | None = None,
+    num_opponents: int = 5,
+) -> dict[str, list[dict[str, Any]]]:
     """Generate one dataset in memory (the SFT stage can call this to make data on demand)."""
-    by_game = {cfg.name: generate_game_examples(cfg, seed, episodes_per_opponent, num_opponents)
-               for cfg in game_cfgs}
+    by_game = {cfg.name: generate_game_examples(cfg, seed, episodes_per_opponent, num_opponents) for cfg in game_cfgs}
     return build_dataset(name, by_game, seed, valid_fraction, per_game_cap)
 
 
@@ -222,8 +253,15 @@ def dataset_from_cfg(cfg: DictConfig, name: str) -> dict[str, list[dict[str, Any
     if name not in dc.dataset_games:
         raise ConfigError(f"datagen.dataset_games has no dataset {name!r}; allowed: {', '.join(dc.dataset_games)}")
     game_cfgs = [load_game_cfg(g, cfg.game) for g in dc.dataset_games[name]]
-    return generate_dataset(name, game_cfgs, int(dc.seed), float(dc.valid_fraction),
-                            (dc.get("per_game_cap") or {}).get(name), dc.episodes_per_opponent, int(dc.num_opponents))
+    return generate_dataset(
+        name,
+        game_cfgs,
+        int(dc.seed),
+        float(dc.valid_fraction),
+        (dc.get("per_game_cap") or {}).get(name),
+        dc.episodes_per_opponent,
+        int(dc.num_opponents),
+    )
 
 
 def dataset_of_game(cfg: DictConfig, game: str) -> str:
@@ -248,6 +286,10 @@ def write_dataset(out_dir: Path, name: str, splits: dict[str, list[dict[str, Any
         path.parent.mkdir(parents=True, exist_ok=True)
         data = to_jsonl(splits[split])
         path.write_bytes(data)
-        files[split] = {"path": str(path.relative_to(out_dir)), "examples": len(splits[split]),
-                        "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        files[split] = {
+            "path": str(path.relative_to(out_dir)),
+            "examples": len(splits[split]),
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
     return files

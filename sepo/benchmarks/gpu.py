@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
-import json
 import logging
 import sys
 import tempfile
@@ -58,27 +57,53 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+HELP = (
+    "full-size Gemma 4 / Qwen 3.5 on CUDA: decode speed vs the bandwidth floor, SEPO step time and memory, SFT tokens/s"
+)
+
 MIB = 2**20
 
 #: text_config of google/gemma-4-E4B-it as published (the checkpoint's config.json as third-party loaders
 #: reproduce it; the same figures in NVIDIA Megatron-Bridge's E4B recipe and gemma.cpp's E4B config).
 GEMMA4_E4B_TEXT: dict[str, Any] = {
-    "vocab_size": 262_144, "vocab_size_per_layer_input": 262_144, "hidden_size": 2560,
-    "hidden_size_per_layer_input": 256, "intermediate_size": 10_240, "num_hidden_layers": 42,
-    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "global_head_dim": 512,
-    "num_kv_shared_layers": 18, "sliding_window": 512, "final_logit_softcapping": 30.0,
-    "max_position_embeddings": 131_072, "use_double_wide_mlp": False, "attention_k_eq_v": False,
-    "enable_moe_block": False, "tie_word_embeddings": True,
+    "vocab_size": 262_144,
+    "vocab_size_per_layer_input": 262_144,
+    "hidden_size": 2560,
+    "hidden_size_per_layer_input": 256,
+    "intermediate_size": 10_240,
+    "num_hidden_layers": 42,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "num_kv_shared_layers": 18,
+    "sliding_window": 512,
+    "final_logit_softcapping": 30.0,
+    "max_position_embeddings": 131_072,
+    "use_double_wide_mlp": False,
+    "attention_k_eq_v": False,
+    "enable_moe_block": False,
+    "tie_word_embeddings": True,
     "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 7,
 }
 
 #: text_config of Qwen/Qwen3.5-4B (hybrid: every 4th layer softmax attention, the others Gated DeltaNet), as
 #: third-party loaders reproduce its config.json; the rope base is the family's (speed does not depend on it).
 QWEN35_4B_TEXT: dict[str, Any] = {
-    "vocab_size": 248_320, "hidden_size": 2560, "intermediate_size": 9216, "num_hidden_layers": 32,
-    "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256, "linear_conv_kernel_dim": 4,
-    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128, "tie_word_embeddings": True, "max_position_embeddings": 262_144,
+    "vocab_size": 248_320,
+    "hidden_size": 2560,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "linear_conv_kernel_dim": 4,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 262_144,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
 }
 
@@ -89,12 +114,30 @@ ARCHS = ("gemma4", "qwen")
 MODEL_CLASS = {"gemma4": "Gemma4ForConditionalGeneration", "qwen": "Qwen3_5ForCausalLM"}
 
 #: full-size defaults of the sizes a user may change, and the sizes of the `--tiny` debug flow
-FULL = {"batch_sizes": [32, 128, 256], "prompt_tokens": 600, "decode_steps": 64, "bandwidth_mib": 1024,
-        "bandwidth_repeats": 50, "sepo_max_new_tokens": 16, "sepo_rounds": None, "sft_batch": None,
-        "sft_tokens": None, "sft_steps": 5}
-TINY = {"batch_sizes": [2, 4], "prompt_tokens": 24, "decode_steps": 4, "bandwidth_mib": 16,
-        "bandwidth_repeats": 5, "sepo_max_new_tokens": 4, "sepo_rounds": 2, "sft_batch": 2,
-        "sft_tokens": 32, "sft_steps": 2}
+FULL = {
+    "batch_sizes": [32, 128, 256],
+    "prompt_tokens": 600,
+    "decode_steps": 64,
+    "bandwidth_mib": 1024,
+    "bandwidth_repeats": 50,
+    "sepo_max_new_tokens": 16,
+    "sepo_rounds": None,
+    "sft_batch": None,
+    "sft_tokens": None,
+    "sft_steps": 5,
+}
+TINY = {
+    "batch_sizes": [2, 4],
+    "prompt_tokens": 24,
+    "decode_steps": 4,
+    "bandwidth_mib": 16,
+    "bandwidth_repeats": 5,
+    "sepo_max_new_tokens": 4,
+    "sepo_rounds": 2,
+    "sft_batch": 2,
+    "sft_tokens": 32,
+    "sft_steps": 2,
+}
 
 
 # ------------------------------------------------------------------------------------- configs
@@ -124,24 +167,60 @@ def tiny_config(arch: str, vocab: int, pad_id: int = 0, eos_id: int = 2):
         from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4TextConfig, Gemma4VisionConfig
 
         text = Gemma4TextConfig(
-            vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size=32, intermediate_size=64,
-            num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
-            hidden_size_per_layer_input=8, sliding_window=16, max_position_embeddings=1024,
-            final_logit_softcapping=30.0, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=None)
-        vision = Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                    num_key_value_heads=2, head_dim=8)
-        audio = Gemma4AudioConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                  subsampling_conv_channels=[4, 4], output_proj_dims=16)
+            vocab_size=vocab,
+            vocab_size_per_layer_input=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            num_kv_shared_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            global_head_dim=16,
+            hidden_size_per_layer_input=8,
+            sliding_window=16,
+            max_position_embeddings=1024,
+            final_logit_softcapping=30.0,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+            bos_token_id=None,
+        )
+        vision = Gemma4VisionConfig(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=8,
+        )
+        audio = Gemma4AudioConfig(
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            subsampling_conv_channels=[4, 4],
+            output_proj_dims=16,
+        )
         return Gemma4Config(text_config=text, vision_config=vision, audio_config=audio)
     if arch == "qwen":
         from transformers import Qwen3_5TextConfig
 
         return Qwen3_5TextConfig(
-            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
-            linear_num_key_heads=2, linear_num_value_heads=2, max_position_embeddings=1024,
-            pad_token_id=pad_id, eos_token_id=eos_id)
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            max_position_embeddings=1024,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+        )
     raise ValueError(f"arch {arch!r}; allowed: {', '.join(ARCHS)}")
 
 
@@ -206,8 +285,10 @@ def bandwidth_floor_fraction(weight_bytes: float, bandwidth: float, seconds_per_
     """Share of the memory-bandwidth floor a decode step reaches: (weight_bytes / bandwidth) /
     seconds_per_step; 1.0 means every step only streams the weights at the measured bandwidth."""
     if weight_bytes < 0 or bandwidth <= 0 or seconds_per_step <= 0:
-        raise ValueError(f"need weight_bytes >= 0, bandwidth > 0 and seconds_per_step > 0; got "
-                         f"{weight_bytes}, {bandwidth}, {seconds_per_step}")
+        raise ValueError(
+            f"need weight_bytes >= 0, bandwidth > 0 and seconds_per_step > 0; got "
+            f"{weight_bytes}, {bandwidth}, {seconds_per_step}"
+        )
     return (weight_bytes / bandwidth) / seconds_per_step
 
 
@@ -254,10 +335,12 @@ def linear_attention_kernels() -> dict[str, Any]:
 
     from transformers.models.qwen3_5 import modeling_qwen3_5 as modeling
 
-    functions = {"chunk_gated_delta_rule": ("torch_chunk_gated_delta_rule", "fla"),
-                 "fused_recurrent_gated_delta_rule": ("torch_recurrent_gated_delta_rule", "fla"),
-                 "causal_conv1d_fn": ("causal_conv1d_fn", "causal_conv1d"),
-                 "causal_conv1d_update": ("causal_conv1d_update", "causal_conv1d")}
+    functions = {
+        "chunk_gated_delta_rule": ("torch_chunk_gated_delta_rule", "fla"),
+        "fused_recurrent_gated_delta_rule": ("torch_recurrent_gated_delta_rule", "fla"),
+        "causal_conv1d_fn": ("causal_conv1d_fn", "causal_conv1d"),
+        "causal_conv1d_update": ("causal_conv1d_update", "causal_conv1d"),
+    }
     paths: dict[str, str] = {}
     for kernel, (attr, package) in functions.items():
         fn = getattr(modeling, attr, None)
@@ -267,8 +350,9 @@ def linear_attention_kernels() -> dict[str, Any]:
             nonlocals = {}
         if "is_new_implementation" in nonlocals:
             impl = nonlocals.get("implementation")
-            paths[kernel] = (f"{package} ({getattr(impl, '__module__', '?')})" if nonlocals["is_new_implementation"]
-                             else "torch")
+            paths[kernel] = (
+                f"{package} ({getattr(impl, '__module__', '?')})" if nonlocals["is_new_implementation"] else "torch"
+            )
         else:
             try:
                 importlib.import_module(package)
@@ -279,11 +363,15 @@ def linear_attention_kernels() -> dict[str, Any]:
     missing = sorted({pkg for k, (_, pkg) in functions.items() if paths[k] == "torch"})
     names = {"fla": "flash-linear-attention", "causal_conv1d": "causal-conv1d"}
     how = {"fla": "pip install -e '.[gpu]'", "causal_conv1d": "pip install --no-build-isolation -e '.[gpu-conv1d]'"}
-    return {"paths": paths, "fast": fast,
-            "missing": [names[m] for m in missing],
-            "note": "all fast kernels bound" if fast else
-                    f"reference PyTorch fallback for {', '.join(k for k, p in paths.items() if p == 'torch')}: "
-                    + "; ".join(f"install {names[m]} ({how[m]})" for m in missing)}
+    return {
+        "paths": paths,
+        "fast": fast,
+        "missing": [names[m] for m in missing],
+        "note": "all fast kernels bound"
+        if fast
+        else f"reference PyTorch fallback for {', '.join(k for k, p in paths.items() if p == 'torch')}: "
+        + "; ".join(f"install {names[m]} ({how[m]})" for m in missing),
+    }
 
 
 def bitsandbytes_status() -> dict[str, Any]:
@@ -313,8 +401,12 @@ def measure_bandwidth(device: str, mib: int, repeats: int) -> dict[str, float]:
     _sync(device)
     seconds = time.perf_counter() - start
     del src, dst
-    return {"bytes_per_s": 2 * n * repeats / seconds, "gb_per_s": round(2 * n * repeats / seconds / 1e9, 1),
-            "buffer_mib": mib, "repeats": repeats}
+    return {
+        "bytes_per_s": 2 * n * repeats / seconds,
+        "gb_per_s": round(2 * n * repeats / seconds / 1e9, 1),
+        "buffer_mib": mib,
+        "repeats": repeats,
+    }
 
 
 def _sync(device: str) -> None:
@@ -331,7 +423,7 @@ class PeakMemory:
         self.cuda = str(device).startswith("cuda")
         self.mib: float | None = None
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         import torch
 
         if self.cuda:
@@ -350,8 +442,11 @@ class PeakMemory:
 def _oom_types() -> tuple[type, ...]:
     import torch
 
-    return tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
-                             getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+    return tuple(
+        t
+        for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
+        if t is not None
+    )
 
 
 def _free(device: str) -> None:
@@ -363,16 +458,23 @@ def _free(device: str) -> None:
 
 
 # ------------------------------------------------------------------------------------- decode
-def _time_generate(model: Any, ids: Any, extras: dict, new_tokens: int, pad_id: int, eos_ids: list[int],
-                   device: str) -> tuple[float, Any]:
+def _time_generate(
+    model: Any, ids: Any, extras: dict, new_tokens: int, pad_id: int, eos_ids: list[int], device: str
+) -> tuple[float, Any]:
     """Seconds of one greedy `generate` of exactly `new_tokens` tokens (min = max, so an end token
     drawn by the random weights cannot stop a row early), and its cache."""
     import torch
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                              pad_token_id=pad_id, eos_token_id=eos_ids, use_cache=True,
-                              return_dict_in_generate=True)
+    config = GenerationConfig(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id,
+        eos_token_id=eos_ids,
+        use_cache=True,
+        return_dict_in_generate=True,
+    )
     mask = torch.ones_like(ids)
     _sync(device)
     start = time.perf_counter()
@@ -386,8 +488,18 @@ class _TimingNoise(RuntimeError):
     """The difference of two timings is not positive: no figure is better than a wrong one."""
 
 
-def decode_benchmark(model: Any, model_cfg: Any, batch_sizes: list[int], prompt_tokens: int, decode_steps: int,
-                     bandwidth: float, device: str, pad_id: int, eos_ids: list[int], seed: int = 0) -> dict[str, Any]:
+def decode_benchmark(
+    model: Any,
+    model_cfg: Any,
+    batch_sizes: list[int],
+    prompt_tokens: int,
+    decode_steps: int,
+    bandwidth: float,
+    device: str,
+    pad_id: int,
+    eos_ids: list[int],
+    seed: int = 0,
+) -> dict[str, Any]:
     """Decode steps/s per batch size: (t(1 + steps tokens) - t(1 token)) / steps, both generate calls
     on the same random prompt, so prompt processing and setup cancel out and only the steps remain."""
     import torch
@@ -397,8 +509,12 @@ def decode_benchmark(model: Any, model_cfg: Any, batch_sizes: list[int], prompt_
     weight_bytes = decode_weight_bytes(model)
     vocab = model.get_input_embeddings().num_embeddings
     generator = torch.Generator().manual_seed(seed)
-    out: dict[str, Any] = {"weight_bytes": weight_bytes, "weight_mib": round(weight_bytes / MIB, 1),
-                           "floor_ms_per_step": round(1e3 * weight_bytes / bandwidth, 3), "batches": []}
+    out: dict[str, Any] = {
+        "weight_bytes": weight_bytes,
+        "weight_mib": round(weight_bytes / MIB, 1),
+        "floor_ms_per_step": round(1e3 * weight_bytes / bandwidth, 3),
+        "batches": [],
+    }
     for batch in batch_sizes:
         row: dict[str, Any] = {"batch": batch, "prompt_tokens": prompt_tokens, "decode_steps": decode_steps}
         try:
@@ -412,24 +528,35 @@ def decode_benchmark(model: Any, model_cfg: Any, batch_sizes: list[int], prompt_
             cache = cache_bytes(getattr(result, "past_key_values", None))
             del result
             if full <= first:
-                raise _TimingNoise(f"{decode_steps} decode steps took no measurable time beyond the 1-token "
-                                   f"generate ({full:.4f} s vs {first:.4f} s): raise --decode-steps")
+                raise _TimingNoise(
+                    f"{decode_steps} decode steps took no measurable time beyond the 1-token "
+                    f"generate ({full:.4f} s vs {first:.4f} s): raise --decode-steps"
+                )
             per_step = (full - first) / decode_steps
-            row.update(steps_per_s=round(1 / per_step, 2), ms_per_step=round(1e3 * per_step, 3),
-                       tokens_per_s=round(batch / per_step, 1), prompt_s=round(first, 3),
-                       floor_fraction=round(bandwidth_floor_fraction(weight_bytes, bandwidth, per_step), 4),
-                       cache_mib=round(cache / MIB, 1),
-                       floor_fraction_with_cache=round(bandwidth_floor_fraction(weight_bytes + cache, bandwidth,
-                                                                                per_step), 4),
-                       peak_mib=peak.mib)
+            row.update(
+                steps_per_s=round(1 / per_step, 2),
+                ms_per_step=round(1e3 * per_step, 3),
+                tokens_per_s=round(batch / per_step, 1),
+                prompt_s=round(first, 3),
+                floor_fraction=round(bandwidth_floor_fraction(weight_bytes, bandwidth, per_step), 4),
+                cache_mib=round(cache / MIB, 1),
+                floor_fraction_with_cache=round(bandwidth_floor_fraction(weight_bytes + cache, bandwidth, per_step), 4),
+                peak_mib=peak.mib,
+            )
         except _oom_types() as err:
             row["error"] = f"out of memory ({str(err).splitlines()[0][:120]})"
         except _TimingNoise as err:
             row["error"] = str(err)
         _free(device)
         log.info("decode %s", row)
-        _say(f"  decode batch {batch}: " + (f"{row['steps_per_s']} steps/s, {row['floor_fraction']:.1%} of the "
-                                             f"bandwidth floor" if "steps_per_s" in row else row["error"]))
+        _say(
+            f"  decode batch {batch}: "
+            + (
+                f"{row['steps_per_s']} steps/s, {row['floor_fraction']:.1%} of the bandwidth floor"
+                if "steps_per_s" in row
+                else row["error"]
+            )
+        )
         out["batches"].append(row)
     return out
 
@@ -444,8 +571,9 @@ def finite_logits(model: Any, model_cfg: Any, device: str, tokens: int = 16) -> 
     vocab = model.get_input_embeddings().num_embeddings
     ids = torch.randint(3, vocab, (1, tokens), generator=torch.Generator().manual_seed(0)).to(device)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False,
-                       **forward_extras(model, model_cfg, ids)).logits
+        logits = model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **forward_extras(model, model_cfg, ids)
+        ).logits
     return bool(torch.isfinite(logits.float()).all())
 
 
@@ -467,9 +595,14 @@ def sepo_step_benchmark(model: Any, tokenizer: Any, cfg: Any, device: str, ref_4
 
     from sepo.games import make_game
     from sepo.models import quantized_reference
+    from sepo.stages.sepo_loop import (
+        RecordingPolicy,
+        generated_tokens,
+        optimisation_step,
+        reference_logprobs,
+        training_parts,
+    )
     from sepo.training.objective import sepo_settings
-    from sepo.stages.sepo_loop import (RecordingPolicy, generated_tokens, optimisation_step, reference_logprobs,
-                           training_parts)
 
     s = sepo_settings(cfg)
     game = make_game(cfg.game)
@@ -484,8 +617,13 @@ def sepo_step_benchmark(model: Any, tokenizer: Any, cfg: Any, device: str, ref_4
             ref_model = quantized_reference(model, compute_dtype=model.get_input_embeddings().weight.dtype)
             _sync(device)
             out["quantize_s"] = round(time.perf_counter() - start, 2)
-            extra = (torch.cuda.memory_allocated() - before if cuda else
-                     sum(p.numel() * p.element_size() for p in ref_model.parameters() if type(p).__name__ == "Params4bit"))
+            extra = (
+                torch.cuda.memory_allocated() - before
+                if cuda
+                else sum(
+                    p.numel() * p.element_size() for p in ref_model.parameters() if type(p).__name__ == "Params4bit"
+                )
+            )
             out["reference_extra_mib"] = round(extra / MIB, 1)  # what the quantized copy holds beyond the policy
         with PeakMemory(device) as peak:
             t0 = time.perf_counter()
@@ -498,22 +636,32 @@ def sepo_step_benchmark(model: Any, tokenizer: Any, cfg: Any, device: str, ref_4
             stats = optimisation_step(model, policy, optimizer, batch, ref, s)
             _sync(device)
             t3 = time.perf_counter()
-        out.update(step_s=round(t3 - t0, 3), rollout_s=round(t1 - t0, 3), reference_s=round(t2 - t1, 3),
-                   update_s=round(t3 - t2, 3), peak_mib=peak.mib, decisions=len(batch.decisions),
-                   generated_tokens=generated_tokens(batch), loss=round(float(stats["loss"]), 6),
-                   skipped=bool(stats["skipped"]))
+        out.update(
+            step_s=round(t3 - t0, 3),
+            rollout_s=round(t1 - t0, 3),
+            reference_s=round(t2 - t1, 3),
+            update_s=round(t3 - t2, 3),
+            peak_mib=peak.mib,
+            decisions=len(batch.decisions),
+            generated_tokens=generated_tokens(batch),
+            loss=round(float(stats["loss"]), 6),
+            skipped=bool(stats["skipped"]),
+        )
     except _oom_types() as err:
         out["error"] = f"out of memory ({str(err).splitlines()[0][:120]})"
     finally:
         del ref_model, optimizer
         _free(device)
-    _say(f"  SEPO step ({'4-bit reference' if ref_4bit else 'reference = adapter off'}): "
-         + (f"{out['step_s']} s, peak {out['peak_mib']} MiB" if "step_s" in out else out.get("error", "")))
+    _say(
+        f"  SEPO step ({'4-bit reference' if ref_4bit else 'reference = adapter off'}): "
+        + (f"{out['step_s']} s, peak {out['peak_mib']} MiB" if "step_s" in out else out.get("error", ""))
+    )
     return out
 
 
-def sft_benchmark(model: Any, cfg: Any, device: str, batch: int, tokens: int, steps: int, seed: int = 0
-                  ) -> tuple[Any, dict[str, Any]]:
+def sft_benchmark(
+    model: Any, cfg: Any, device: str, batch: int, tokens: int, steps: int, seed: int = 0
+) -> tuple[Any, dict[str, Any]]:
     """Training tokens/s of the SFT stage's update (its LoRA or full fine-tune, its gradient
     checkpointing) on random sequences; returns the model without the SFT adapter again."""
     import torch
@@ -522,15 +670,25 @@ def sft_benchmark(model: Any, cfg: Any, device: str, batch: int, tokens: int, st
     from sepo.stages.sft import sft_settings
 
     s = sft_settings(cfg)
-    out: dict[str, Any] = {"batch": batch, "tokens_per_sequence": tokens, "steps": steps,
-                           "mode": "full" if s.full_finetune else f"lora r={int(s.lora.r)}",
-                           "gradient_checkpointing": bool(s.gradient_checkpointing)}
+    out: dict[str, Any] = {
+        "batch": batch,
+        "tokens_per_sequence": tokens,
+        "steps": steps,
+        "mode": "full" if s.full_finetune else f"lora r={int(s.lora.r)}",
+        "gradient_checkpointing": bool(s.gradient_checkpointing),
+    }
     if s.full_finetune:
         model.requires_grad_(True)
         trained = model
     else:
-        trained = attach_lora(model, str(s.lora.target_modules), int(s.lora.r), int(s.lora.alpha),
-                              float(s.lora.dropout), key="sft.lora.target_modules")
+        trained = attach_lora(
+            model,
+            str(s.lora.target_modules),
+            int(s.lora.r),
+            int(s.lora.alpha),
+            float(s.lora.dropout),
+            key="sft.lora.target_modules",
+        )
     if s.gradient_checkpointing:
         trained.gradient_checkpointing_enable()
         if not s.full_finetune:
@@ -543,8 +701,9 @@ def sft_benchmark(model: Any, cfg: Any, device: str, batch: int, tokens: int, st
 
     def step() -> None:
         ids = torch.randint(3, vocab, (batch, tokens), generator=generator).to(device)
-        loss = trained(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids,
-                       **forward_extras(trained, cfg.model, ids)).loss
+        loss = trained(
+            input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids, **forward_extras(trained, cfg.model, ids)
+        ).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -559,8 +718,11 @@ def sft_benchmark(model: Any, cfg: Any, device: str, batch: int, tokens: int, st
                 step()
             _sync(device)
             seconds = time.perf_counter() - start
-        out.update(tokens_per_s=round(batch * tokens * steps / seconds, 1),
-                   s_per_step=round(seconds / steps, 3), peak_mib=peak.mib)
+        out.update(
+            tokens_per_s=round(batch * tokens * steps / seconds, 1),
+            s_per_step=round(seconds / steps, 3),
+            peak_mib=peak.mib,
+        )
     except _oom_types() as err:
         out["error"] = f"out of memory ({str(err).splitlines()[0][:120]})"
     finally:
@@ -571,8 +733,10 @@ def sft_benchmark(model: Any, cfg: Any, device: str, batch: int, tokens: int, st
         model = trained if s.full_finetune else trained.unload()
         model.requires_grad_(False)
         _free(device)
-    _say("  SFT: " + (f"{out['tokens_per_s']} tokens/s, peak {out['peak_mib']} MiB" if "tokens_per_s" in out
-                       else out["error"]))
+    _say(
+        "  SFT: "
+        + (f"{out['tokens_per_s']} tokens/s, peak {out['peak_mib']} MiB" if "tokens_per_s" in out else out["error"])
+    )
     return model, out
 
 
@@ -587,8 +751,9 @@ def tiny_tokenizer(cache_dir: str | Path):
     return AutoTokenizer.from_pretrained(build_tiny(tiny.model, cache_dir))
 
 
-def benchmark_model(arch: str, args: argparse.Namespace, sizes: dict[str, Any], tokenizer: Any, bandwidth: float,
-                    bnb: dict[str, Any]) -> dict[str, Any]:
+def benchmark_model(
+    arch: str, args: argparse.Namespace, sizes: dict[str, Any], tokenizer: Any, bandwidth: float, bnb: dict[str, Any]
+) -> dict[str, Any]:
     import torch
     from transformers import GenerationConfig
 
@@ -600,14 +765,26 @@ def benchmark_model(arch: str, args: argparse.Namespace, sizes: dict[str, Any], 
     if args.tiny:
         config, shape = tiny_config(arch, vocab, pad_id, eos_id), "tiny"
     elif arch == "gemma4":
-        config, shape = gemma4_config(args.gemma4_preset), ("Gemma 4 E4B (published text config; default vision and "
-                                                             "audio towers)" if args.gemma4_preset == "e4b" else
-                                                             "transformers' default Gemma4TextConfig() (not E4B)")
+        config, shape = (
+            gemma4_config(args.gemma4_preset),
+            (
+                "Gemma 4 E4B (published text config; default vision and audio towers)"
+                if args.gemma4_preset == "e4b"
+                else "transformers' default Gemma4TextConfig() (not E4B)"
+            ),
+        )
     else:
         config, shape = qwen35_config(), "Qwen 3.5 4B (published text config)"
-    overrides = [f"model={arch}", f"game={args.sepo_game}", "logger=none", f"paths.cache_dir={args.cache_dir}",
-                 f"paths.output_dir={tempfile.gettempdir()}", f"sepo.rollouts_per_opponent={args.sepo_rollouts}",
-                 f"sepo.max_new_tokens={sizes['sepo_max_new_tokens']}", f"seed={args.seed}"]
+    overrides = [
+        f"model={arch}",
+        f"game={args.sepo_game}",
+        "logger=none",
+        f"paths.cache_dir={args.cache_dir}",
+        f"paths.output_dir={tempfile.gettempdir()}",
+        f"sepo.rollouts_per_opponent={args.sepo_rollouts}",
+        f"sepo.max_new_tokens={sizes['sepo_max_new_tokens']}",
+        f"seed={args.seed}",
+    ]
     cfg = _compose(overrides + list(args.override))
     if sizes["sepo_rounds"] and "rounds" in cfg.game:  # games without rounds (Kuhn: hands) keep theirs
         cfg.game.rounds = int(sizes["sepo_rounds"])
@@ -618,10 +795,14 @@ def benchmark_model(arch: str, args: argparse.Namespace, sizes: dict[str, Any], 
     model = build_model(arch, config, device, dtype)
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, bos_token_id=None)
     _sync(device)
-    result: dict[str, Any] = {"class": MODEL_CLASS[arch], "shape": shape, "dtype": str(dtype).removeprefix("torch."),
-                              "build_s": round(time.perf_counter() - start, 1),
-                              "parameters": parameter_counts(model),
-                              "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    result: dict[str, Any] = {
+        "class": MODEL_CLASS[arch],
+        "shape": shape,
+        "dtype": str(dtype).removeprefix("torch."),
+        "build_s": round(time.perf_counter() - start, 1),
+        "parameters": parameter_counts(model),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+    }
     result["logits_finite"] = finite_logits(model, cfg.model, device)
     if not result["logits_finite"]:
         _say(f"  WARNING: the random {arch} model's logits are not finite; the SEPO step (which samples) is skipped")
@@ -630,27 +811,49 @@ def benchmark_model(arch: str, args: argparse.Namespace, sizes: dict[str, Any], 
         if not result["linear_attention"]["fast"]:
             log.warning("qwen: %s", result["linear_attention"]["note"])  # printed even without logging set up
     if "decode" in args.parts:
-        result["decode"] = decode_benchmark(model, cfg.model, sizes["batch_sizes"], sizes["prompt_tokens"],
-                                            sizes["decode_steps"], bandwidth, device, pad_id, [eos_id, pad_id],
-                                            args.seed)
+        result["decode"] = decode_benchmark(
+            model,
+            cfg.model,
+            sizes["batch_sizes"],
+            sizes["prompt_tokens"],
+            sizes["decode_steps"],
+            bandwidth,
+            device,
+            pad_id,
+            [eos_id, pad_id],
+            args.seed,
+        )
     if "sft" in args.parts:
         from sepo.stages.sft import sft_settings
 
         s = sft_settings(cfg)
-        model, result["sft"] = sft_benchmark(model, cfg, device, sizes["sft_batch"] or int(s.per_device_batch_size),
-                                             sizes["sft_tokens"] or int(s.max_length), sizes["sft_steps"], args.seed)
+        model, result["sft"] = sft_benchmark(
+            model,
+            cfg,
+            device,
+            sizes["sft_batch"] or int(s.per_device_batch_size),
+            sizes["sft_tokens"] or int(s.max_length),
+            sizes["sft_steps"],
+            args.seed,
+        )
     if "sepo" in args.parts and result["logits_finite"]:
         from sepo.models import attach_lora
         from sepo.training.objective import sepo_settings
 
         s = sepo_settings(cfg)
-        result["sepo_settings"] = {"game": cfg.game.name, "rounds": int(cfg.game.rounds) if "rounds" in cfg.game
-                                   else None, "rollouts_per_opponent": int(s.rollouts_per_opponent),
-                                   "max_new_tokens": int(s.max_new_tokens), "micro_batch": int(s.micro_batch),
-                                   "lora_r": int(s.lora.r), "penalty_mode": str(s.penalty_mode)}
+        result["sepo_settings"] = {
+            "game": cfg.game.name,
+            "rounds": int(cfg.game.rounds) if "rounds" in cfg.game else None,
+            "rollouts_per_opponent": int(s.rollouts_per_opponent),
+            "max_new_tokens": int(s.max_new_tokens),
+            "micro_batch": int(s.micro_batch),
+            "lora_r": int(s.lora.r),
+            "penalty_mode": str(s.penalty_mode),
+        }
         torch.manual_seed(int(s.seed))
-        peft_model = attach_lora(model, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha),
-                                 float(s.lora.dropout))
+        peft_model = attach_lora(
+            model, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout)
+        )
         steps = [sepo_step_benchmark(peft_model, tokenizer, cfg, device, ref_4bit=False)]
         if bnb["available"]:
             steps.append(sepo_step_benchmark(peft_model, tokenizer, cfg, device, ref_4bit=True))
@@ -673,29 +876,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `gpu` command's options; sizes left unset take the full-size defaults (or the tiny ones)."""
     p = parser
     p.add_argument("--model", choices=("gemma4", "qwen", "both"), default="both", help="architectures to benchmark")
-    p.add_argument("--gemma4-preset", choices=("e4b", "default"), default="e4b",
-                   help="e4b: the published Gemma 4 E4B text config; default: transformers' Gemma4TextConfig()")
-    p.add_argument("--parts", nargs="+", choices=("decode", "sft", "sepo"), default=["decode", "sft", "sepo"],
-                   help="what to measure per model")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
-                   help=f"decode batch sizes (default {' '.join(map(str, FULL['batch_sizes']))})")
-    p.add_argument("--prompt-tokens", type=int, default=None,
-                   help=f"random prompt length before decoding (default {FULL['prompt_tokens']})")
-    p.add_argument("--decode-steps", type=int, default=None,
-                   help=f"timed decode steps per batch size (default {FULL['decode_steps']})")
-    p.add_argument("--bandwidth-mib", type=int, default=None,
-                   help=f"buffer of the bandwidth copy, MiB (default {FULL['bandwidth_mib']})")
-    p.add_argument("--bandwidth-repeats", type=int, default=None,
-                   help=f"timed copies of the buffer (default {FULL['bandwidth_repeats']})")
+    p.add_argument(
+        "--gemma4-preset",
+        choices=("e4b", "default"),
+        default="e4b",
+        help="e4b: the published Gemma 4 E4B text config; default: transformers' Gemma4TextConfig()",
+    )
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("decode", "sft", "sepo"),
+        default=["decode", "sft", "sepo"],
+        help="what to measure per model",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"decode batch sizes (default {' '.join(map(str, FULL['batch_sizes']))})",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help=f"random prompt length before decoding (default {FULL['prompt_tokens']})",
+    )
+    p.add_argument(
+        "--decode-steps",
+        type=int,
+        default=None,
+        help=f"timed decode steps per batch size (default {FULL['decode_steps']})",
+    )
+    p.add_argument(
+        "--bandwidth-mib",
+        type=int,
+        default=None,
+        help=f"buffer of the bandwidth copy, MiB (default {FULL['bandwidth_mib']})",
+    )
+    p.add_argument(
+        "--bandwidth-repeats",
+        type=int,
+        default=None,
+        help=f"timed copies of the buffer (default {FULL['bandwidth_repeats']})",
+    )
     p.add_argument("--sepo-game", default="ipd", help="game of the SEPO step")
     p.add_argument("--sepo-rollouts", type=int, default=2, help="sepo.rollouts_per_opponent of the SEPO step (n)")
-    p.add_argument("--sepo-max-new-tokens", type=int, default=None,
-                   help=f"sepo.max_new_tokens of the SEPO step (default {FULL['sepo_max_new_tokens']})")
-    p.add_argument("--sepo-rounds", type=int, default=None,
-                   help="game.rounds of the SEPO step (default: the game's own)")
-    p.add_argument("--override", action="append", default=[],
-                   help="a further Hydra override for the SEPO/SFT config, e.g. sepo.micro_batch=16 (repeatable)")
-    p.add_argument("--sft-batch", type=int, default=None, help="SFT sequences per step (default sft.per_device_batch_size)")
+    p.add_argument(
+        "--sepo-max-new-tokens",
+        type=int,
+        default=None,
+        help=f"sepo.max_new_tokens of the SEPO step (default {FULL['sepo_max_new_tokens']})",
+    )
+    p.add_argument(
+        "--sepo-rounds", type=int, default=None, help="game.rounds of the SEPO step (default: the game's own)"
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="a further Hydra override for the SEPO/SFT config, e.g. sepo.micro_batch=16 (repeatable)",
+    )
+    p.add_argument(
+        "--sft-batch", type=int, default=None, help="SFT sequences per step (default sft.per_device_batch_size)"
+    )
     p.add_argument("--sft-tokens", type=int, default=None, help="SFT tokens per sequence (default sft.max_length)")
     p.add_argument("--sft-steps", type=int, default=None, help=f"timed SFT steps (default {FULL['sft_steps']})")
     p.add_argument("--seed", type=int, default=0, help="torch seed of the random weights and inputs")
@@ -709,16 +953,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def resolved_sizes(args: argparse.Namespace) -> dict[str, Any]:
     """Every size: the command line's where given, else the full-size or tiny default."""
     defaults = TINY if args.tiny else FULL
-    return {key: getattr(args, key, None) if getattr(args, key, None) is not None else value
-            for key, value in defaults.items()}
+    return {
+        key: getattr(args, key, None) if getattr(args, key, None) is not None else value
+        for key, value in defaults.items()
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"sepo.bench gpu needs a CUDA device, and torch {torch.__version__} sees none "
-                         "(torch.cuda.is_available() is False); run it on a GPU machine with a CUDA build of torch")
+        raise SystemExit(
+            f"sepo.bench gpu needs a CUDA device, and torch {torch.__version__} sees none "
+            "(torch.cuda.is_available() is False); run it on a GPU machine with a CUDA build of torch"
+        )
     import transformers
 
     if not str(args.device).startswith("cuda") and getattr(args, "threads", 0):
@@ -733,27 +981,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bnb = bitsandbytes_status()
     tokenizer = tiny_tokenizer(args.cache_dir)
     result: dict[str, Any] = {
-        "device": name, "torch": torch.__version__, "transformers": transformers.__version__,
-        "tiny": bool(args.tiny), "bandwidth": bandwidth, "bitsandbytes": bnb,
+        "device": name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tiny": bool(args.tiny),
+        "bandwidth": bandwidth,
+        "bitsandbytes": bnb,
         "linear_attention": linear_attention_kernels(),
-        "settings": {**sizes, "parts": list(args.parts), "gemma4_preset": args.gemma4_preset,
-                     "sepo_game": args.sepo_game, "sepo_rollouts": args.sepo_rollouts, "overrides": list(args.override),
-                     "tokenizer": f"tiny ({len(tokenizer)} tokens)", "prompts": "random token ids",
-                     "decode": "greedy generate, min_new_tokens = max_new_tokens"},
+        "settings": {
+            **sizes,
+            "parts": list(args.parts),
+            "gemma4_preset": args.gemma4_preset,
+            "sepo_game": args.sepo_game,
+            "sepo_rollouts": args.sepo_rollouts,
+            "overrides": list(args.override),
+            "tokenizer": f"tiny ({len(tokenizer)} tokens)",
+            "prompts": "random token ids",
+            "decode": "greedy generate, min_new_tokens = max_new_tokens",
+        },
         "models": {},
     }
     for arch in archs:
         result["models"][arch] = benchmark_model(arch, args, sizes, tokenizer, bandwidth["bytes_per_s"], bnb)
     return result
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sepo.gpu_bench", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    print(json.dumps(run(args)))
-
-
-if __name__ == "__main__":
-    main()

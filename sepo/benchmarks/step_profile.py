@@ -1,0 +1,104 @@
+"""Seconds per SEPO step, by section, `python -m sepo.bench step`.
+
+`step` times SEPO steps of the tiny model (an SFT'd one with `--model-path <sft run>/merged`, else
+the untrained build) exactly as `run_sepo` takes them (fresh rollouts, reference pass, update), after
+one warm-up step, and splits each step's wall time into sections (`sepo.profiling`): prompt
+processing and decoding inside generate, sampling (which records the behaviour log-probs), stopping
+checks, fallback, rendering, reference log-probs, the update's forward pass, backward, optimizer, and
+`other` (arena, games, advantages), plus `unaccounted` (wall time no section claimed), so the lines
+partition the step. Extra arguments are Hydra overrides (e.g. the side-by-side
+setting `sepo.penalty_mode=per_rollout sepo.rollouts_per_opponent=2 sepo.refresh_steps=1`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from sepo.benchmarks.common import compose
+
+HELP = "seconds per SEPO step of the tiny model, with a breakdown by section"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-path", default=None, help="a merged model dir (e.g. <sft run>/merged); default: the build")
+    p.add_argument("--model", default="tiny", help="model config group option")
+    p.add_argument("--game", default="ipd")
+    p.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up step)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. sepo.rollouts_per_opponent=2")
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from sepo.games import make_game
+    from sepo.models import attach_lora, load_model_and_tokenizer
+    from sepo.profiling import profiled, section, time_model_forwards
+    from sepo.stages.sepo_loop import (
+        RecordingPolicy,
+        generated_tokens,
+        optimisation_step,
+        reference_logprobs,
+        training_parts,
+    )
+    from sepo.training.objective import sepo_settings
+
+    overrides = [f"model={args.model}", f"game={args.game}", "logger=none", *args.overrides]
+    if args.model_path:
+        overrides.append(f"model.path='{Path(args.model_path).resolve()}'")
+    cfg = compose(overrides)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    s = sepo_settings(cfg)
+    torch.manual_seed(int(s.seed))
+    game = make_game(cfg.game)
+    base, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
+    model = attach_lora(base, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout))
+    policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
+    hooks = time_model_forwards(model)
+
+    def one_step(index: int) -> tuple[int, int]:
+        """Fresh rollouts and `refresh_steps` updates on them, as run_sepo takes them (no KL check)."""
+        with section("other"):
+            batch = builder.collect(game, RecordingPolicy(policy), index, estimator)
+            ref = reference_logprobs(model, policy, batch, s)
+            for _ in range(int(s.refresh_steps)):
+                optimisation_step(model, policy, optimizer, batch, ref, s)
+        return len(batch.decisions), generated_tokens(batch)
+
+    one_step(0)  # warm-up: first-call allocations and lazy imports are not a step's cost
+    decisions = tokens = 0
+    with profiled() as sections:
+        started = time.perf_counter()
+        for index in range(1, args.steps + 1):
+            d, t = one_step(index)
+            decisions, tokens = decisions + d, tokens + t
+        seconds = time.perf_counter() - started
+    for h in hooks:
+        h.remove()
+    per_step = seconds / args.steps
+    # the wall time no section claimed (the loop itself, the profiler's own boundaries) is reported as
+    # its own line, so the breakdown partitions the step whatever the machine's fixed costs
+    claimed = dict(sections.seconds)
+    claimed["unaccounted"] = seconds - sum(claimed.values())
+    breakdown = {k: round(v / args.steps, 3) for k, v in sorted(claimed.items(), key=lambda kv: -kv[1])}
+    print(f"{'section':<22}{'s/step':>9}{'share':>8}", file=sys.stderr)
+    for k, v in breakdown.items():
+        print(f"{k:<22}{v:>9.3f}{v / per_step:>8.1%}", file=sys.stderr)
+    print(
+        f"{'total':<22}{per_step:>9.3f}   ({decisions / args.steps:.0f} decisions, "
+        f"{tokens / args.steps:.0f} generated tokens per step; {torch.get_num_threads()} threads)",
+        file=sys.stderr,
+    )
+    return {
+        "seconds_per_step": round(per_step, 3),
+        "breakdown": breakdown,
+        "decisions": decisions // args.steps,
+        "tokens": tokens // args.steps,
+        "steps": args.steps,
+        "threads": torch.get_num_threads(),
+        "overrides": overrides,
+    }

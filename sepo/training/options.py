@@ -1,0 +1,11 @@
+"""The named options of the SEPO stage (docs/spec.md §4), apart from the code that implements them, so
+the config check can list them before any work without importing torch."""
+
+#: sepo.penalty_mode: pooled (the gradient of J) | per_rollout (the paper's text) | shared (its Algorithm 1)
+PENALTY_MODES = ("pooled", "per_rollout", "shared")
+#: sepo.credit: what a decision is credited with (the rest of the episode, or its own round)
+CREDITS = ("return_to_go", "round")
+#: sepo.adv_norm: one scale for the whole batch, or the paper's per-group-and-round standardisation
+ADV_NORMS = ("batch", "group_round")
+#: sepo.lr_schedule: how the learning rate goes from sepo.lr to sepo.lr_final_ratio * sepo.lr
+LR_SCHEDULES = ("constant", "cosine", "linear")
