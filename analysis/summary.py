@@ -11,7 +11,9 @@ validation episodes, reported on the test episodes; `--choose reported`: the pap
   delta_exploit_vs_sft         exploit, SEPO - SFT (Kuhn poker: the exact exploitability)
 
 and the same four under `final` for the runs' final checkpoints (a gap between the two is late
-drift). SFT is one model per game, evaluated on the same test episodes, so its own noise is common to
+drift), and `stability`: SEPO's safety at the chosen and at the final checkpoints (mean and SE over
+seeds), their per-seed difference final - chosen, and `final_within_1se_of_chosen` (|mean final - mean
+chosen| <= the chosen checkpoints' SE). SFT is one model per game, evaluated on the same test episodes, so its own noise is common to
 every seed and is not in the SE; the SE is the spread of the per-seed differences.
 """
 
@@ -90,6 +92,23 @@ def deltas(sepo: dict, payoff_only: dict, sft: pd.Series, root: Path, which: str
     return {k: mean_se(v) for k, v in rows.items()} | {"seeds": sorted(sepo)}
 
 
+def stability(sepo: dict) -> dict[str, Any]:
+    """Does the run hold what it reached? Safety at the chosen checkpoint against the final one."""
+    seeds = sorted(sepo)
+    chosen = mean_se([float(sepo[s]["best"]["safety"]) for s in seeds])
+    final = mean_se([float(sepo[s]["final"]["safety"]) for s in seeds])
+    gap = mean_se([float(sepo[s]["final"]["safety"] - sepo[s]["best"]["safety"]) for s in seeds])
+    held = None
+    if chosen["se"] is not None:
+        held = bool(abs(final["mean"] - chosen["mean"]) <= chosen["se"])
+    return {
+        "chosen_safety": chosen,
+        "final_safety": final,
+        "final_minus_chosen": gap,
+        "final_within_1se_of_chosen": held,
+    }
+
+
 def game_summary(df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choose: str) -> dict[str, Any] | None:
     model = next(iter(collect.trained_models(df[df["game"] == game])), None)
     sft = collect.latest(c, game, model, "sft") if model else None
@@ -102,6 +121,7 @@ def game_summary(df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choos
         **best,
         "checkpoints": {str(s): r["best"]["checkpoint"] for s, r in sorted(sepo.items())},
         "final": deltas(sepo, payoff_only, sft, root, "final"),
+        "stability": stability(sepo),
         "chosen_on": choose,
     }
 

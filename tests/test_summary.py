@@ -101,6 +101,12 @@ def test_deltas_are_paired_by_seed_at_each_runs_validation_chosen_checkpoint(tmp
     assert ipd["delta_exploit_vs_sft"] == {"mean": -0.225, "se": 0.025, "n": 2}  # -0.25, -0.2
     final = ipd["final"]  # the final checkpoints: safety 9.9 and 2.5
     assert final["delta_safety_vs_sft"]["mean"] == pytest.approx((8.9 + 1.5) / 2)
+    # stability: chosen 1.5, 2.5 (mean 2.0, SE 0.5); final 9.9, 2.5 (mean 6.2); final - chosen 8.4, 0.0
+    held = ipd["stability"]
+    assert held["chosen_safety"] == {"mean": 2.0, "se": 0.5, "n": 2}
+    assert held["final_safety"]["mean"] == pytest.approx(6.2)
+    assert held["final_minus_chosen"] == {"mean": 4.2, "se": 4.2, "n": 2}
+    assert held["final_within_1se_of_chosen"] is False  # |6.2 - 2.0| > 0.5
 
     assert main([str(tmp_path)]) == 0
     assert json.loads((tmp_path / "tables" / "summary.json").read_text())["ipd"]["delta_safety_vs_sft"]["mean"] == 1.0
