@@ -12,9 +12,10 @@ validation episodes, reported on the test episodes; `--choose reported`: the pap
 
 and the same four under `final` for the runs' final checkpoints (a gap between the two is late
 drift), and `stability`: SEPO's safety at the chosen and at the final checkpoints (mean and SE over
-seeds), their per-seed difference final - chosen, and `final_within_1se_of_chosen` (|mean final - mean
-chosen| <= the chosen checkpoints' SE). SFT is one model per game, evaluated on the same test episodes, so its own noise is common to
-every seed and is not in the SE; the SE is the spread of the per-seed differences.
+seeds), their per-seed difference final - chosen (mean and SE), and `final_holds_chosen`: the final
+checkpoint is not below the chosen one by more than one SE of that difference (late drift would be).
+SFT is one model per game, evaluated on the same test episodes, so its own noise is common to every
+seed and is not in the SE; the SE is the spread of the per-seed differences.
 """
 
 from __future__ import annotations
@@ -98,15 +99,8 @@ def stability(sepo: dict) -> dict[str, Any]:
     chosen = mean_se([float(sepo[s]["best"]["safety"]) for s in seeds])
     final = mean_se([float(sepo[s]["final"]["safety"]) for s in seeds])
     gap = mean_se([float(sepo[s]["final"]["safety"] - sepo[s]["best"]["safety"]) for s in seeds])
-    held = None
-    if chosen["se"] is not None:
-        held = bool(abs(final["mean"] - chosen["mean"]) <= chosen["se"])
-    return {
-        "chosen_safety": chosen,
-        "final_safety": final,
-        "final_minus_chosen": gap,
-        "final_within_1se_of_chosen": held,
-    }
+    held = None if gap["se"] is None else bool(gap["mean"] >= -gap["se"])
+    return {"chosen_safety": chosen, "final_safety": final, "final_minus_chosen": gap, "final_holds_chosen": held}
 
 
 def game_summary(df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choose: str) -> dict[str, Any] | None:

@@ -9,8 +9,8 @@ quarters of the run, every run evaluated on the same test and validation episode
 The SFT evaluations (results.json only, no weights) are copied from `--from` so that
 `analysis.summary` pairs each run with its SFT model. It prints, per game, the `stability` block of
 summary.json: safety at the checkpoint chosen on validation episodes and at the final one (mean and
-SE over seeds), their per-seed difference, and whether the final mean is within 1 SE of the chosen
-one. Re-running with the same --root reuses finished runs.
+SE over seeds), their per-seed difference, and whether the final checkpoint holds the chosen one's
+safety (not below it by more than one SE of the difference). Re-running with the same --root reuses finished runs.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main() -> int:
         c, f, d = s["chosen_safety"], s["final_safety"], s["final_minus_chosen"]
         print(
             f"{game:8s} chosen {c['mean']:+.3f} ± {c['se']:.3f}  final {f['mean']:+.3f} ± {f['se']:.3f}  "
-            f"final - chosen {d['mean']:+.3f} ± {d['se']:.3f}  within 1 SE: {s['final_within_1se_of_chosen']}"
+            f"final - chosen {d['mean']:+.3f} ± {d['se']:.3f}  holds: {s['final_holds_chosen']}"
         )
     print(json.dumps({"steps": args.steps, "overrides": args.overrides, "stability": stability}))
     return 0

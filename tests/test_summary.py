@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from analysis.summary import main, summarise
+from analysis.summary import main, stability, summarise
 
 LAMBDAS_TRAIN = {"e": 1.0, "c": 2.0, "x": 0.5}
 S = 3.0 / 5.0  # reward_scale / max_payoff
@@ -106,7 +106,12 @@ def test_deltas_are_paired_by_seed_at_each_runs_validation_chosen_checkpoint(tmp
     assert held["chosen_safety"] == {"mean": 2.0, "se": 0.5, "n": 2}
     assert held["final_safety"]["mean"] == pytest.approx(6.2)
     assert held["final_minus_chosen"] == {"mean": 4.2, "se": 4.2, "n": 2}
-    assert held["final_within_1se_of_chosen"] is False  # |6.2 - 2.0| > 0.5
+    assert held["final_holds_chosen"] is True  # 4.2 >= -4.2: the final checkpoint is not below the chosen one
+    drift = {
+        0: {"best": {"safety": 2.0}, "final": {"safety": 1.0}},
+        1: {"best": {"safety": 2.0}, "final": {"safety": 1.2}},
+    }
+    assert stability(drift)["final_holds_chosen"] is False  # final - chosen -0.9 ± 0.1
 
     assert main([str(tmp_path)]) == 0
     assert json.loads((tmp_path / "tables" / "summary.json").read_text())["ipd"]["delta_safety_vs_sft"]["mean"] == 1.0
