@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.paths import CONF_DIR, can_hold_outputs
+from sepo.trees import dotted_keys
 
 #: longest run-dir name kept verbatim; file systems allow 255 bytes per path component
 MAX_RUN_NAME = 150
@@ -113,19 +114,6 @@ def check_hydra_dirs(argv: list[str]) -> str | None:
 FREE_FORM = ("model.chat_template_kwargs",)
 
 
-def _known_keys(cfg: DictConfig) -> list[str]:
-    flat = []
-
-    def walk(node: object, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                flat.append(prefix + str(k))
-                walk(v, prefix + str(k) + ".")
-
-    walk(OmegaConf.to_container(cfg, resolve=False), "")
-    return flat
-
-
 def check_keys(argv: list[str]) -> str | None:
     """The error line for the first override naming a key the config does not have (with the closest
     known key), or a `+key` the schema does not know; None when every key exists.
@@ -151,7 +139,7 @@ def check_keys(argv: list[str]) -> str | None:
             cfg = compose("config", overrides=choices)
     except Exception:  # noqa: BLE001 (a composition problem of its own: Hydra reports it)
         return None
-    known = _known_keys(cfg)
+    known = dotted_keys(OmegaConf.to_container(cfg, resolve=False))
     for key in keys:
         plain = key.lstrip("+")
         exists = OmegaConf.select(cfg, plain, default=_MISSING) is not _MISSING

@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from sepo.trees import leaves
+
 #: keys (and whole nodes) whose value cannot change a run's results: where outputs go, how progress and
 #: trackers are shown, whether to resume, and test hooks
 RESULT_NEUTRAL_KEYS = ("resume", "logger", "paths", "eval.progress", "sepo.debug_kill_after_step", "sweep_name")
@@ -26,18 +28,9 @@ SAVED = "finished_config.yaml"
 HYDRA_COPY = ".hydra_finished"
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): tree}
-
-
 def settings(cfg: DictConfig) -> dict[str, Any]:
     """The run's resolved settings, flattened, without the result-neutral keys."""
-    flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    flat = leaves(OmegaConf.to_container(cfg, resolve=True))
     return {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in RESULT_NEUTRAL_KEYS)}
 
 

@@ -144,3 +144,11 @@ def test_test_modules_share_fixtures_through_conftest_only():
         if isinstance(node, ast.ImportFrom) and node.level and (node.module or "").startswith("test_")
     )
     assert not cross, f"test modules importing another test module: {cross}"
+
+
+def test_dotted_keys_and_leaves_of_a_config_tree():
+    from sepo.trees import dotted_keys, leaves
+
+    tree = {"a": 1, "b": {"c": 2, "d": {"e": None}}, "f": {}}
+    assert dotted_keys(tree) == ["a", "b", "b.c", "b.d", "b.d.e", "f"]
+    assert leaves(tree) == {"a": 1, "b.c": 2, "b.d.e": None}  # an empty node has no leaf

@@ -66,6 +66,7 @@ from sepo.training.sft_batching import (
     greedy_answers,
     sft_trainer_class,
 )
+from sepo.trees import leaves
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def model_settable_keys() -> list[str]:
     from sepo.paths import CONF_DIR
 
     raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "sft" / "default.yaml"), resolve=False)
-    return [key for key, value in _leaves(raw) if isinstance(value, str) and f"model.sft.{key}," in value]
+    return [key for key, value in leaves(raw).items() if isinstance(value, str) and f"model.sft.{key}," in value]
 
 
 def sft_settings(cfg: DictConfig) -> DictConfig:
@@ -93,7 +94,7 @@ def sft_settings(cfg: DictConfig) -> DictConfig:
     override = OmegaConf.to_container(override, resolve=True) if OmegaConf.is_config(override) else dict(override)
     if override:
         allowed = model_settable_keys()
-        unknown = [k for k, _ in _leaves(override) if k not in allowed]
+        unknown = [k for k, _ in leaves(override).items() if k not in allowed]
         if unknown:
             raise ConfigError(
                 f"model.sft.{unknown[0]} is not an SFT setting a model can set; allowed: {', '.join(allowed)}"
@@ -101,19 +102,12 @@ def sft_settings(cfg: DictConfig) -> DictConfig:
         log.info(
             "sft: model=%s sets its own SFT defaults %s (an sft.<key>=... override wins)",
             cfg.model.name,
-            ", ".join(f"{k}={v!r}" for k, v in _leaves(override)),
+            ", ".join(f"{k}={v!r}" for k, v in leaves(override).items()),
         )
     s = OmegaConf.create(OmegaConf.to_container(cfg.sft, resolve=True))
     if s.lora.target_modules is None and not s.full_finetune:  # sepo/config.py checked that the model names them
         s.lora.target_modules = cfg.model.lora.target_modules
     return s
-
-
-def _leaves(tree: dict, prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for key, value in tree.items():
-        out += _leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
-    return out
 
 
 # --------------------------------------------------------------------------- data
