@@ -1,8 +1,10 @@
-"""`python -m analysis.report <summary.json> [--doc docs/results.md]`: the five-game table of the docs, from data.
+"""`python -m analysis.report <summary.json> [--doc docs/results.md] [--section five-games|stability]`.
 
-Renders `summary.json` (written by `analysis.summary`, e.g. by `launch/tiny_paper.sh`) as a Markdown
-table and puts it between the `<!-- five-games:begin -->` and `<!-- five-games:end -->` markers of
-the document, so the published figures are always the ones the run wrote, never typed by hand.
+Renders `summary.json` (written by `analysis.summary`, e.g. by `launch/tiny_paper.sh` or
+`benchmarks/stability.py`) as Markdown tables and puts them between the `<!-- <section>:begin -->` and
+`<!-- <section>:end -->` markers of the document, so the published figures are always the ones the run
+wrote, never typed by hand. `five-games`: the paired differences against SFT and payoff-only;
+`stability`: safety at the validation-chosen and at the final checkpoint of each game.
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ from pathlib import Path
 from analysis.summary import KEYS
 
 BEGIN, END = "<!-- five-games:begin -->", "<!-- five-games:end -->"
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
 HEADERS = {
     "delta_j_train_vs_sft": "ΔJ (training λ) vs SFT",
     "delta_safety_vs_payoff_only": "ΔSafety vs payoff-only",
@@ -23,12 +31,15 @@ HEADERS = {
 }
 
 
-def cell(stat: dict) -> str:
+def cell(stat: dict, arrows: bool = True) -> str:
+    """mean ± SE; with `arrows`, marked where it is more than 2 SE from 0 (for differences)."""
     if stat.get("mean") is None:
         return "--"
     se = stat.get("se")
     held = (
-        "" if se in (None, 0) else (" **↑**" if stat["mean"] > 2 * se else " **↓**" if stat["mean"] < -2 * se else "")
+        ""
+        if se in (None, 0) or not arrows
+        else (" **↑**" if stat["mean"] > 2 * se else " **↓**" if stat["mean"] < -2 * se else "")
     )
     return f"{stat['mean']:+.3f} ± {se:.3f}{held}" if se is not None else f"{stat['mean']:+.3f}"
 
@@ -53,19 +64,43 @@ def section(summary: dict, source: str) -> str:
     )
 
 
+def stability_section(summary: dict, source: str) -> str:
+    begin, end = markers("stability")
+    rows = [
+        "| game | seeds | safety, chosen checkpoint | safety, final | final − chosen (paired) | final holds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for game, s in summary.items():
+        st = s["stability"]
+        rows.append(
+            f"| {game} | {len(s['seeds'])} | {cell(st['chosen_safety'], False)} | {cell(st['final_safety'], False)} | "
+            f"{cell(st['final_minus_chosen'])} | {'yes' if st['final_holds_chosen'] else 'no'} |"
+        )
+    return (
+        f"{begin}\nFrom `{source}` (`python -m analysis.report --section stability`): SEPO's safety at each run's "
+        "checkpoint chosen on validation episodes and at its final checkpoint, both on the test episodes (mean ± SE "
+        "over seeds); the final holds when final − chosen is not below −1 SE.\n\n" + "\n".join(rows) + f"\n{end}"
+    )
+
+
+SECTIONS = {"five-games": section, "stability": stability_section}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("summary", type=Path)
     parser.add_argument("--doc", type=Path, default=Path("docs/results.md"))
+    parser.add_argument("--section", choices=list(SECTIONS), default="five-games")
     args = parser.parse_args(argv)
     summary = json.loads(args.summary.read_text())
     text = args.doc.read_text()
-    if BEGIN not in text or END not in text:
-        print(f"error: {args.doc} has no {BEGIN} ... {END} markers to fill", file=sys.stderr)
+    begin, end = markers(args.section)
+    if begin not in text or end not in text:
+        print(f"error: {args.doc} has no {begin} ... {end} markers to fill", file=sys.stderr)
         return 2
-    head, rest = text.split(BEGIN, 1)
-    args.doc.write_text(head + section(summary, str(args.summary)) + rest.split(END, 1)[1])
-    print(f"wrote the five-game table of {args.summary} into {args.doc}")
+    head, rest = text.split(begin, 1)
+    args.doc.write_text(head + SECTIONS[args.section](summary, str(args.summary)) + rest.split(end, 1)[1])
+    print(f"wrote the {args.section} table of {args.summary} into {args.doc}")
     return 0
 
 

@@ -46,6 +46,32 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     assert row.count("+0.500 ± 0.100 **↑**") == 3 and "-0.050 ± 0.040 |" in row  # within 2 SE: no arrow
 
 
+def test_the_stability_table_is_written_from_summary_json(tmp_path):
+    def stat(mean, se):
+        return {"mean": mean, "se": se, "n": 3}
+
+    held = {"chosen_safety": stat(1.6, 0.04), "final_safety": stat(1.66, 0.05)}
+    summary = {
+        "ipd": {
+            "seeds": [0, 1, 2],
+            "stability": {**held, "final_minus_chosen": stat(0.04, 0.04), "final_holds_chosen": True},
+        },
+        "kuhn": {
+            "seeds": [0, 1, 2],
+            "stability": {**held, "final_minus_chosen": stat(-0.3, 0.1), "final_holds_chosen": False},
+        },
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    doc = tmp_path / "results.md"
+    begin, end = report.markers("stability")
+    doc.write_text(f"# Results\n{report.BEGIN}\nfive\n{report.END}\n{begin}\nstale\n{end}\nafter\n")
+    assert report.main([str(tmp_path / "summary.json"), "--doc", str(doc), "--section", "stability"]) == 0
+    text = doc.read_text()
+    assert "stale" not in text and "five" in text and text.endswith("after\n")  # only its own section changes
+    rows = [line for line in text.splitlines() if line.startswith(("| ipd |", "| kuhn |"))]
+    assert rows[0].endswith("| +0.040 ± 0.040 | yes |") and rows[1].endswith("| -0.300 ± 0.100 **↓** | no |")
+
+
 def undocumented_fields(path: Path, root: Path = ROOT) -> list[str]:
     """Keys of a config file that carry no comment. A key is documented by a comment on its line or
     on the line just above; a scalar row of a documented table (a strategy's weight under
