@@ -666,8 +666,8 @@ def sft_benchmark(
     checkpointing) on random sequences; returns the model without the SFT adapter again."""
     import torch
 
-    from sepo.models import attach_lora, forward_extras
-    from sepo.stages.sft import sft_settings
+    from sepo.models import forward_extras
+    from sepo.stages.sft import apply_lora, sft_settings
 
     s = sft_settings(cfg)
     out: dict[str, Any] = {
@@ -681,14 +681,7 @@ def sft_benchmark(
         model.requires_grad_(True)
         trained = model
     else:
-        trained = attach_lora(
-            model,
-            str(s.lora.target_modules),
-            int(s.lora.r),
-            int(s.lora.alpha),
-            float(s.lora.dropout),
-            key="sft.lora.target_modules",
-        )
+        trained = apply_lora(model, s)  # the SFT stage's own adapter
     if s.gradient_checkpointing:
         trained.gradient_checkpointing_enable()
         if not s.full_finetune:
