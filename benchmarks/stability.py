@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
-#: the SFT run (under <tiny_paper>/sft/) each game's SEPO starts from, as in launch/tiny_paper.py
-SFT_RUN_OF = {"ipd": "ipd", "auction": "ipd", "neg_v1": "ipd", "neg_v2": "neg_v2", "kuhn": "kuhn"}
+sys.path.insert(0, str(ROOT))
+# tiny_paper's games, the SFT run each starts from, and its shared settings: this reruns its SEPO arm
+from launch.tiny_paper import GAMES, PRESET, SFT_RUN_OF  # noqa: E402
 
 
 def copy_sft_results(source: Path, root: Path) -> None:
@@ -51,7 +51,7 @@ def sweep(game: str, source: Path, root: Path, args: argparse.Namespace) -> list
         sys.executable,
         "main.py",
         "-m",
-        "+experiment=tiny_paper",
+        PRESET,
         "+launch=local",
         f"hydra.launcher.n_jobs={args.jobs}",
         f"hydra.sweep.dir={root / f'sepo_{game}'}",
