@@ -316,7 +316,7 @@ def validate(cfg: DictConfig) -> None:
     check_model(cfg)
     check_relations(cfg)
     check_paths(cfg)
-    if cfg.stage.name in ("sft", "pipeline"):  # the model's own SFT defaults name real SFT settings
+    if applies(SFT, cfg):  # the model's own SFT defaults name real SFT settings
         from sepo.stages.sft import sft_settings
 
         sft_settings(cfg)
@@ -381,14 +381,14 @@ def check_model(cfg: DictConfig) -> None:
 
 def check_relations(cfg: DictConfig) -> None:
     """Rules between fields (and between a field and this machine) that no single field's rule can say."""
-    stage, episodes = cfg.stage.name, cfg.eval.episodes_per_opponent
+    episodes = cfg.eval.episodes_per_opponent
     if cfg.game.get("mirrored"):
         _require(
             episodes % 2 == 0,
             f"eval.episodes_per_opponent={episodes} is not allowed for game={cfg.game.name} (episodes "
             "are dealt in seat-swapped pairs); allowed: an even integer >= 2",
         )
-    if stage in ("sepo", "pipeline"):
+    if applies(SEPO, cfg):
         _require(
             cfg.eval.validation_seed != cfg.seed,
             f"eval.validation_seed={cfg.eval.validation_seed} is not allowed with seed={cfg.seed}; allowed: any "
@@ -408,7 +408,7 @@ def check_relations(cfg: DictConfig) -> None:
                 "importance ratio is not 1 on a fresh batch (docs/spec.md §4.3 uses 0)",
                 cfg.sepo.lora.dropout,
             )
-    if stage in ("sft", "pipeline"):
+    if applies(SFT, cfg):
         sft = cfg.sft
         _require(
             sft.full_finetune
