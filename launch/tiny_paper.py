@@ -12,10 +12,11 @@ time, each job given cores // jobs threads), under `<root>/tiny_paper/<phase>/`:
                  run per seed (`sepo.seed`), every run evaluated on the same test episodes (and the same
                  validation episodes, which choose each run's best checkpoint)
   tables         `python -m analysis.tables` and `python -m analysis.summary` into `<root>/tiny_paper/tables`
-The settings every job shares are the preset `conf/experiment/tiny_paper.yaml`; `key=value` arguments
-are passed to every job after it. `--dry-run` prints every job, one command line each (run alone, it is
-that job in the same run dir), and runs nothing. Re-running the same command skips every finished job
-(its DONE marker) and resumes a SEPO run from its last checkpoint. A phase with a failed job stops the
+The settings every job shares are the preset `conf/experiment/tiny_paper.yaml`; a game's SEPO runs use
+`tiny_paper_<game>.yaml` where one exists (it includes the shared one and adds what was tuned for that game:
+IPD, Kuhn). `key=value` arguments are passed to every job after its preset. `--dry-run` prints every job,
+one command line each (run alone, it is that job in the same run dir), and runs nothing. Re-running the same
+command skips every finished job (its DONE marker) and resumes a SEPO run from its last checkpoint. A phase with a failed job stops the
 run before the tables (exit 1) unless --tables-anyway. Prints the wall time of every phase at the end.
 """
 
@@ -38,6 +39,13 @@ GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
 #: game -> the game whose SFT run it starts from (the paper trains `multi` once for IPD, auction, neg_v1)
 SFT_RUN_OF = {"ipd": "ipd", "auction": "ipd", "neg_v1": "ipd", "neg_v2": "neg_v2", "kuhn": "kuhn"}
 PRESET = "+experiment=tiny_paper"
+CONF = ROOT / "conf" / "experiment"
+
+
+def preset_of(game: str) -> str:
+    """A game's SEPO runs use `experiment/tiny_paper_<game>.yaml` where one exists: the shared preset plus what was
+    tuned for that game (steps, schedule, batch reuse); every other phase uses the shared preset."""
+    return f"{PRESET}_{game}" if (CONF / f"tiny_paper_{game}.yaml").exists() else PRESET
 
 
 @dataclass
@@ -45,6 +53,7 @@ class Phase:
     name: str
     overrides: list[str]  # sweep overrides (comma lists expand into jobs, as with `python main.py -m`)
     subdir: str  # hydra.sweep.subdir: one readable directory per job
+    preset: str = PRESET  # the experiment preset of every job of the phase
 
 
 def phases(out: Path, seeds: list[int]) -> list[Phase]:
@@ -72,6 +81,7 @@ def phases(out: Path, seeds: list[int]) -> list[Phase]:
                     f"sepo.seed={','.join(map(str, seeds))}",
                 ],
                 "lambdas_${hydra:runtime.choices.lambdas}/sepo_seed_${sepo.seed}",
+                preset_of(game),
             )
         )
     return plan
@@ -82,7 +92,7 @@ def sweep_command(phase: Phase, out: Path, jobs: int, overrides: list[str]) -> l
         sys.executable,
         "main.py",
         "-m",
-        PRESET,
+        phase.preset,
         "+launch=local",
         f"hydra.launcher.n_jobs={jobs}",
         f"hydra.sweep.dir={out / phase.name}",
@@ -108,7 +118,7 @@ def expand(phase: Phase, out: Path, overrides: list[str]) -> list[list[str]]:
                 .replace("${hydra:runtime.choices.lambdas}", values.get("lambdas", ""))
                 .replace("${sepo.seed}", values.get("sepo.seed", ""))
             )
-            lines.append(["python", "main.py", PRESET, *job, f"hydra.run.dir={out / phase.name / subdir}"])
+            lines.append(["python", "main.py", phase.preset, *job, f"hydra.run.dir={out / phase.name / subdir}"])
     return lines
 
 

@@ -116,6 +116,15 @@ EXPECTED_CHOICES = {
     "paper_grid": {"stage": "pipeline"},
     "ablation_penalty_mode": {"stage": "sepo", "game": "ipd"},
     "tiny_paper": {"model": "tiny", "logger": "none"},  # launch/tiny_paper.sh's shared settings, not a sweep
+    "tiny_paper_ipd": {"model": "tiny", "logger": "none"},  # ... and what was tuned per game on top
+    "tiny_paper_kuhn": {"model": "tiny", "logger": "none"},
+}
+
+#: what each tiny_paper preset sets: (sepo.steps, sepo.lr_schedule, sepo.refresh_steps, eval.episodes_per_opponent)
+TINY_PAPER_SETTINGS = {
+    "tiny_paper": (40, "constant", 5, 20),
+    "tiny_paper_ipd": (80, "cosine", 5, 20),
+    "tiny_paper_kuhn": (40, "constant", 1, 20),
 }
 
 
@@ -131,8 +140,9 @@ def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
     for group, option in EXPECTED_CHOICES[preset].items():
         assert choices[group] == option, (preset, group)
     assert choices["lambdas"] == choices["game"]  # lambdas still follow the preset's game
-    if preset == "tiny_paper":  # the launcher makes the sweeps; the preset holds what all its jobs share
-        assert (cfg.sepo.steps, cfg.eval.episodes_per_opponent) == (40, 20)
+    if preset.startswith("tiny_paper"):  # the launcher makes the sweeps; the presets hold what its jobs share
+        s = cfg.sepo
+        assert (s.steps, s.lr_schedule, s.refresh_steps, cfg.eval.episodes_per_opponent) == TINY_PAPER_SETTINGS[preset]
         return
     assert cfg.sweep_name == preset
     assert cfg.hydra.mode.name == "MULTIRUN"

@@ -93,4 +93,12 @@ def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
     arms = sorted((j["game"], j["lambdas"], j["sepo.seed"]) for j in jobs if j.get("stage") == "sepo")
     assert arms == sorted((g, lam, s) for g in sft_of for lam in (g, "zero") for s in ("0", "1"))
     assert len({j["hydra.run.dir"] for j in jobs}) == len(jobs)  # every job its own run dir
+    preset_of = {line.split()[4]: line.split()[2] for line in lines if " stage=sepo " in line}
+    assert preset_of == {  # IPD and Kuhn add their tuned settings to the shared preset
+        "game=ipd": "+experiment=tiny_paper_ipd",
+        "game=kuhn": "+experiment=tiny_paper_kuhn",
+        **{f"game={g}": "+experiment=tiny_paper" for g in ("auction", "neg_v1", "neg_v2")},
+    }
+    others = {line.split()[2] for line in lines if not line.startswith("#") and " stage=sepo " not in line}
+    assert others == {"+experiment=tiny_paper"}  # SFT, SFT evaluation, Base: the shared preset
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
