@@ -52,12 +52,38 @@ def table(summary: dict, which: str | None = None) -> str:
     return "\n".join(rows)
 
 
+#: the targets every game is held to (summary key, what it asks): more than 2 SE above 0
+TARGETS = {
+    "delta_j_train_vs_sft": "SEPO's J (training λ) above SFT's by > 2 SE",
+    "delta_safety_vs_payoff_only": "safety above payoff-only's by > 2 SE",
+}
+
+
+def verdict(stat: dict) -> str:
+    """`met: +0.071 ± 0.014` or `not met: ... (1.9 SE)`: the target is mean > 2 SE (mean > 0 when SE is 0)."""
+    mean, se = stat.get("mean"), stat.get("se")
+    if mean is None:
+        return "--"
+    value = f"{mean:+.3f} ± {se:.3f}" if se is not None else f"{mean:+.3f}"
+    if mean > 2 * (se or 0.0):
+        return f"**met**: {value}"
+    return f"not met: {value}" + (f" ({mean / se:.1f} SE)" if se else "")
+
+
+def targets(summary: dict) -> str:
+    rows = ["| game | " + " | ".join(TARGETS.values()) + " |", "|---" * (len(TARGETS) + 1) + "|"]
+    rows += [f"| {game} | " + " | ".join(verdict(s[k]) for k in TARGETS) + " |" for game, s in summary.items()]
+    return "\n".join(rows)
+
+
 def section(summary: dict, source: str) -> str:
     return (
         f"{BEGIN}\n## The five games on the tiny model\n\nFrom `{source}` (`python -m analysis.report`): mean ± SE over "
         "SEPO seeds of the paired differences, each run at its best checkpoint chosen on validation episodes and "
         "reported on the test episodes; **↑**/**↓**: more than 2 SE from 0.\n\n"
         + table(summary)
+        + "\n\nThe targets, at those checkpoints:\n\n"
+        + targets(summary)
         + "\n\nAt the runs' final checkpoints (a gap to the table above is drift late in training):\n\n"
         + table(summary, "final")
         + f"\n{END}"
@@ -92,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=Path("docs/results.md"))
     parser.add_argument("--section", choices=list(SECTIONS), default="five-games")
     args = parser.parse_args(argv)
+    for path in (args.summary, args.doc):
+        if not path.is_file():
+            print(f"error: {path} does not exist", file=sys.stderr)
+            return 2
     summary = json.loads(args.summary.read_text())
     text = args.doc.read_text()
     begin, end = markers(args.section)
