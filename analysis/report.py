@@ -16,11 +16,12 @@ from pathlib import Path
 
 from analysis.summary import KEYS
 
-BEGIN, END = "<!-- five-games:begin -->", "<!-- five-games:end -->"
-
 
 def markers(name: str) -> tuple[str, str]:
     return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+BEGIN, END = markers("five-games")
 
 
 HEADERS = {
@@ -64,7 +65,7 @@ def verdict(stat: dict) -> str:
     mean, se = stat.get("mean"), stat.get("se")
     if mean is None:
         return "--"
-    value = f"{mean:+.3f} ± {se:.3f}" if se is not None else f"{mean:+.3f}"
+    value = cell(stat, arrows=False)
     if mean > 2 * (se or 0.0):
         return f"**met**: {value}"
     return f"not met: {value}" + (f" ({mean / se:.1f} SE)" if se else "")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from analysis.summary import mean_se  # noqa: E402
 from benchmarks.kuhn_gradient import TableAgent, exact_objective  # noqa: E402
 
 
@@ -73,9 +73,9 @@ def descend(theta0: np.ndarray, cfg, steps: int, lr: float, schedule: str) -> np
     return theta.detach().numpy()
 
 
-def mean_se(values: list[float]) -> tuple[float, float]:
-    v = np.asarray(values, dtype=float)
-    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
+def spread(stat: dict, sign: str = "") -> str:
+    """mean ± SE of `analysis.summary.mean_se` (no SE for one seed)."""
+    return f"{stat['mean']:{sign}.3f}" + (f" ± {stat['se']:.3f}" if stat["se"] is not None else "")
 
 
 def main() -> None:
@@ -103,18 +103,15 @@ def main() -> None:
                 for seed in args.seeds:
                     cfg = compose_kuhn(seed, args.overrides)
                     j, x = exact_objective(TableAgent(descend(theta0, cfg, steps, lr, schedule)).table(), cfg)
-                    finals.append((x, j - j0))
-                    runs.append(
-                        {"lr": lr, "schedule": schedule, "steps": steps, "seed": seed, "exploitability": float(x)}
-                    )
-                    runs[-1]["delta_J"] = float(j - j0)
-                (xm, xs), (dm, ds) = mean_se([f[0] for f in finals]), mean_se([f[1] for f in finals])
-                below = int(sum(f[0] < x0 / 2 for f in finals))
-                cells.append({"lr": lr, "schedule": schedule, "steps": steps, "exploitability": {"mean": xm, "se": xs}})
-                cells[-1].update({"delta_J": {"mean": dm, "se": ds}, "seeds_below_half": below})
+                    finals.append({"exploitability": float(x), "delta_J": float(j - j0)})
+                    runs.append({"lr": lr, "schedule": schedule, "steps": steps, "seed": seed, **finals[-1]})
+                x, dj = (mean_se([f[k] for f in finals]) for k in ("exploitability", "delta_J"))
+                below = int(sum(f["exploitability"] < x0 / 2 for f in finals))  # numpy bools otherwise
+                cells.append({"lr": lr, "schedule": schedule, "steps": steps, "exploitability": x, "delta_J": dj})
+                cells[-1]["seeds_below_half"] = below
                 print(
-                    f"lr {lr:<6g} {schedule:8} {steps:5d} batches: exploitability {xm:.3f} ± {xs:.3f}  "
-                    f"ΔJ {dm:+.3f} ± {ds:.3f}  below half in {below}/{len(finals)} seeds",
+                    f"lr {lr:<6g} {schedule:8} {steps:5d} batches: exploitability {spread(x)}  ΔJ {spread(dj, '+')}  "
+                    f"below half in {below}/{len(finals)} seeds",
                     flush=True,
                 )
     print(

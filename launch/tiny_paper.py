@@ -16,8 +16,9 @@ The settings every job shares are the preset `conf/experiment/tiny_paper.yaml`; 
 `tiny_paper_<game>.yaml` where one exists (it includes the shared one and adds what was tuned for that game:
 IPD, Kuhn). `key=value` arguments are passed to every job after its preset. `--dry-run` prints every job,
 one command line each (run alone, it is that job in the same run dir), and runs nothing. Re-running the same
-command skips every finished job (its DONE marker) and resumes a SEPO run from its last checkpoint. A phase with a failed job stops the
-run before the tables (exit 1) unless --tables-anyway. Prints the wall time of every phase at the end.
+command skips every finished job (its DONE marker) and resumes a SEPO run from its last checkpoint. A phase
+with a failed job stops the run before the tables (exit 1) unless --tables-anyway. Prints the wall time of
+every phase at the end.
 """
 
 from __future__ import annotations
