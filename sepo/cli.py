@@ -142,7 +142,9 @@ def check_keys(argv: list[str]) -> str | None:
     known = dotted_keys(OmegaConf.to_container(cfg, resolve=False))
     for key in keys:
         plain = key.lstrip("+")
-        exists = OmegaConf.select(cfg, plain, default=_MISSING) is not _MISSING
+        # an interpolated value (datagen.out_dir: ${paths.output_dir}/...) needs Hydra's runtime to resolve:
+        # whether the key exists is all that matters here
+        exists = plain in known or OmegaConf.select(cfg, plain, default=_MISSING) is not _MISSING
         if key.startswith("+") and not exists and not plain.startswith(FREE_FORM):
             close = difflib.get_close_matches(plain, known, n=1)
             return (

@@ -30,7 +30,7 @@ from sepo.metrics import POOLS
 from sepo.paths import can_hold_outputs
 from sepo.stages import STAGES
 from sepo.strategies import known_strategies, make_strategy, responds_to_agent
-from sepo.training.options import ADV_NORMS, CREDITS, LR_SCHEDULES, PENALTY_MODES
+from sepo.training.options import ADV_NORMS, CREDITS, LENGTH_NORMS, LR_SCHEDULES, PENALTY_MODES
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.penalty_mode", one_of(*PENALTY_MODES)),
     (SEPO, "sepo.credit", one_of(*CREDITS)),
     (SEPO, "sepo.adv_norm", one_of(*ADV_NORMS)),
+    (SEPO, "sepo.length_norm", one_of(*LENGTH_NORMS)),
     (SEPO, "sepo.adv_scale_decay", real(0.0, high=1.0)),
     (SEPO, "sepo.exploit_switch_episodes", integer(1)),
     (

@@ -29,6 +29,7 @@ BAD_VALUES = [
     (["stage=sepo", "sepo.rollouts_per_opponent=1"], "sepo.rollouts_per_opponent=1"),
     (["stage=sepo", "sepo.penalty_mode=avg"], "sepo.penalty_mode=avg"),
     (["stage=sepo", "sepo.lr_schedule=cos"], "sepo.lr_schedule=cos"),
+    (["stage=sepo", "sepo.length_norm=mean"], "sepo.length_norm=mean"),
     (["stage=eval", "model=scripted", "paths.root_dir=/proc/x"], "paths.root_dir=/proc/x"),
     (["stage=eval", "model=scripted", "hydra.run.dir=/proc/x/y"], "hydra.run.dir=/proc/x/y"),
     (["stage=eval", "model=scripted", "logger=wandb", "logger.mode=onlin"], "logger.mode=onlin"),
@@ -62,3 +63,24 @@ def test_a_hub_id_not_in_the_cache_fails_in_seconds_naming_the_download(cli, tmp
     assert proc.returncode == 2 and time.time() - started < 30, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning: ")]
     assert len(lines) == 1 and "hf download google/gemma-4-E4B-it" in lines[0] and "model.download=true" in lines[0]
+
+
+def test_an_interpolated_key_can_be_overridden(cli, tmp_path):
+    """datagen.out_dir defaults to ${paths.output_dir}/data, which only Hydra's runtime resolves: the key
+    check must see that it exists, not fail resolving it (it printed a traceback). The run also carries
+    a game option into the data: Kuhn's name_the_check gives a bet after one's own check its own lines."""
+    import json
+
+    out = tmp_path / "data"
+    proc = cli(
+        "stage=datagen",
+        "game=kuhn",
+        "game.reasoning.name_the_check=true",
+        "datagen.datasets=[kuhn]",
+        "datagen.episodes_per_opponent=4",
+        f"datagen.out_dir={out}",
+        "logger=none",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answers = [json.loads(line)["messages"][-1]["content"] for line in (out / "kuhn" / "train.jsonl").open()]
+    assert any("my check" in a or "I checked" in a for a in answers)

@@ -282,3 +282,19 @@ def test_datagen_does_not_import_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_kuhn_can_name_a_bet_after_ones_own_check():
+    """game.reasoning.name_the_check: facing a bet after one's own check (1pb) gets lines of its own, each
+    opening with "I checked", which no other spot's line does; off, it shares the opening bet's lines."""
+    from sepo.training.reasoning import PHRASES
+
+    obs = {"card": "Q", "betting": ["PASS", "BET"]}
+    assert reasoning_case("kuhn", "NashApprox", "CALL", obs) == "Q_facing_CALL"
+    assert reasoning_case("kuhn", "NashApprox", "CALL", obs, {"name_the_check": True}) == "Q_checkbet_CALL"
+    opening = {"card": "Q", "betting": ["BET"]}
+    assert reasoning_case("kuhn", "NashApprox", "CALL", opening, {"name_the_check": True}) == "Q_facing_CALL"
+    kuhn = PHRASES["kuhn"]
+    for case, lines in kuhn.items():
+        assert all(line.startswith("I checked") == ("checkbet" in case) for line in lines), case
+    assert {c.replace("checkbet", "facing") for c in kuhn if "checkbet" in c} == {c for c in kuhn if "facing" in c}

@@ -207,3 +207,31 @@ def test_token_loss_sums_decisions_and_averages_kl_over_the_batch_tokens():
     logp2 = old.clone().requires_grad_(True)
     token_loss(logp2, old, old, adv, mask, 0.2, 0.0)[0].backward()
     np.testing.assert_allclose(logp2.grad.numpy(), [[-0.5, -0.5, 0.0], [2.0, 0.0, 0.0]], atol=1e-6)
+
+
+def test_token_loss_budget_divides_every_answer_by_one_constant():
+    old = torch.tensor([[-1.2, -1.0, 0.0], [-0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    logp = old.clone().requires_grad_(True)
+    token_loss(logp, old, None, torch.tensor([1.0, -2.0]), mask, 0.2, 0.0, answer_tokens=4)[0].backward()
+    np.testing.assert_allclose(logp.grad.numpy(), [[-0.25, -0.25, 0.0], [0.5, 0.0, 0.0]], atol=1e-6)
+
+
+@pytest.mark.parametrize("length_norm", ["answer", "budget"])
+def test_a_value_offset_moves_the_policy_only_under_the_token_mean(length_norm):
+    """Two answers, a (2 tokens) and b (5 tokens), chosen at the first token with p = sigmoid(theta); both
+    carry the same advantage c (the state's value offset, no action effect), so the exact expected update
+    of theta is 0: sum_y pi(y) * c * dlog pi(y)/dtheta = c * (p(1-p) - (1-p)p). The budget keeps it 0;
+    the token mean gives c * p(1-p) * (1/2 - 1/5), a drift toward the shorter answer when c > 0."""
+    theta = torch.tensor(0.4, requires_grad=True)
+    p, c = torch.sigmoid(theta), 1.5
+    logp = torch.zeros(2, 5)
+    logp[0, 0], logp[1, 0] = torch.log(p), torch.log(1 - p)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    weights = torch.stack([p, 1 - p]).detach() * c  # the expectation over answers, enumerated
+    budget = 5.0 if length_norm == "budget" else None
+    loss, _ = token_loss(logp, logp.detach(), None, weights, mask, 0.2, 0.0, answer_tokens=budget)
+    loss.backward()
+    q = float(p)
+    drift = 0.0 if length_norm == "budget" else c * q * (1 - q) * (1 / 2 - 1 / 5)
+    assert -theta.grad.item() == pytest.approx(drift, abs=1e-7)

@@ -148,6 +148,7 @@ def accumulate_gradients(
     """
     model.train()
     tokens = generated_tokens(batch)
+    per_answer = answer_divisor(s)
     sums = {
         "loss": 0.0,
         "policy_loss": 0.0,
@@ -163,7 +164,9 @@ def accumulate_gradients(
         old = _pad([d.tokens.logprobs.float() for d in decisions], width).to(lp)
         reference = _pad([ref[i] for i in part], width).to(lp) if ref is not None else None
         adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=lp.dtype, device=lp.device)
-        loss, stats = token_loss(lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens)
+        loss, stats = token_loss(
+            lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens, answer_tokens=per_answer
+        )
         with section("backward"):
             loss.backward()
         share = float(mask.sum()) / max(tokens, 1)  # token-mean statistics: weight by this part's tokens
@@ -174,6 +177,11 @@ def accumulate_gradients(
                 sums[key] += float(stats[key]) * share
     model.eval()
     return dict(zip(sums, distributed.sum_floats(*sums.values())))  # each process held a share of the sums
+
+
+def answer_divisor(s: DictConfig) -> float | None:
+    """What each answer's summed token terms are divided by (`sepo.length_norm`): its own length (None) or the budget."""
+    return float(s.max_new_tokens) if s.length_norm == "budget" else None
 
 
 def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig) -> float:

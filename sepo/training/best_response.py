@@ -53,6 +53,8 @@ class BestResponseSchedule:
             "best_response/exploit_exact": played.exploitability,
             "best_response/exploit_exact_se": played.exploitability_se,
             "best_response/rao_blackwellised": played.rao_blackwellised,
+            # which information sets move, and which way: the run's dashboard shows the table over the steps
+            **{f"best_response/bet_or_call/{key}": float(p[1]) for key, p in played.table.items()},
         }
 
     def _respond(self, table: dict[str, list[float]], step: int) -> None:

@@ -245,23 +245,32 @@ def token_loss(
     clip_eps: float,
     beta: float,
     kl_tokens: float | None = None,
+    answer_tokens: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clipped surrogate averaged over each decision's tokens and SUMMED over decisions, plus
-    beta * max(0, log pi_theta - log pi_ref) averaged over all generated tokens of the batch.
+    """PPO-clipped surrogate summed over each decision's tokens, divided by `answer_tokens`, and SUMMED
+    over decisions, plus beta * max(0, log pi_theta - log pi_ref) averaged over all generated tokens of
+    the batch.
+
+    `answer_tokens=None` divides each answer by its own length (the paper's token mean, `sepo.length_norm
+    = answer`); a number divides every answer by that constant (`budget`: the generation budget). Only
+    the constant keeps the gradient that of J when answers differ in length with the action: the
+    token mean weighs answer y by 1/|y|, so a state's value offset c (every decision there shares it)
+    adds c * p(1 - p) * (1/|y_a| - 1/|y_b|) to the logit of a against b, a drift toward the longer answer
+    in losing states and the shorter one in winning states (docs/results.md, Kuhn poker).
 
     Shapes: logp*, mask [D, L] (D decisions, L generated positions, mask 1 on real tokens);
     advantage [D]: each decision's advantage, which already carries the 1/|pool|, 1/n, 1/T weights
-    and the batch scale, so at ratio 1 the surrogate's gradient is -sum_d A_d * grad log pi (token
-    mean). `kl_tokens` is the number of generated tokens of the whole batch (micro-batches add up to
-    one mean); default: this call's tokens. Neither term depends on answer lengths or on how many
-    opponents there are. `logp_ref=None` (beta = 0: the reference pass is skipped) drops the KL
+    and the batch scale, so at ratio 1 the surrogate's gradient is -sum_d A_d * grad log pi(y_d) /
+    answer_tokens (or the token mean of grad log pi). `kl_tokens` is the number of generated tokens of
+    the whole batch (micro-batches add up to one mean); default: this call's tokens. Neither term's
+    scale depends on how many opponents there are. `logp_ref=None` (beta = 0: the reference pass is skipped) drops the KL
     term and its statistic.
     """
     ratio = torch.exp(logp - logp_old)
     adv = advantage[:, None]
     surrogate = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     kl_ref = torch.clamp(logp - logp_ref, min=0.0) if logp_ref is not None else torch.zeros_like(logp)
-    tokens = mask.sum(dim=1).clamp(min=1)
+    tokens = mask.sum(dim=1).clamp(min=1) if answer_tokens is None else float(answer_tokens)
     denominator = float(kl_tokens) if kl_tokens else float(mask.sum().clamp(min=1))
     policy_loss = ((surrogate * mask).sum(dim=1) / tokens).sum()
     kl_loss = (kl_ref * mask).sum() / denominator

@@ -7,5 +7,7 @@ PENALTY_MODES = ("pooled", "per_rollout", "shared")
 CREDITS = ("return_to_go", "round")
 #: sepo.adv_norm: one scale for the whole batch, or the paper's per-group-and-round standardisation
 ADV_NORMS = ("batch", "group_round")
+#: sepo.length_norm: what divides each answer's summed token terms (its own length, or the generation budget)
+LENGTH_NORMS = ("answer", "budget")
 #: sepo.lr_schedule: how the learning rate goes from sepo.lr to sepo.lr_final_ratio * sepo.lr
 LR_SCHEDULES = ("constant", "cosine", "linear")

@@ -17,7 +17,7 @@ so a config with other payoffs keeps them true.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -48,13 +48,23 @@ RANDOM_LINES = (
 )
 
 
-def reasoning_line(game: str, strategy: str, action: str, obs: dict[str, Any], rng: np.random.Generator) -> str:
-    """One reasoning line for `strategy` taking `action` after observing `obs` (no newline)."""
+def reasoning_line(
+    game: str,
+    strategy: str,
+    action: str,
+    obs: dict[str, Any],
+    rng: np.random.Generator,
+    options: Mapping[str, Any] | None = None,
+) -> str:
+    """One reasoning line for `strategy` taking `action` after observing `obs` (no newline).
+
+    `options`: the game's `reasoning` config block, passed to its explainer (Kuhn: `name_the_check`).
+    """
     name = ALIASES.get(game, {}).get(strategy, strategy)
     if name in RANDOM:
         case, fields, implied = "random", {}, None
     elif game in EXPLAINERS:
-        case, fields, implied = EXPLAINERS[game](name, action, obs)
+        case, fields, implied = EXPLAINERS[game](name, action, obs, **(options or {}))
     else:
         case, fields, implied = "generic", {}, None
     if implied is not None and implied != action:
@@ -63,14 +73,16 @@ def reasoning_line(game: str, strategy: str, action: str, obs: dict[str, Any], r
     return phrases[int(rng.integers(len(phrases)))].format(action=action, **fields)
 
 
-def reasoning_case(game: str, strategy: str, action: str, obs: dict[str, Any]) -> str:
+def reasoning_case(
+    game: str, strategy: str, action: str, obs: dict[str, Any], options: Mapping[str, Any] | None = None
+) -> str:
     """The phrasing case `reasoning_line` uses (tests check known demonstrators never go generic)."""
     name = ALIASES.get(game, {}).get(strategy, strategy)
     if name in RANDOM:
         return "random"
     if game not in EXPLAINERS:
         return "generic"
-    case, _, implied = EXPLAINERS[game](name, action, obs)
+    case, _, implied = EXPLAINERS[game](name, action, obs, **(options or {}))
     return "generic" if implied is not None and implied != action else case
 
 
@@ -204,9 +216,13 @@ def _neg_v2(name: str, action: str, obs: dict[str, Any]) -> Explained:
 
 
 # ------------------------------------------------------------------------------------- Kuhn
-def _kuhn(name: str, action: str, obs: dict[str, Any]) -> Explained:
+def _kuhn(name: str, action: str, obs: dict[str, Any], name_the_check: bool = False) -> Explained:
+    """`name_the_check`: a bet after my own check gets its own lines ("checkbet"); otherwise it shares
+    "facing" with an opening bet, and a model trained on those lines treats the two spots as one."""
     betting = obs["betting"]
     spot = "facing" if betting and betting[-1] == "BET" else ("checked" if betting else "open")
+    if name_the_check and betting == ["PASS", "BET"]:
+        spot = "checkbet"
     return f"{obs['card']}_{spot}_{action}", {}, None
 
 
@@ -383,5 +399,25 @@ PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
             "With the J I lose every showdown, so I fold rather than call.",
         ),
         "J_facing_CALL": ("I call with the J to catch a possible bluff.",),
+        # a bet after my own check (game.reasoning.name_the_check): every line opens with "I checked", which
+        # no line of the other spots does ("The opponent checked" is the second player's spot)
+        "K_checkbet_CALL": (
+            "I checked the K and the opponent bet into it, so I call and win the showdown.",
+            "I checked the K to trap, and now that the opponent bets I call.",
+        ),
+        "K_checkbet_FOLD": ("I checked the K, the opponent bet, and I fold this time.",),
+        "Q_checkbet_CALL": (
+            "I checked the Q and now face the opponent's bet; it can be a J bluff, so I call.",
+            "I checked the Q and the opponent bet; the Q beats a bluffing J, so I call.",
+        ),
+        "Q_checkbet_FOLD": (
+            "I checked the Q and the opponent bet, which usually means a K, so I fold.",
+            "I checked the Q and now face a bet that is mostly a K, so I fold.",
+        ),
+        "J_checkbet_FOLD": (
+            "I checked the J and the opponent bet; the J cannot win, so I fold.",
+            "I checked the J and now face a bet I cannot beat, so I fold.",
+        ),
+        "J_checkbet_CALL": ("I checked the J and still call the opponent's bet to catch a bluff.",),
     },
 }

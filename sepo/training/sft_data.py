@@ -125,6 +125,7 @@ class DemonstratorPolicy:
         p = np.array([weights[n] for n in self.names], dtype=float)
         self.p = p / p.sum()
         self.strategies = {n: make_strategy(game_cfg, n, key="game.demonstrators") for n in self.names}
+        self.reasoning = dict(game_cfg.get("reasoning") or {})  # the game's options for its reasoning lines
         self._episodes: dict[int, tuple[Any, str]] = {}  # id(state) -> (state kept alive, demonstrator)
 
     def demonstrator(self, request: DecisionRequest) -> str:
@@ -141,7 +142,7 @@ class DemonstratorPolicy:
             obs = r.observation
             messages = [dict(m) for m in r.messages]  # rendered now, before the state moves on
             action = self.strategies[name].act(obs, r.legal, r.rng)
-            text = f"{reasoning_line(self.game.name, name, action, obs, r.rng)}\n{action}"
+            text = f"{reasoning_line(self.game.name, name, action, obs, r.rng, self.reasoning)}\n{action}"
             decisions.append(
                 Decision(
                     action,
