@@ -4,9 +4,9 @@ The table agent of `benchmarks/kuhn_descent.py` has one parameter per informatio
 model shares its parameters between them, so a step that changes its play at one set may change it at
 others. This measures that directly on a checkpoint: from a fresh SEPO adapter (the SEPO stage's own
 `build_learner`: LoRA, AdamW at `sepo.lr`), `--steps` policy-gradient steps at ONE information set
-only (32 sampled answers each, advantage +-(1 if BET/CALL else 0, minus the batch mean), the SEPO
-token loss), then the whole played table is read again (K answers per set, the same sampling seed
-before and after). Each `--push KEY:up|down` starts again from the checkpoint.
+only (32 sampled answers each, advantage +-(1 if BET/CALL else 0, minus the batch mean), the loss of
+`accumulate_gradients` without its KL term), then the whole played table is read again (K answers per
+set, the same sampling seed before and after). Each `--push KEY:up|down` starts again from the checkpoint.
 
     python benchmarks/kuhn_coupling.py --sft-run <kuhn sft run>
     python benchmarks/kuhn_coupling.py --sft-run <run> --push 1b:down 1pb:up 0p:up --steps 10 --samples 256
@@ -54,8 +54,9 @@ def push(cfg, key: str, sign: float, steps: int, samples: int, batch: int) -> di
 
     from sepo.games import make_game
     from sepo.games.kuhn import ACTION_INDEX, infoset_requests
-    from sepo.stages.sepo_loop import _pad, _policy_logprobs, build_learner
-    from sepo.training.objective import sepo_settings, token_loss
+    from sepo.stages.sepo_loop import accumulate_gradients, build_learner
+    from sepo.training.objective import sepo_settings
+    from sepo.training.rollouts import RolloutBatch
 
     s = sepo_settings(cfg)
     torch.manual_seed(int(s.seed))
@@ -68,15 +69,10 @@ def push(cfg, key: str, sign: float, steps: int, samples: int, batch: int) -> di
             [replace(request, rng=np.random.default_rng([step, i])) for i in range(batch)], return_logprobs=True
         )
         y = np.array([float(d.action == aggressive) for d in answers])
-        advantage = torch.tensor(sign * (y - y.mean()) / batch, dtype=torch.float32)
-        learner.model.train()
-        logp, mask = _policy_logprobs(learner.model, learner.policy, answers, s)
-        old = _pad([d.tokens.logprobs.float() for d in answers], logp.shape[1]).to(logp)
-        loss, _ = token_loss(logp, old, None, advantage, mask, float(s.clip_eps), 0.0)
+        one_set = RolloutBatch([], answers, sign * (y - y.mean()) / batch, {}, 1.0, {})
         learner.optimizer.zero_grad()
-        loss.backward()
+        accumulate_gradients(learner.model, learner.policy, one_set, None, s)  # the SEPO loss; no reference: no KL
         learner.optimizer.step()
-        learner.model.eval()
     after, x_after = read_table(game, learner.policy, samples)
     return {"key": key, "direction": "up" if sign > 0 else "down", "before": before, "after": after,
             "exploitability": [x_before, x_after]}  # fmt: skip

@@ -60,15 +60,7 @@ def reasoning_line(
 
     `options`: the game's `reasoning` config block, passed to its explainer (Kuhn: `name_the_check`).
     """
-    name = ALIASES.get(game, {}).get(strategy, strategy)
-    if name in RANDOM:
-        case, fields, implied = "random", {}, None
-    elif game in EXPLAINERS:
-        case, fields, implied = EXPLAINERS[game](name, action, obs, **(options or {}))
-    else:
-        case, fields, implied = "generic", {}, None
-    if implied is not None and implied != action:
-        case, fields = "generic", {}
+    case, fields = _explain(game, strategy, action, obs, options)
     phrases = PHRASES.get(game, {}).get(case) or (RANDOM_LINES if case == "random" else GENERIC)
     return phrases[int(rng.integers(len(phrases)))].format(action=action, **fields)
 
@@ -77,13 +69,20 @@ def reasoning_case(
     game: str, strategy: str, action: str, obs: dict[str, Any], options: Mapping[str, Any] | None = None
 ) -> str:
     """The phrasing case `reasoning_line` uses (tests check known demonstrators never go generic)."""
+    return _explain(game, strategy, action, obs, options)[0]
+
+
+def _explain(
+    game: str, strategy: str, action: str, obs: dict[str, Any], options: Mapping[str, Any] | None
+) -> tuple[str, dict[str, Any]]:
+    """(phrasing case, template fields): the game's explainer, or "generic" where its rule implies another action."""
     name = ALIASES.get(game, {}).get(strategy, strategy)
     if name in RANDOM:
-        return "random"
+        return "random", {}
     if game not in EXPLAINERS:
-        return "generic"
-    case, _, implied = EXPLAINERS[game](name, action, obs, **(options or {}))
-    return "generic" if implied is not None and implied != action else case
+        return "generic", {}
+    case, fields, implied = EXPLAINERS[game](name, action, obs, **(options or {}))
+    return ("generic", {}) if implied is not None and implied != action else (case, fields)
 
 
 def _count(n: int, word: str) -> str:
