@@ -18,6 +18,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from analysis import variants
+from sepo import run_lock
+from sepo.trees import leaves
+
 log = logging.getLogger(__name__)
 
 # metrics of results.json in the order the CSV shows them; others found in a file are appended
@@ -50,6 +54,7 @@ ID_COLUMNS = (
     "run_dir",
     "error",
     "episodes",
+    "variant",
 )
 #: metrics of a checkpoint's validation episodes (`validation.json` beside its results.json) kept as
 #: `valid_<metric>` columns: what `best_sepo` chooses by
@@ -124,6 +129,17 @@ def to_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     for col in ("game", "model", "stage", "phase", "checkpoint", "status", "run_dir", "error"):
         df[col] = df[col].astype(object).where(df[col].notna(), None)
+    df["variant"] = df["variant"].fillna("").astype(str)
+    return df
+
+
+def add_variants(df: pd.DataFrame, identities: dict[str, dict[str, str] | None]) -> pd.DataFrame:
+    """Each row's variant among the runs of its (game, model, phase): `analysis/variants.py`."""
+    df = df.copy()
+    for _, group in df.groupby(["game", "model", "phase"], dropna=False, sort=False):
+        runs = {r: identities.get(r) for r in group["run_dir"].dropna().unique()}
+        labels = variants.variants(runs)
+        df.loc[group.index, "variant"] = group["run_dir"].map(labels).fillna("")
     return df
 
 
@@ -137,11 +153,19 @@ def run_dir_of(results: Path) -> Path:
 
 
 def run_status(run: Path) -> tuple[str, str | None]:
-    """(status, first line of the error): done, failed, or running (neither marker yet)."""
+    """(status, first line of the error): done, failed, or running (neither marker yet). A run whose
+    process was killed without a chance to write a marker (its lock names an owner that is gone,
+    `sepo/run_lock.py`) failed: "died without a marker"."""
     if (run / "FAILED").exists():
         text = (run / "FAILED").read_text(errors="replace").strip()
         return "failed", text.splitlines()[0] if text else "FAILED"
-    return ("done", None) if (run / "DONE").exists() else ("running", None)
+    if (run / "DONE").exists():
+        return "done", None
+    for owner in (run, *list(run.parents)[:1]):  # a pipeline's phase dir: the pipeline holds the lock
+        died = run_lock.died_without_marker(owner)
+        if died:
+            return "failed", f"died without a marker ({died})"
+    return "running", None
 
 
 def run_config(run: Path) -> dict[str, Any]:
@@ -217,7 +241,15 @@ def collect_dir(root: str | Path) -> pd.DataFrame:
             )
     if not rows:
         raise FileNotFoundError(f"no results.json and no FAILED marker under {root}")
-    return to_frame(rows)
+    df = to_frame(rows)
+    identities = {}
+    for (run_dir, phase), _ in df.groupby(["run_dir", "phase"], dropna=False, sort=False):
+        run = root / run_dir
+        settings = variants.recorded(run, root)
+        if settings is not None:
+            parent = variants.origin(settings.get("model.path"), run, root)
+            identities[run_dir] = variants.identity(settings, phase, parent)
+    return add_variants(df, identities)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,6 +265,13 @@ def _get(tree: dict[str, Any], dotted: str) -> Any:
         for key in dotted.split("."):
             node = node.get(key) if isinstance(node, dict) else None
     return node["value"] if isinstance(node, dict) and set(node) == {"value"} else node
+
+
+def _unwrap(tree: Any) -> Any:
+    """W&B's config with its {"value": x} leaves replaced by x."""
+    if isinstance(tree, dict):
+        return _unwrap(tree["value"]) if set(tree) == {"value"} else {k: _unwrap(v) for k, v in tree.items()}
+    return tree
 
 
 def _split(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -251,7 +290,7 @@ def frame_from_wandb(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
     finished); a run without such history gives one row from its summary. A row's own `stage` value,
     when logged, overrides the config's (a pipeline run evaluates several phases).
     """
-    rows = []
+    rows, identities = [], {}
     for run in runs:
         cfg = run.get("config") or {}
         model = _get(cfg, "model.name")
@@ -291,7 +330,9 @@ def frame_from_wandb(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
                 "step": summary.get("step") if training else None,
             }
             rows.append(make_row(meta, metrics, se, lambdas))
-    return to_frame(rows)
+        phase = make_row(base)["phase"]
+        identities[base["run_dir"]] = variants.identity(leaves(_unwrap(cfg)), phase, None) if cfg else None
+    return add_variants(to_frame(rows), identities)
 
 
 def collect_wandb(path: str) -> pd.DataFrame:
@@ -337,15 +378,18 @@ def metric_columns(df: pd.DataFrame) -> list[str]:
 
 
 def cells(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (game, model, phase, checkpoint): the mean over the runs that share it (seeds).
+    """One row per (game, model, phase, variant, checkpoint): the mean over the runs that share it, which
+    differ only in their seeds (`analysis/variants.py`).
 
     Its SE: over runs (their spread / sqrt(n)) when there are several, which holds the training
     noise of each seed as well as the evaluation's; one run's own SE over episodes otherwise. Rows
-    without any metric (failed runs) are left out; `failed_phases` accounts for them.
+    without any metric (failed runs) are left out; `failed_phases` accounts for them. `unfinished`:
+    some run of the cell has no DONE (killed, failed later, or still running), so its figures are not
+    those of a finished run and the tables mark them.
     """
     metrics = metric_columns(df)
     ses = [f"{m}_se" for m in metrics]
-    keys = ["game", "model", "phase", "checkpoint"]
+    keys = ["game", "model", "phase", "variant", "checkpoint"]
     d = df[df[metrics].notna().any(axis=1)].copy()
     d["checkpoint"] = d["checkpoint"].fillna("")
     by = [d[k] for k in keys]
@@ -359,20 +403,42 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
     out["step"] = d["step"].groupby(by, sort=False).max()
     for k in LAMBDAS:  # the evaluation lambdas (the same for every run of a cell)
         out[f"lambda_{k}"] = d[f"lambda_{k}"].groupby(by, sort=False).first()
-    out["runs"] = d.groupby(by, sort=False).size()
+    out["runs"] = runs
+    out["unfinished"] = (d["status"] != "done").groupby(by, sort=False).any()
     return out.reset_index()
 
 
-def phase_cells(c: pd.DataFrame, game: str, model: str, phase: str) -> pd.DataFrame:
-    """The checkpoints of one phase, earliest first (no step, as for Base, sorts first)."""
+def variants_of(c: pd.DataFrame, game: str, model: str, phase: str) -> list[str]:
+    """The variant labels of one phase's cells, in order ("" alone when its runs share their settings)."""
     sel = c[(c["game"] == game) & (c["model"] == model) & (c["phase"] == phase)]
+    return sorted(sel["variant"].unique())
+
+
+def phase_cells(c: pd.DataFrame, game: str, model: str, phase: str, variant: str = "") -> pd.DataFrame:
+    """The checkpoints of one phase's variant, earliest first (no step, as for Base, sorts first)."""
+    sel = c[(c["game"] == game) & (c["model"] == model) & (c["phase"] == phase) & (c["variant"] == variant)]
     return sel.sort_values("step", na_position="first", kind="stable")
 
 
-def latest(c: pd.DataFrame, game: str, model: str, phase: str) -> pd.Series | None:
+def latest(c: pd.DataFrame, game: str, model: str, phase: str, variant: str = "") -> pd.Series | None:
     """The Base or SFT cell: the phase's last checkpoint (SFT's final model)."""
-    sel = phase_cells(c, game, model, phase)
+    sel = phase_cells(c, game, model, phase, variant)
     return None if sel.empty else sel.iloc[-1]
+
+
+def matching_variant(c: pd.DataFrame, game: str, model: str, phase: str, variant: str) -> str | None:
+    """The variant of `phase` that a row of another phase's `variant` is compared with: the same label,
+    else the phase's only one (a λ sweep's SEPO runs all start from one SFT); None when ambiguous."""
+    labels = variants_of(c, game, model, phase)
+    if variant in labels:
+        return variant
+    return labels[0] if len(labels) == 1 else None
+
+
+def start_of(c: pd.DataFrame, game: str, model: str, phase: str, variant: str) -> pd.Series | None:
+    """The Base or SFT cell a SEPO variant is compared with (`matching_variant`), or None."""
+    match = matching_variant(c, game, model, phase, variant)
+    return None if match is None else latest(c, game, model, phase, match)
 
 
 def selection_safety(cells: pd.DataFrame, prefix: str = "") -> pd.Series:
@@ -392,7 +458,7 @@ def selection_safety(cells: pd.DataFrame, prefix: str = "") -> pd.Series:
 
 
 def best_sepo(
-    c: pd.DataFrame, game: str, model: str, choose: str = "validation", phase: str = "sepo"
+    c: pd.DataFrame, game: str, model: str, choose: str = "validation", phase: str = "sepo", variant: str = ""
 ) -> pd.Series | None:
     """The SEPO checkpoint with the highest safety (Kuhn: with the exact exploitability,
     `selection_safety`); ties -> earliest. Its `chosen_on` says how it was chosen:
@@ -402,7 +468,7 @@ def best_sepo(
     - `reported`: on the reported episodes themselves, the paper's choice. A phase whose
       checkpoints lack validation episodes (runs from before they existed, W&B) is chosen this way too.
     """
-    sel = phase_cells(c, game, model, phase)
+    sel = phase_cells(c, game, model, phase, variant)
     sel = sel[sel["safety"].notna()]
     return None if sel.empty else choose_best(sel, choose)
 

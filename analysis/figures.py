@@ -48,13 +48,18 @@ def delta_safety(df: pd.DataFrame, c: pd.DataFrame, stem: Path, choose: str) -> 
     SFT (what SEPO itself added: on a model whose Base is random weights, nearly all of SEPO − Base
     is SFT's doing), one panel per model."""
     models = trained_models(df) or ordered(df["model"].dropna().unique(), {})
-    games = ordered(df["game"].dropna().unique(), GAMES)
-    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.4), squeeze=False, sharey=True)
+    # one bar pair per game and SEPO variant (runs that differ in more than their seeds)
+    bars = [
+        (game, variant)
+        for game in ordered(df["game"].dropna().unique(), GAMES)
+        for variant in sorted(set(df.loc[(df["game"] == game) & (df["phase"] == "sepo"), "variant"])) or [""]
+    ]
+    fig, axes = plt.subplots(1, len(models), figsize=(max(5, 1.1 * len(bars)) * len(models), 3.4), squeeze=False)
     for ax, model in zip(axes[0], models):
-        for x, game in enumerate(games):
-            sepo = collect.best_sepo(c, game, model, choose)
+        for x, (game, variant) in enumerate(bars):
+            sepo = collect.best_sepo(c, game, model, choose, variant=variant)
             for offset, (phase, colour) in zip((-0.2, 0.2), (("base", "tab:blue"), ("sft", "tab:orange"))):
-                start = collect.latest(c, game, model, phase)
+                start = collect.start_of(c, game, model, phase, variant)
                 if start is None or sepo is None or pd.isna(start["safety"]):
                     ax.text(x + offset, 0, "n/a", ha="center", va="bottom", fontsize=7, color="grey")
                     continue
@@ -69,7 +74,8 @@ def delta_safety(df: pd.DataFrame, c: pd.DataFrame, stem: Path, choose: str) -> 
                     label=f"SEPO − {phase.upper() if phase == 'sft' else 'Base'}",
                 )
         ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xticks(range(len(games)), [plain(GAMES.get(g, g)) for g in games], rotation=30)
+        names = [plain(GAMES.get(g, g)) + (f"\n({v})" if v else "") for g, v in bars]
+        ax.set_xticks(range(len(bars)), names, rotation=30, fontsize=7 if any(v for _, v in bars) else None)
         ax.set_title(MODELS.get(model, model))
         handles, labels = ax.get_legend_handles_labels()
         if handles:
@@ -105,8 +111,8 @@ def training_curves(df: pd.DataFrame, c: pd.DataFrame, out: Path, choose: str = 
     mean over seeds with a band of ± its SE, Base dashed, the chosen best checkpoint starred."""
     written = []
     trained = df[(df["phase"] == "sepo") & df["step"].notna() & df["safety"].notna()]
-    for (game, model), runs in trained.groupby(["game", "model"], sort=True):
-        sft, base = collect.latest(c, game, model, "sft"), collect.latest(c, game, model, "base")
+    for (game, model, variant), runs in trained.groupby(["game", "model", "variant"], sort=True):
+        sft, base = collect.start_of(c, game, model, "sft", variant), collect.start_of(c, game, model, "base", variant)
         if sft is not None:  # every run starts from the SFT model: its point is step 0 of each
             start = pd.DataFrame(
                 [
@@ -118,7 +124,7 @@ def training_curves(df: pd.DataFrame, c: pd.DataFrame, out: Path, choose: str = 
         if runs["step"].nunique() < 2:  # one point is not a curve (the tables show it)
             continue
         runs = runs.astype({"step": float})
-        best = collect.best_sepo(c, game, model, choose)
+        best = collect.best_sepo(c, game, model, choose, variant=variant)
         fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
         for ax, metric in zip(axes, ("exploit", "safety")):
             line = over_seeds(runs, metric)
@@ -141,9 +147,11 @@ def training_curves(df: pd.DataFrame, c: pd.DataFrame, out: Path, choose: str = 
             ax.set_xlabel("SEPO step (0: the SFT model)")
             ax.set_ylabel(f"{metric} ({unit(game)})")
         axes[1].legend(fontsize=7)
-        fig.suptitle(f"{plain(GAMES.get(game, game))} · {MODELS.get(model, model)}", fontsize=9)
+        title = f"{plain(GAMES.get(game, game))} · {MODELS.get(model, model)}" + (f" · {variant}" if variant else "")
+        fig.suptitle(title, fontsize=9)
         fig.tight_layout()
-        written += save(fig, out / f"curve_{re.sub(r'[^A-Za-z0-9.=-]+', '_', f'{game}_{model}')}")
+        name = f"{game}_{model}" + (f"_{variant}" if variant else "")
+        written += save(fig, out / f"curve_{re.sub(r'[^A-Za-z0-9.=-]+', '_', name)}")
     return written
 
 

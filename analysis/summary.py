@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from analysis import collect
+from analysis import collect, variants
 from analysis.collect import GAMES, PAYOFF_ONLY, ordered
 
 KEYS = ("delta_j_train_vs_sft", "delta_safety_vs_payoff_only", "delta_safety_vs_sft", "delta_exploit_vs_sft")
@@ -47,10 +46,10 @@ def mean_se(values: list[float]) -> dict[str, float | int | None]:
 
 
 def objective(run_dir: Path) -> dict[str, float]:
-    """s and the training lambdas of a SEPO run, from the config Hydra saved with it."""
-    cfg = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
-    s = float(cfg["sepo"]["reward_scale"]) / float(cfg["game"]["max_payoff"])
-    return {"s": s, **{k: float(cfg["lambdas"]["train"][k]) for k in ("e", "c", "x")}}
+    """s and the training lambdas of a SEPO run, from the settings it recorded (analysis/variants.py)."""
+    cfg = variants.recorded(run_dir, run_dir) or {}
+    s = float(cfg["sepo.reward_scale"]) / float(cfg["game.max_payoff"])
+    return {"s": s, **{k: float(cfg[f"lambdas.train.{k}"]) for k in ("e", "c", "x")}}
 
 
 def j_train(point: pd.Series, obj: dict[str, float]) -> float:
@@ -67,10 +66,14 @@ def exploit_of(point: pd.Series) -> float:
     return exact if exact is not None and not pd.isna(exact) else point["exploit"]
 
 
-def runs_by_seed(df: pd.DataFrame, game: str, phase: str, choose: str) -> dict[int, dict[str, pd.Series]]:
-    """train seed -> {"best": chosen checkpoint, "final": final checkpoint, "run_dir": ...} of one arm."""
+def runs_by_seed(
+    df: pd.DataFrame, game: str, phase: str, choose: str, variant: str | None = ""
+) -> dict[int, dict[str, pd.Series]]:
+    """train seed -> {"best": chosen checkpoint, "final": final checkpoint, "run_dir": ...} of one arm
+    (one variant of it: runs that differ only in their seeds; None: no such variant, no runs)."""
     out = {}
-    for run_dir, run in df[(df["game"] == game) & (df["phase"] == phase)].groupby("run_dir"):
+    sel = df[(df["game"] == game) & (df["phase"] == phase) & (df["variant"] == variant)]
+    for run_dir, run in sel.groupby("run_dir"):
         seed = run["train_seed"].dropna()
         final = run[run["checkpoint"] == "final"]
         if seed.empty or final.empty:
@@ -103,13 +106,17 @@ def stability(sepo: dict) -> dict[str, Any]:
     return {"chosen_safety": chosen, "final_safety": final, "final_minus_chosen": gap, "final_holds_chosen": held}
 
 
-def game_summary(df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choose: str) -> dict[str, Any] | None:
+def game_summary(
+    df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choose: str, variant: str = ""
+) -> dict[str, Any] | None:
     model = next(iter(collect.trained_models(df[df["game"] == game])), None)
-    sft = collect.latest(c, game, model, "sft") if model else None
-    sepo = runs_by_seed(df, game, "sepo", choose)
+    sft = collect.start_of(c, game, model, "sft", variant) if model else None
+    sepo = runs_by_seed(df, game, "sepo", choose, variant)
     if sft is None or not sepo:
         return None
-    payoff_only = runs_by_seed(df, game, PAYOFF_ONLY, choose)
+    payoff_only = runs_by_seed(
+        df, game, PAYOFF_ONLY, choose, collect.matching_variant(c, game, model, PAYOFF_ONLY, variant)
+    )
     best = deltas(sepo, payoff_only, sft, root, "best")
     return {
         **best,
@@ -117,14 +124,23 @@ def game_summary(df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choos
         "final": deltas(sepo, payoff_only, sft, root, "final"),
         "stability": stability(sepo),
         "chosen_on": choose,
+        **({"variant": variant} if variant else {}),
     }
 
 
 def summarise(root: Path, choose: str = "validation") -> dict[str, Any]:
+    """Per game (per game and SEPO variant, `"<game> (<variant>)"`, where SEPO runs differ in more than
+    their seeds): the deltas above."""
     df = collect.collect_dir(root)
     c = collect.cells(df)
-    games = {g: game_summary(df, c, g, root, choose) for g in ordered(df["game"].dropna().unique(), GAMES)}
-    return {g: s for g, s in games.items() if s is not None}
+    out = {}
+    for game in ordered(df["game"].dropna().unique(), GAMES):
+        model = next(iter(collect.trained_models(df[df["game"] == game])), None)
+        for variant in (collect.variants_of(c, game, model, "sepo") if model else []) or [""]:
+            summary = game_summary(df, c, game, root, choose, variant)
+            if summary is not None:
+                out[f"{game} ({variant})" if variant else game] = summary
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

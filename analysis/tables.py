@@ -27,7 +27,13 @@ from analysis.collect import GAMES, MODELS, ordered, trained_models
 SIGNED = {"safety", "nra"}  # printed with an explicit sign, as in the paper
 
 NOT_RUN, FAILED, NOT_MEASURED = "--", r"--$^\dagger$", "n/a"
-NOTES = {NOT_RUN: "--: not run", FAILED: r"$^\dagger$: run failed", NOT_MEASURED: "n/a: not measured"}
+UNFINISHED = r"$^\ddagger$"  # appended to the label of a row whose figures come from a run without DONE
+NOTES = {
+    NOT_RUN: "--: not run",
+    FAILED: r"$^\dagger$: run failed",
+    NOT_MEASURED: "n/a: not measured",
+    UNFINISHED: r"$^\ddagger$: unfinished (its run has no DONE: killed, failed later, or still running)",
+}
 GROUP = "@@group@@"  # marks a model's header row until it becomes a \multicolumn
 
 
@@ -104,34 +110,50 @@ def fmt(value: float, se: float, metric: str, with_se: bool) -> str:
     return text + (rf" $\pm$ {se:.3f}" if (with_se or metric in ALWAYS_SE) and pd.notna(se) else "")
 
 
+def variant_tex(variant: str) -> str:
+    """A variant label (`λe=2.0, sepo.lr=0.001`) in LaTeX."""
+    return re.sub(r"λ(\w)", r"$\\lambda_\1$", tex(variant))
+
+
+def row_label(name: str, variant: str = "", checkpoint: str = "") -> str:
+    inside = ", ".join(x for x in (variant_tex(variant), checkpoint) if x)
+    return f"{name} ({inside})" if inside else name
+
+
 def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: Layout, choose: str):
-    """(label, ckpt, cell or None, missing marker) for each row of one model group."""
+    """(label, ckpt, cell or None, missing marker) for each row of one model group: every phase's
+    variants (runs that differ in more than their seeds) in rows of their own."""
     failed = collect.failed_phases(df, game, model)
     missing = {p: FAILED if p in failed else NOT_RUN for p in collect.PHASES}
     scripted = model.startswith("scripted:")
     for phase, label in (("base", "Base"), ("sft", "SFT")):
-        cell = collect.latest(c, game, model, phase)
-        if cell is not None or not scripted or (phase == "base" and collect.latest(c, game, model, "sft") is None):
-            yield ("Eval" if scripted else label), "---", cell, missing[phase]  # a scripted agent: one row, even failed
+        for variant in collect.variants_of(c, game, model, phase) or [""]:
+            cell = collect.latest(c, game, model, phase, variant)
+            no_sft = not collect.variants_of(c, game, model, "sft")
+            if cell is not None or not scripted or (phase == "base" and no_sft):
+                # a scripted agent: one row, even failed
+                yield row_label("Eval" if scripted else label, variant), "---", cell, missing[phase]
     if scripted:
         return
-    best = collect.best_sepo(c, game, model, choose)
-    final = collect.phase_cells(c, game, model, "sepo")
-    final = final[final["checkpoint"] == "final"]
-    sepo = [best]
-    if layout.ckpt_column and not final.empty and best is not None and best["checkpoint"] != "final":
-        sepo.append(final.iloc[-1])
-    for cell in sepo:
+    for variant in collect.variants_of(c, game, model, "sepo") or [""]:
+        best = collect.best_sepo(c, game, model, choose, variant=variant)
+        final = collect.phase_cells(c, game, model, "sepo", variant)
+        final = final[final["checkpoint"] == "final"]
+        sepo = [best]
+        if layout.ckpt_column and not final.empty and best is not None and best["checkpoint"] != "final":
+            sepo.append(final.iloc[-1])
+        for cell in sepo:
+            if layout.ckpt_column:
+                yield row_label("SEPO", variant), ckpt_label(cell, short=True) or "---", cell, missing["sepo"]
+            else:
+                yield row_label("SEPO", variant, ckpt_label(cell)), "", cell, missing["sepo"]
+    for variant in collect.variants_of(c, game, model, collect.PAYOFF_ONLY):
+        # GRPO on the payoff alone (`lambdas=zero`), chosen the same way
+        baseline = collect.best_sepo(c, game, model, choose, phase=collect.PAYOFF_ONLY, variant=variant)
         if layout.ckpt_column:
-            yield "SEPO", ckpt_label(cell, short=True) or "---", cell, missing["sepo"]
+            yield row_label("Payoff-only", variant), ckpt_label(baseline, short=True), baseline, NOT_RUN
         else:
-            yield (f"SEPO ({ckpt_label(cell)})" if cell is not None else "SEPO"), "", cell, missing["sepo"]
-    baseline = collect.best_sepo(c, game, model, choose, phase=collect.PAYOFF_ONLY)
-    if baseline is not None:  # GRPO on the payoff alone (`lambdas=zero`), chosen the same way
-        if layout.ckpt_column:
-            yield "Payoff-only", ckpt_label(baseline, short=True), baseline, NOT_RUN
-        else:
-            yield f"Payoff-only ({ckpt_label(baseline)})", "", baseline, NOT_RUN
+            yield row_label("Payoff-only", variant, ckpt_label(baseline)), "", baseline, NOT_RUN
 
 
 def bold_mask(values: pd.DataFrame, groups: pd.Series, cols: list[Column]) -> pd.DataFrame:
@@ -166,7 +188,10 @@ def render(shown: pd.DataFrame, bold: pd.DataFrame, column_format: str, caption:
 
 
 def notes_for(shown: pd.DataFrame) -> str:
-    used = [note for mark, note in NOTES.items() if (shown == mark).any().any()]
+    texts = set(shown.astype(str).to_numpy().ravel())
+    used = [
+        note for mark, note in NOTES.items() if mark in texts or (mark == UNFINISHED and any(mark in t for t in texts))
+    ]
     return (" " + "; ".join(used) + ".") if used else ""
 
 
@@ -190,6 +215,8 @@ def game_table(df: pd.DataFrame, c: pd.DataFrame, game: str, with_se: bool = Fal
         for label, ckpt, cell, missing in rows_of(df, c, game, model, layout, choose):
             if cell is not None and "chosen_on" in cell:
                 chosen_on.add(cell["chosen_on"])
+            if cell is not None and bool(cell.get("unfinished", False)):
+                label += UNFINISHED
             row = {"Model": label} | ({"Ckpt": ckpt} if layout.ckpt_column else {})
             vals = {}
             for col in cols:
@@ -245,26 +272,29 @@ def degradation_table(df: pd.DataFrame, c: pd.DataFrame, with_se: bool = False, 
     for game in ordered(df["game"].dropna().unique(), GAMES):
         for model in trained_models(df):
             failed = collect.failed_phases(df, game, model)
-            cells_ = {
-                "Base": collect.latest(c, game, model, "base"),
-                "SFT": collect.latest(c, game, model, "sft"),
-                "SEPO": collect.best_sepo(c, game, model, choose),
-            }
-            if cells_["SEPO"] is not None:
-                chosen_on.add(cells_["SEPO"]["chosen_on"])
-            row, vals = {"Game": game_name(game), "Model": model_name(model)}, {}
-            for stage, phase in zip(stages, collect.PHASES):
-                cell = cells_[stage]
-                if cell is None:
-                    row[stage] = FAILED if phase in failed else NOT_RUN
-                elif pd.isna(cell["exploit"]):
-                    row[stage] = NOT_MEASURED
-                else:
-                    row[stage] = fmt(cell["exploit"], cell["exploit_se"], "exploit", with_se)
-                    vals[stage] = cell["exploit"]
-            row[r"vs.\ Base"] = verdict(vals.get("Base", math.nan), vals.get("SEPO", math.nan))
-            shown.append(row)
-            values.append(vals)
+            for variant in sorted({v for p in collect.PHASES for v in collect.variants_of(c, game, model, p)}) or [""]:
+                sepo = collect.matching_variant(c, game, model, "sepo", variant)
+                cells_ = {
+                    "Base": collect.start_of(c, game, model, "base", variant),
+                    "SFT": collect.start_of(c, game, model, "sft", variant),
+                    "SEPO": None if sepo is None else collect.best_sepo(c, game, model, choose, variant=sepo),
+                }
+                if cells_["SEPO"] is not None:
+                    chosen_on.add(cells_["SEPO"]["chosen_on"])
+                row, vals = {"Game": game_name(game), "Model": row_label(model_name(model), variant)}, {}
+                for stage, phase in zip(stages, collect.PHASES):
+                    cell = cells_[stage]
+                    if cell is None:
+                        row[stage] = FAILED if phase in failed else NOT_RUN
+                    elif pd.isna(cell["exploit"]):
+                        row[stage] = NOT_MEASURED
+                    else:
+                        row[stage] = fmt(cell["exploit"], cell["exploit_se"], "exploit", with_se)
+                        row[stage] += UNFINISHED if bool(cell.get("unfinished", False)) else ""
+                        vals[stage] = cell["exploit"]
+                row[r"vs.\ Base"] = verdict(vals.get("Base", math.nan), vals.get("SEPO", math.nan))
+                shown.append(row)
+                values.append(vals)
     shown = pd.DataFrame(shown)
     values = pd.DataFrame(values, columns=list(stages), index=shown.index, dtype=float)
     best = values.round(3).min(axis=1).where(values.notna().sum(axis=1) > 1)

@@ -182,5 +182,11 @@ def main() -> None:
     _hydra_main()
     from sepo import sweep
 
+    if sweep.sweep_started and sweep.last_sweep_failures is None:  # Hydra swallows a callback's error
+        print(
+            "error: the sweep ended without its summary; allowed: re-run it (finished jobs are skipped)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
     if sweep.last_sweep_failures:  # a sweep succeeds only when every job is done or skipped
         sys.exit(1)

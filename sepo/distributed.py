@@ -56,6 +56,13 @@ def _export_submitit_environment() -> None:
         TorchDistributedEnvironment().export(set_cuda_visible_devices=torch.cuda.is_available())
 
 
+def launching_rank() -> int:
+    """This process's rank before the process group exists (the run dir's lock and settings record are
+    rank 0's): torchrun's RANK, or a multi-task submitit job's, exported as torchrun would."""
+    _export_submitit_environment()
+    return int(os.environ.get("RANK", "0"))
+
+
 def init() -> None:
     """Join the process group `torchrun` (or a multi-task submitit job) describes: nccl on CUDA,
     gloo on CPU; a no-op for one process."""

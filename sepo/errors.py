@@ -5,6 +5,20 @@ class ConfigError(ValueError):
     """A config value is wrong: the message names the key and the allowed values."""
 
 
+class RunError(RuntimeError):
+    """A known way for a run to fail after its config was accepted (a damaged input, a diverged loss):
+    the run is marked FAILED with the message, which names the file, key or step, and the command exits
+    with one line instead of a traceback."""
+
+
+class InputError(RunError):
+    """An input file is damaged or inconsistent: the message names the file (and the line)."""
+
+
+class Diverged(RunError):
+    """Training produced a non-finite loss, gradient or weight."""
+
+
 def one_line(err: BaseException) -> str:
     """`Type: first line of the message`, for a log line that names what went wrong without its traceback."""
     lines = str(err).strip().splitlines()

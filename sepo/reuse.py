@@ -1,13 +1,17 @@
-"""Reuse a finished run only when it ran with the settings asked for now.
+"""A run dir is reused or resumed only when it ran with the settings asked for now.
 
 Run dirs are named after their overrides, so a re-launched sweep finds its finished jobs and skips
-them (`resume=auto`). But the same dir can be asked for with other settings (`hydra.run.dir=D` and a
-different game, or a changed default in conf/), and skipping it then would report old results under
-new settings. So a run saves the settings it finished with (`finished_config.yaml`, resolved, beside
-`DONE`) and a copy of Hydra's own record (`.hydra_finished/`); a later launch of the same dir is skipped
-only when its settings equal them, up to the keys that cannot change results (`RESULT_NEUTRAL_KEYS`),
-and is refused with one line naming the differing keys otherwise. Hydra rewrites `.hydra/` at every
-launch, so the finished run's copy is put back either way.
+them, and its unfinished ones and resumes them (`resume=auto`). But the same dir can be asked for with
+other settings (`hydra.run.dir=D` and a different game, a changed default in conf/, `sft.lr` changed
+after a crash), and skipping or resuming it then would report old results, or a half of each, under
+new settings. So a run records its resolved settings when it starts (`run_settings.yaml`), and a
+later launch of the same dir, finished or not, goes ahead only when its settings equal them, up to
+the keys that cannot change results (`RESULT_NEUTRAL_KEYS`); otherwise it is refused with one line
+naming the differing keys. A finished run also keeps a copy of Hydra's own record
+(`.hydra_finished/`), put back after every launch, since Hydra rewrites `.hydra/` each time.
+
+Paths under the output root are recorded relative to it (`${paths.root_dir}/...`), so a finished
+sweep moved to another root is still the same sweep.
 """
 
 from __future__ import annotations
@@ -19,36 +23,78 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from sepo.files import write_text_atomically
 from sepo.trees import leaves
 
-#: keys (and whole nodes) whose value cannot change a run's results: where outputs go, how progress and
-#: trackers are shown, whether to resume, and test hooks
-RESULT_NEUTRAL_KEYS = ("resume", "logger", "paths", "eval.progress", "sepo.debug_kill_after_step", "sweep_name")
-SAVED = "finished_config.yaml"
+#: keys (and whole nodes) whose value cannot change a run's results: where outputs go (and the paths
+#: derived from it), how progress and trackers are shown, whether to resume, and test hooks
+RESULT_NEUTRAL_KEYS = (
+    "resume",
+    "logger",
+    "paths",
+    "datagen.out_dir",
+    "sft.data_dir",
+    "eval.progress",
+    "sepo.debug_kill_after_step",
+    "sweep_name",
+)
+SETTINGS = "run_settings.yaml"  # written when a run starts
+LEGACY_SETTINGS = "finished_config.yaml"  # what runs of older code wrote when they finished
 HYDRA_COPY = ".hydra_finished"
+ROOT_TOKEN = "${paths.root_dir}"
+
+
+def is_neutral(key: str) -> bool:
+    return any(key == n or key.startswith(n + ".") for n in RESULT_NEUTRAL_KEYS)
 
 
 def settings(cfg: DictConfig) -> dict[str, Any]:
-    """The run's resolved settings, flattened, without the result-neutral keys."""
-    flat = leaves(OmegaConf.to_container(cfg, resolve=True))
-    return {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in RESULT_NEUTRAL_KEYS)}
+    """The run's resolved settings, flattened, without the result-neutral keys; a path under the output
+    root is written relative to it."""
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    root = str(Path(tree.get("paths", {}).get("root_dir") or ".").absolute())
+    return {k: relative_to_root(v, root) for k, v in leaves(tree).items() if not is_neutral(k)}
 
 
-def save_finished(out: Path, cfg: DictConfig) -> None:
-    (out / SAVED).write_text(yaml.safe_dump(settings(cfg), sort_keys=True))
-    if (out / ".hydra").is_dir():
-        shutil.copytree(out / ".hydra", out / HYDRA_COPY, dirs_exist_ok=True)
+def relative_to_root(value: Any, root: str) -> Any:
+    if isinstance(value, str) and root != "/" and (value == root or value.startswith(root + "/")):
+        return ROOT_TOKEN + value[len(root) :]
+    return value
+
+
+def record_settings(out: Path, cfg: DictConfig) -> None:
+    """What a later launch of this dir must match to reuse or resume it."""
+    write_text_atomically(out / SETTINGS, yaml.safe_dump(settings(cfg), sort_keys=True))
+
+
+def recorded_settings(out: Path) -> dict[str, Any] | None:
+    """The settings a run in `out` started with; None when it recorded none (a run of older code that
+    never finished, or no run at all)."""
+    for name in (SETTINGS, LEGACY_SETTINGS):
+        if (out / name).exists():
+            return yaml.safe_load((out / name).read_text()) or {}
+    return None
 
 
 def differences(out: Path, cfg: DictConfig) -> list[str] | None:
-    """`key=finished (now asked)` for each differing setting; None when the run saved none (older runs)."""
-    if not (out / SAVED).exists():
+    """`key=recorded (now asked)` for each differing setting; None when the run recorded none."""
+    before = recorded_settings(out)
+    if before is None:
         return None
-    before, now = yaml.safe_load((out / SAVED).read_text()) or {}, settings(cfg)
-    differing = [k for k in set(before) | set(now) if before.get(k) != now.get(k)]
+    now = settings(cfg)
+    differing = [k for k in set(before) | set(now) if not is_neutral(k) and before.get(k) != now.get(k)]
     # the telling ones first: a config group's choice (`game.name`), then keys both runs have
     differing.sort(key=lambda k: (not k.endswith(".name"), not (k in before and k in now), k))
     return [f"{k}={before.get(k, '<absent>')!r} (now {now.get(k, '<absent>')!r})" for k in differing]
+
+
+def describe(differing: list[str], limit: int = 5) -> str:
+    return "; ".join(differing[:limit]) + (f" (and {len(differing) - limit} more)" if len(differing) > limit else "")
+
+
+def save_finished(out: Path) -> None:
+    if (out / ".hydra").is_dir():
+        shutil.copytree(out / ".hydra", out / HYDRA_COPY, dirs_exist_ok=True)
 
 
 def restore_hydra_record(out: Path) -> None:

@@ -8,6 +8,7 @@ cell from a missing one. The tracker is always finished, even when the stage rai
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import shutil
@@ -23,9 +24,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from sepo import distributed, reuse, tracking
+from sepo import distributed, launch_snapshot, reuse, run_lock, tracking
 from sepo.config import validate
-from sepo.errors import ConfigError
+from sepo.errors import ConfigError, RunError, one_line
+from sepo.files import write_text_atomically
 from sepo.stages import get_stage
 from sepo.sweep import record_status
 from sepo.threads import share_cores
@@ -70,20 +72,61 @@ def _multirun() -> bool:
         return False
 
 
-#: what a run dir holds when the run was rejected before any work (Hydra's record and log, our markers)
-UNTOUCHED = {".hydra", "FAILED", "launch_status.json"}
+#: what a launch may remove from a run dir it was refused: Hydra's record and log of this launch, its markers
+REFUSAL_LEFTOVERS = {".hydra", "FAILED", "launch_status.json", run_lock.LOCK}
+#: what a run writes at the top of its dir: `resume=never` removes exactly these before it starts (never
+#: anything else a user keeps in a dir named by `hydra.run.dir`)
+RUN_OUTPUTS = (
+    "DONE",
+    "FAILED",
+    reuse.SETTINGS,
+    reuse.LEGACY_SETTINGS,
+    reuse.HYDRA_COPY,
+    "results.json",
+    "eval",
+    "checkpoints",
+    "adapter",
+    "merged",
+    "base",
+    "sft",
+    "sepo",
+    "tables",
+    "data",
+    "wandb",
+    "sft_metrics.json",
+    "training_curve.csv",
+    "training_curve.png",
+)
 
 
-def _remove_if_untouched(out: Path) -> None:
-    """Remove the run dir Hydra made for a command line that was then rejected, and its empty parents
-    (never a dir holding anything a run wrote: results, checkpoints, DONE)."""
-    if not out.is_dir() or any(p.name not in UNTOUCHED and p.suffix != ".log" for p in out.iterdir()):
+def _remove_if_created_now(out: Path) -> None:
+    """Undo what this launch made for a command line that was then rejected: the run dir and its empty
+    parents when Hydra created them for it, else only what this launch added (Hydra's record, its log,
+    the markers): a dir the user named with `hydra.run.dir` keeps every file it held before."""
+    if not out.is_dir() or not launch_snapshot.known(out):
         return
+    if not launch_snapshot.created_now(out):
+        before = launch_snapshot.entries_before(out)
+        for path in out.iterdir():
+            if path.name not in before and (path.name in REFUSAL_LEFTOVERS or path.suffix == ".log"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        return
+    if any(p.name not in REFUSAL_LEFTOVERS and p.suffix != ".log" for p in out.iterdir()):
+        return  # something a run writes: never removed
     shutil.rmtree(out)
     for parent in out.parents:
-        if parent.name in ("runs", "outputs") or not parent.is_dir() or any(parent.iterdir()):
+        if not launch_snapshot.created_now(parent) or not parent.is_dir() or any(parent.iterdir()):
             break
         parent.rmdir()
+
+
+def _refuse(out: Path, message: str) -> None:
+    """One line for a run dir that cannot be reused or resumed with these settings; it keeps its results,
+    its markers and its own .hydra record. Alone: exit 2; in a sweep the job counts as failed."""
+    record_status(out, "failed", message)
+    print(f"error: {message}", file=sys.stderr)
+    if not _multirun():
+        sys.exit(2)
 
 
 def _skip_finished(out: Path, cfg: DictConfig) -> None:
@@ -92,16 +135,11 @@ def _skip_finished(out: Path, cfg: DictConfig) -> None:
     differing = reuse.differences(out, cfg)
     reuse.restore_hydra_record(out)
     if differing:
-        message = (
-            f"{out} finished with other settings: {'; '.join(differing[:5])}"
-            + (f" (and {len(differing) - 5} more)" if len(differing) > 5 else "")
-            + "; allowed: the same settings, another run dir (hydra.run.dir=...), or resume=never to rerun it"
+        return _refuse(
+            out,
+            f"{out} finished with other settings: {reuse.describe(differing)}; allowed: the same settings, "
+            "another run dir (hydra.run.dir=...), or resume=never to rerun it",
         )
-        record_status(out, "failed", message)
-        print(f"error: {message}", file=sys.stderr)
-        if _multirun():
-            return None
-        sys.exit(2)
     log.info(
         "skipping %s: DONE marker present (resume=auto)%s",
         out,
@@ -111,21 +149,44 @@ def _skip_finished(out: Path, cfg: DictConfig) -> None:
     return None
 
 
+def _clear_previous_run(out: Path) -> None:
+    """resume=never: the old run's markers, results and checkpoints go before any work, so a launch killed
+    early leaves no DONE that a later `resume=auto` would take for this run's."""
+    for name in RUN_OUTPUTS:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
 def run_task(cfg: DictConfig) -> dict | None:
     with interruptible():
         return _run_task(cfg)
 
 
 def _reject(out: Path, err: ConfigError) -> None:
-    """One line for a bad value. Alone it leaves no run dir (no work was done) and exits 2; in a sweep
+    """One line for a bad value. Alone it leaves behind nothing this launch made and exits 2; in a sweep
     the job is marked FAILED (unless it is a finished run, which keeps its results) and the sweep goes on."""
     print(f"error: {err}", file=sys.stderr)
     if not _multirun():
-        _remove_if_untouched(out)
+        _remove_if_created_now(out)
         sys.exit(2)
     if not (out / "DONE").exists():
-        (out / "FAILED").write_text(f"ConfigError: {err}\n")
+        mark_failed(out, f"ConfigError: {err}")
     record_status(out, "failed", str(err))
+
+
+def mark_failed(out: Path, reason: str, details: str = "") -> None:
+    """FAILED holding the reason on its first line (and `details` below it). Written atomically; when
+    that fails too (a full disk), the reason alone, which fits where the details did not."""
+    for text in (f"{reason}\n\n{details}" if details else f"{reason}\n", f"{reason}\n"):
+        try:
+            write_text_atomically(out / "FAILED", text)
+            return
+        except OSError:
+            continue
+    print(f"error: could not write {out / 'FAILED'}: {reason}", file=sys.stderr)
 
 
 def _run_task(cfg: DictConfig) -> dict | None:
@@ -135,11 +196,40 @@ def _run_task(cfg: DictConfig) -> dict | None:
         validate(cfg)  # every value before any work, and before a finished run is reused
     except ConfigError as err:
         return _reject(out, err)
+    try:
+        with run_lock.hold(out) if distributed.launching_rank() == 0 else contextlib.nullcontext() as died:
+            return _own_run_dir(out, cfg, died)
+    except run_lock.RunDirBusy as err:  # the dir is another launch's: nothing in it is touched
+        print(f"error: {err}; allowed: wait until it ends, or another run dir (hydra.run.dir=...)", file=sys.stderr)
+        if not _multirun():
+            sys.exit(2)
+        return None
+
+
+def _own_run_dir(out: Path, cfg: DictConfig, died: str | None) -> dict | None:
+    """Reuse, resume or start the run in `out`, which this launch now holds."""
+    if died:
+        print(f"warning: the last launch in {out} ({died}) died without a marker; resuming it", file=sys.stderr)
     if cfg.resume == "auto" and (out / "DONE").exists():
         return _skip_finished(out, cfg)
+    if cfg.resume == "auto":
+        differing = reuse.differences(out, cfg)
+        if differing:
+            return _refuse(
+                out,
+                f"{out} holds an unfinished run with other settings: {reuse.describe(differing)}; allowed: the "
+                "same settings (to resume it), another run dir (hydra.run.dir=...), or resume=never to start afresh",
+            )
+    else:
+        _clear_previous_run(out)
+    if distributed.launching_rank() == 0:
+        reuse.record_settings(out, cfg)  # what a later launch must match to resume or reuse this dir
     (out / "FAILED").unlink(missing_ok=True)
     log.info("%s", share_cores())  # before any torch work: parallel jobs must not fight over the cores
+    return _run_stage(out, cfg)
 
+
+def _run_stage(out: Path, cfg: DictConfig) -> dict | None:
     tracker = None
     started = time.time()
     try:
@@ -155,21 +245,13 @@ def _run_task(cfg: DictConfig) -> dict | None:
         result = stage(cfg, tracker) if main or cfg.stage.name in DATA_PARALLEL_STAGES else None
         distributed.barrier()
         if main:
-            reuse.save_finished(out, cfg)  # what a later launch of this dir must match to be skipped
-            (out / "DONE").write_text(
-                json.dumps(
-                    {
-                        "stage": cfg.stage.name,
-                        "seconds": round(time.time() - started, 2),
-                        "processes": distributed.world_size(),
-                    }
-                )
-                + "\n"
-            )
+            reuse.save_finished(out)
+            done = {"stage": cfg.stage.name, "seconds": round(time.time() - started, 2)}
+            write_text_atomically(out / "DONE", json.dumps({**done, "processes": distributed.world_size()}) + "\n")
             record_status(out, "done")
         return result
     except Interrupted as err:  # one line, a FAILED marker that says so, and the conventional 128 + signal
-        (out / "FAILED").write_text(f"interrupted by {err}; re-run the same command to resume\n")
+        mark_failed(out, f"interrupted by {err}; re-run the same command to resume")
         record_status(out, "failed", f"interrupted by {err}")
         print(
             f"error: interrupted by {err}; {out} is marked FAILED, re-run the same command to resume", file=sys.stderr
@@ -177,11 +259,21 @@ def _run_task(cfg: DictConfig) -> dict | None:
         sys.exit(128 + err.signum)
     except ConfigError as err:  # a stage's own check
         return _reject(out, err)
-    except Exception as err:  # keep the sweep going; the marker holds the traceback
-        (out / "FAILED").write_text(f"{type(err).__name__}: {err}\n\n{traceback.format_exc()}")
+    except RunError as err:  # a known way for a run to fail (bad input, divergence, a full disk): one line
+        mark_failed(out, f"{type(err).__name__}: {err}")
         record_status(out, "failed", f"{type(err).__name__}: {err}")
+        print(f"error: {err}; {out} is marked FAILED", file=sys.stderr)
         if _multirun():
-            log.error("job failed (%s): %s; see %s", type(err).__name__, err, out / "FAILED")
+            return None
+        sys.exit(1)
+    except Exception as err:  # keep the sweep going; the marker holds the traceback
+        reason = one_line(err)
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            reason = f"the disk is full: {reason}"
+        mark_failed(out, reason, traceback.format_exc())
+        record_status(out, "failed", reason)
+        if _multirun():
+            log.error("job failed (%s); see %s", reason, out / "FAILED")
             return None
         raise
     finally:

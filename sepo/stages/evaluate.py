@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from sepo.arena import EpisodeRecord, play
 from sepo.errors import ConfigError
+from sepo.files import write_text_atomically
 from sepo.games import Game, make_game
 from sepo.metrics import POOLS, compute_metrics, pools_of
 from sepo.policies import Policy, ScriptedPolicy
@@ -208,7 +209,7 @@ def write_results(
         **result,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    write_text_atomically(path, json.dumps(payload, indent=2) + "\n")  # a kill never leaves half a results.json
     return payload
 
 

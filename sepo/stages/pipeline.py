@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sepo import distributed
+from sepo.files import write_text_atomically
 from sepo.games import make_game
 from sepo.stages.evaluate import build_policy, evaluate_and_write
 from sepo.tracking import NO_TRACKING, NullTracker
@@ -49,7 +50,7 @@ def run_phase(name: str, out: Path, fn, *args, main_only: bool = False) -> None:
         fn(*args)
     distributed.barrier()
     if distributed.is_main():
-        (out / "DONE").write_text(name + "\n")
+        write_text_atomically(out / "DONE", name + "\n")
 
 
 def base_eval(cfg: DictConfig) -> None:

@@ -41,6 +41,7 @@ from omegaconf import DictConfig
 
 from sepo import distributed
 from sepo.errors import one_line
+from sepo.files import write_text_atomically
 from sepo.games import Game, make_game
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
@@ -229,14 +230,6 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(f.fileno())
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    with tmp.open("rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save_checkpoint(
     out: Path,
     model: Any,
@@ -268,7 +261,7 @@ def save_checkpoint(
     _fsync_tree(tmp)
     shutil.rmtree(ckpt, ignore_errors=True)  # a re-run may write the same step again
     os.replace(tmp, ckpt)
-    _write_atomically(root / "latest", f"step_{step}\n")
+    write_text_atomically(root / "latest", f"step_{step}\n")
     return ckpt
 
 

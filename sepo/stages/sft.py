@@ -57,6 +57,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo import distributed
 from sepo.errors import ConfigError, one_line
+from sepo.files import write_text_atomically
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, lora_module_names, render_chat
 from sepo.tracking import NO_TRACKING, NullTracker, flatten
 from sepo.training.sft_batching import (
@@ -832,7 +833,7 @@ def report(tracker: NullTracker, metrics: dict[str, Any], out: Path) -> None:
         metrics["parse_rate"],
         metrics["action_agreement"],
     )
-    (out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_text_atomically(out / "sft_metrics.json", json.dumps(metrics, indent=2) + "\n")
 
 
 def evaluate_merged(
@@ -872,7 +873,7 @@ def run_sft(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, An
         metrics["eval"] = evaluate_merged(cfg, out, model, tokenizer, merged_cfg, trained.step, tracker)
 
     metrics["seconds"] = round(time.time() - started, 2)
-    (out / "sft_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_text_atomically(out / "sft_metrics.json", json.dumps(metrics, indent=2) + "\n")
     return metrics
 
 

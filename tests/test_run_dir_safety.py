@@ -1,0 +1,119 @@
+"""A run dir is never resumed, reused, cleared or reported on silently wrong terms: resumes check their
+settings, `resume=never` clears before it starts, one launch at a time, a rejected command removes only
+what it made, and the sweep's exit code and summary come from each job's own marker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import sepo.stages
+from analysis import collect
+from sepo import run_lock
+from sepo.task import run_task
+
+EVAL = ["stage=eval", "model=scripted", "logger=none", "eval.episodes_per_opponent=2"]
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning: ")]
+
+
+def test_an_unfinished_run_is_resumed_only_with_its_own_settings(cli, tmp_path):
+    """The probe: a run killed before DONE, re-run into the same dir with game=kuhn, used to finish as
+    kuhn on top of the IPD run's files."""
+    run = tmp_path / "run"
+    assert cli(*EVAL, "game=ipd", f"hydra.run.dir={run}").returncode == 0
+    (run / "DONE").unlink()  # as if killed after its last result was written
+    other = cli(*EVAL, "game=kuhn", f"hydra.run.dir={run}")
+    assert other.returncode == 2
+    (line,) = error_lines(other)
+    assert "holds an unfinished run with other settings" in line and "game.name='ipd' (now 'kuhn')" in line
+    assert "; allowed: " in line and not (run / "DONE").exists()
+    assert json.loads((run / "results.json").read_text())["game"] == "ipd"
+    again = cli(*EVAL, "game=ipd", f"hydra.run.dir={run}")
+    assert again.returncode == 0 and (run / "DONE").exists()
+
+
+def test_resume_never_clears_the_old_run_before_any_work(compose_cfg, tmp_path, monkeypatch):
+    """The probe: `resume=never` killed mid-run left the old DONE, so the next `resume=auto` launch
+    took the half-rewritten dir for a finished run."""
+    run_task(compose_cfg(*EVAL))
+    assert (tmp_path / "DONE").exists() and (tmp_path / "results.json").exists()
+    (tmp_path / "notes.txt").write_text("mine")  # a file the user keeps there is not the run's
+
+    monkeypatch.setitem(sepo.stages.STAGES, "eval", "tests.test_run_dir_safety:dies_mid_run")
+    with pytest.raises(RuntimeError, match="killed mid-run"):
+        run_task(compose_cfg(*EVAL, "resume=never"))
+    assert not (tmp_path / "DONE").exists() and (tmp_path / "FAILED").exists()
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def dies_mid_run(cfg, tracker):
+    out = __import__("pathlib").Path(cfg.paths.output_dir)
+    assert not (out / "DONE").exists() and not (out / "results.json").exists(), "the old run is still there"
+    raise RuntimeError("killed mid-run")
+
+
+def test_one_launch_at_a_time_and_a_killed_one_is_reported(cli, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with run_lock.hold(run):
+        busy = cli(*EVAL, f"hydra.run.dir={run}")
+    assert busy.returncode == 2
+    (line,) = error_lines(busy)
+    assert "is in use by another launch" in line and f"pid {os.getpid()}" in line
+    assert not (run / "DONE").exists() and not (run / "FAILED").exists()
+
+    # a launch SIGKILLed mid-run leaves its name in the lock and no marker
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from sepo import run_lock; import time\nwith run_lock.hold(__import__('pathlib').Path({str(run)!r})): time.sleep(60)",
+        ]
+    )
+    time.sleep(3)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert run_lock.died_without_marker(run) and f"pid {child.pid}" in run_lock.died_without_marker(run)
+    (run / "results.json").write_text(
+        json.dumps({"game": "ipd", "model": "x", "stage": "eval", "metrics": {"pay": 1.0}})
+    )
+    status, detail = collect.run_status(run)
+    assert status == "failed" and detail.startswith("died without a marker")
+    (run / "results.json").unlink()
+    resumed = cli(*EVAL, f"hydra.run.dir={run}")
+    assert resumed.returncode == 0 and "died without a marker; resuming it" in resumed.stderr
+    assert (run / "DONE").exists() and run_lock.died_without_marker(run) is None
+
+
+def test_a_rejected_command_removes_only_what_it_made(cli, tmp_path):
+    """The probe: `eval.temperature=-1` with hydra.run.dir naming a dir of the user's *.log files
+    deleted the dir."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "old.log").write_text("kept")
+    proc = cli(*EVAL, "eval.temperature=-1", f"hydra.run.dir={mine}")
+    assert proc.returncode == 2
+    assert sorted(p.name for p in mine.iterdir()) == ["old.log"] and (mine / "old.log").read_text() == "kept"
+    fresh = tmp_path / "a" / "b"
+    assert cli(*EVAL, "eval.temperature=-1", f"hydra.run.dir={fresh}").returncode == 2
+    assert not (tmp_path / "a").exists()  # made by this launch: gone, parents too
+
+
+def test_the_exit_code_and_summary_come_from_each_jobs_marker(cli, tmp_path):
+    """The probe: an empty launch_status.json in the sweep dir plus a failing job exited 0."""
+    sweep = tmp_path / "outputs" / "sweeps" / "default"
+    sweep.mkdir(parents=True)
+    (sweep / "launch_status.json").write_text("")
+    proc = cli("-m", *EVAL, "game=ipd,kuhn", "seed=-1")
+    assert proc.returncode == 1 and "0 done, 2 failed, 0 skipped" in proc.stdout, proc.stdout + proc.stderr[-1500:]
+    summary = json.loads((sweep / "sweep_summary.json").read_text())
+    assert len(summary["failed"]) == 2 and all("seed=-1" in line for line in summary["failed"])
