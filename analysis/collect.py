@@ -203,6 +203,18 @@ def validation_metrics(path: Path) -> dict[str, float]:
     return {f"valid_{m}": metrics[m] for m in VALIDATION_METRICS if isinstance(metrics.get(m), (int, float))}
 
 
+def is_results(data: Any) -> bool:
+    """Whether a decoded results.json is one this project wrote (what the collector reads of it)."""
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("game"), str)
+        and isinstance(data.get("stage"), str)
+        and isinstance(data.get("metrics"), dict)
+        and isinstance(data.get("se") or {}, dict)
+        and isinstance(data.get("lambdas") or {}, dict)
+    )
+
+
 def collect_dir(root: str | Path) -> pd.DataFrame:
     """Every results.json under `root`, plus one metric-less row per failed run without results."""
     root = Path(root)
@@ -226,6 +238,9 @@ def collect_dir(root: str | Path) -> pd.DataFrame:
                     }
                 )
             )
+            continue
+        if not is_results(data):  # another tool's results.json in the same tree: not a cell of ours
+            log.warning("skipping %s: not a sepo results.json (no game, stage and metrics)", path)
             continue
         runs_with_results.add(run)
         status, error = run_status(run)

@@ -70,7 +70,7 @@ def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
 
     import sepo.cli  # noqa: F401  (resolvers)
     from sepo.models import load_model_and_tokenizer
-    from sepo.stages.sft import ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_jsonl, sft_settings, subsample
+    from sepo.stages.sft import ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_examples, sft_settings, subsample
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(
@@ -87,7 +87,7 @@ def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
         )
     s = sft_settings(cfg)
     train = subsample(
-        read_jsonl(ensure_dataset(cfg, str(s.dataset), s.data_dir) / "train.jsonl"), s.max_examples, s.seed, "train"
+        read_examples(ensure_dataset(cfg, str(s.dataset), s.data_dir) / "train.jsonl"), s.max_examples, s.seed, "train"
     )
     model, tok = load_model_and_tokenizer(cfg.model, cache_dir, device="cpu")
     collator = ChatSFTCollator(tok, cfg.model, int(s.max_length), end_of_turn_ids(model, tok))

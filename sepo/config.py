@@ -95,6 +95,20 @@ def real(low: float, strict: bool = False, high: float | None = None, high_close
     )
 
 
+#: the narrowest sampling temperature: logits divided by less overflow to inf (NaN probabilities);
+#: anything this sharp already samples the argmax, which temperature 0 says directly
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
+
+
+def temperature(greedy: bool) -> Rule:
+    """A sampling temperature that sampling can use; `greedy`: 0 (the argmax) allowed too."""
+    in_range = real(MIN_TEMPERATURE, high=MAX_TEMPERATURE, high_closed=True)
+    return Rule(
+        lambda v: (greedy and _is_real(v) and v == 0) or in_range.ok(v),
+        ("0 (greedy) or " if greedy else "") + in_range.allowed,
+    )
+
+
 def one_of(*values: Any) -> Rule:
     return Rule(lambda v: v in values, ", ".join("null" if v is None else str(v) for v in values), as_typed=True)
 
@@ -154,7 +168,8 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (_wandb, "logger.entity", optional_name("your default")),
     (_wandb, "logger.tags", strings()),
     (EVAL, "eval.episodes_per_opponent", integer(1)),
-    (EVAL, "eval.temperature", real(0.0)),
+    (EVAL, "eval.temperature", temperature(greedy=True)),
+    (EVAL, "eval.episode_memory_kb", real(0.0, strict=True)),
     (EVAL, "eval.max_new_tokens", integer(1)),
     (EVAL, "eval.batch_size", integer(0)),
     (EVAL, "eval.action_samples", integer(2)),
@@ -205,7 +220,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.lr", real(0.0, strict=True)),
     (SEPO, "sepo.lr_schedule", one_of(*LR_SCHEDULES)),
     (SEPO, "sepo.lr_final_ratio", real(0.0, high=1.0, high_closed=True)),
-    (SEPO, "sepo.temperature", real(0.0, strict=True)),
+    (SEPO, "sepo.temperature", temperature(greedy=False)),
     (SEPO, "sepo.max_new_tokens", integer(1)),
     (SEPO, "sepo.aux_episodes", integer(1)),
     (SEPO, "sepo.beta", real(0.0)),
@@ -269,6 +284,19 @@ def check_paths(cfg: DictConfig) -> None:
         can_hold_outputs(root),
         f"paths.root_dir={root} is not allowed; allowed: a writable directory (or one that can be created)",
     )
+    cache = Path(str(cfg.paths.cache_dir))
+    if cfg.model.name == "tiny" and not cfg.model.get("path") and not any(cache.glob("tiny-*/sepo_build.json")):
+        _require(
+            can_hold_outputs(cache),
+            f"paths.cache_dir={cache} is not allowed: the tiny model is built there on first use, and it cannot be "
+            "written; allowed: a writable directory (or one holding a tiny build)",
+        )
+    if applies(SFT, cfg) and not (Path(str(cfg.sft.data_dir)) / str(cfg.sft.dataset) / "train.jsonl").exists():
+        _require(
+            can_hold_outputs(str(cfg.sft.data_dir)),
+            f"sft.data_dir={cfg.sft.data_dir} is not allowed: the {cfg.sft.dataset} dataset is generated there "
+            "and it cannot be written; allowed: a writable directory, or one holding the dataset",
+        )
     path = cfg.model.get("path")
     if path:
         local = Path(str(path)).expanduser()
@@ -316,6 +344,7 @@ def validate(cfg: DictConfig) -> None:
     check_strategies(cfg)
     check_model(cfg)
     check_relations(cfg)
+    check_sizes(cfg)
     check_paths(cfg)
     if applies(SFT, cfg):  # the model's own SFT defaults name real SFT settings
         from sepo.stages.sft import sft_settings
@@ -378,6 +407,50 @@ def check_model(cfg: DictConfig) -> None:
             f"model.path is not set for model={cfg.model.name}; set model.path to "
             "a local checkpoint directory (or a hub id already in the Hugging Face cache)",
         )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (MemAvailable), or None where it cannot say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def episodes_at_once(cfg: DictConfig) -> dict[str, int]:
+    """key -> the episodes a stage holds at once because of it: an evaluation plays every distinct opponent
+    of all pools in lockstep, a SEPO batch n rollouts per opponent of the train, exploit and collusive pools."""
+    pools = cfg.game.pools
+    out = {}
+    if applies(EVAL, cfg):
+        distinct = {n for pool in POOLS for n in pools.get(pool) or []}
+        out["eval.episodes_per_opponent"] = int(cfg.eval.episodes_per_opponent) * len(distinct)
+    if applies(SEPO, cfg):
+        groups = sum(len(set(pools.get(pool) or [])) for pool in ("train", "exploit", "collusive"))
+        out["sepo.rollouts_per_opponent"] = int(cfg.sepo.rollouts_per_opponent) * groups
+    return out
+
+
+def check_sizes(cfg: DictConfig) -> None:
+    """Episode counts whose memory alone (`eval.episode_memory_kb` each, an estimate) exceeds what this
+    machine has left are refused before any work, instead of growing until the kernel kills the run."""
+    available = available_memory()
+    if available is None:
+        return
+    per_episode = float(cfg.eval.episode_memory_kb) * 1024
+    for key, episodes in episodes_at_once(cfg).items():
+        need = episodes * per_episode
+        if need > available:
+            value = OmegaConf.select(cfg, key)
+            most = max(1, int(value * available / need))
+            raise ConfigError(
+                f"{key}={value} is not allowed on this machine: {episodes:,} episodes at once need about "
+                f"{need / 2**30:,.1f} GiB ({cfg.eval.episode_memory_kb} KiB each, eval.episode_memory_kb) and "
+                f"{available / 2**30:,.1f} GiB are available; allowed: at most about {most:,}"
+            )
 
 
 def check_relations(cfg: DictConfig) -> None:

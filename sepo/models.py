@@ -193,10 +193,14 @@ def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
     digest = corpus_digest(texts)
     cache_dir = Path(cache_dir)
     out = cache_dir / f"tiny-{tiny_key(model_cfg, digest)}"
-    if (out / BUILD_INFO).exists():
-        return out
     if distributed.rank() != 0:  # transformers writes weights on rank 0 only: wait for its build
         return _wait_for_build(out)
+    if (out / BUILD_INFO).exists():
+        damage = build_damage(out)
+        if damage is None:
+            return out
+        log.warning("the cached tiny model in %s is damaged (%s): rebuilding it", out, damage)
+        _discard(out)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=cache_dir))
     try:
@@ -210,6 +214,7 @@ def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
             "corpus_texts": len(texts),
             "tokens": len(tokenizer),
             "parameters": sum(p.numel() for p in model.parameters()),
+            "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         }
         (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by runs
@@ -222,6 +227,38 @@ def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_damage(out: Path) -> str | None:
+    """What is wrong with a cached tiny build (a file missing, cut or changed since it was built), or
+    None. A build of older code that recorded no file hashes counts as damaged: rebuilding is seconds."""
+    try:
+        files = json.loads((out / BUILD_INFO).read_text()).get("files")
+    except (OSError, ValueError) as err:
+        return f"unreadable {BUILD_INFO}: {type(err).__name__}"
+    if not files:
+        return "no file hashes recorded"
+    for name, digest in files.items():
+        if not (out / name).is_file():
+            return f"{name} is missing"
+        if _sha256(out / name) != digest:
+            return f"{name} differs from the build"
+    return None
+
+
+def _discard(out: Path) -> None:
+    """Move a damaged build out of the way (atomically: a run loading it at the same time sees the old
+    dir or none), then delete it."""
+    aside = out.with_name(f".{out.name}-damaged-{time.time_ns()}")
+    try:
+        out.rename(aside)
+    except OSError:
+        return  # another run moved it first
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _wait_for_build(out: Path, timeout_s: float = 900.0) -> Path:
@@ -297,11 +334,23 @@ def load_model_and_tokenizer(model_cfg: Any, cache_dir: str | Path, device: str 
             raise ModelLoadError(f"model.path={path}: no such directory")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, **common)
-        model = model_class.from_pretrained(path, dtype=dtype, device_map=device, **common, **extra)
+        model, info = model_class.from_pretrained(
+            path, dtype=dtype, device_map=device, output_loading_info=True, **common, **extra
+        )
     except (OSError, ValueError) as err:  # missing files, hub unreachable or offline, invalid hub id
         if isinstance(err, ValueError) and not (Path(path).is_dir() or isinstance(err, HFValidationError)):
             raise  # a bug, not a missing model: keep the traceback
         raise _load_error(path, err) from err
+    except Exception as err:  # noqa: BLE001 (a cut safetensors file, a config that contradicts itself, ...)
+        if not Path(path).is_dir():
+            raise
+        raise _load_error(path, err) from err
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:  # from_pretrained would fill them with random weights, and the run would report on those
+        raise ModelLoadError(
+            f"model.path={path} lacks {len(missing)} weights its config names (e.g. {missing[0]}); allowed: a "
+            "checkpoint whose weights cover its config"
+        )
 
     tokenizer.padding_side = "left"  # batched generation appends to the right end of every row
     if tokenizer.pad_token is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 
 import pytest
@@ -23,7 +24,7 @@ from sepo.stages.sft import (
     ChatSFTCollator,
     end_of_turn_ids,
     ensure_dataset,
-    read_jsonl,
+    read_examples,
     run_sft,
     sft_settings,
     training_curve,
@@ -97,7 +98,7 @@ def example(shared_cache):
             ],
         )
     ds = ensure_dataset(cfg, "multi", shared_cache / "data" / "seed_42")
-    examples = read_jsonl(ds / "valid.jsonl")
+    examples = read_examples(ds / "valid.jsonl")
     return next(ex for ex in examples if ex["game"] == "ipd" and ex["round"] >= 3)
 
 
@@ -133,7 +134,7 @@ def test_missing_dataset_is_generated_once_and_atomically(compose_cfg, tmp_path)
     assert [p.name for p in (tmp_path / "data").iterdir()] == ["kuhn"]  # no temporary directory left behind
     stamp = (ds / "train.jsonl").stat().st_mtime_ns
     assert ensure_dataset(cfg, "kuhn", tmp_path / "data") == ds and (ds / "train.jsonl").stat().st_mtime_ns == stamp
-    assert {ex["game"] for ex in read_jsonl(ds / "train.jsonl")} == {"kuhn"}
+    assert {ex["game"] for ex in read_examples(ds / "train.jsonl")} == {"kuhn"}
     # data made with other datagen settings (e.g. a smoke run's few episodes) is never reused silently
     with pytest.raises(ConfigError, match="episodes_per_opponent: 2 there, 5 now"):
         ensure_dataset(compose_cfg("datagen.episodes_per_opponent=5"), "kuhn", tmp_path / "data")
@@ -202,7 +203,7 @@ def mixed_examples(shared_cache):
                 "datagen.episodes_per_opponent=3",
             ],
         )
-    examples = read_jsonl(ensure_dataset(cfg, "multi", shared_cache / "data" / "seed_42") / "valid.jsonl")
+    examples = read_examples(ensure_dataset(cfg, "multi", shared_cache / "data" / "seed_42") / "valid.jsonl")
     by_game = {}
     for ex in examples:
         by_game.setdefault(ex["game"], []).append(ex)
@@ -444,19 +445,23 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path,
         "sft.eval_steps=1",
         "sft.logging_steps=1",
     ]
-    run_task(compose_cfg(*common, "sft.max_steps=2"))
+    run_task(compose_cfg(*common, "sft.max_steps=4"))
     first = json.loads((tmp_path / "sft_metrics.json").read_text())
-    assert first["global_step"] == 2 and first["resumed_from_step"] is None
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    assert first["global_step"] == 4 and first["resumed_from_step"] is None
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-3", "checkpoint-4"]
 
-    (tmp_path / "DONE").unlink()  # as after a crash: no DONE, checkpoints on disk
+    # as after a crash at step 3: no DONE, the checkpoints up to step 3 on disk
+    (tmp_path / "DONE").unlink()
+    shutil.rmtree(tmp_path / "checkpoints" / "checkpoint-4")
+    with pytest.raises(SystemExit):  # resuming it under other settings is refused (tests/test_run_dir_safety.py)
+        run_task(compose_cfg(*common, "sft.max_steps=4", "sft.lr=1e-6"))
     run_task(compose_cfg(*common, "sft.max_steps=4", "resume=auto"))
     second = json.loads((tmp_path / "sft_metrics.json").read_text())
-    assert second["resumed_from_step"] == 2 and second["global_step"] == 4
+    assert second["resumed_from_step"] == 3 and second["global_step"] == 4
     state = json.loads((tmp_path / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4
     train_steps = [e["step"] for e in state["log_history"] if "loss" in e]
-    assert train_steps == [1, 2, 3, 4]  # steps 1-2 come from the first run's checkpoint, 3-4 from the resumed run
+    assert train_steps == [1, 2, 3, 4]  # steps 1-3 come from the first run's checkpoint, 4 from the resumed run
 
     (tmp_path / "DONE").unlink()  # the newest checkpoint damaged (weights cut in half): resume from the one before
     weights = next((tmp_path / "checkpoints" / "checkpoint-4").glob("*.safetensors"))

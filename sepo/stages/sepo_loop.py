@@ -40,7 +40,7 @@ import torch
 from omegaconf import DictConfig
 
 from sepo import distributed
-from sepo.errors import one_line
+from sepo.errors import Diverged, one_line
 from sepo.files import write_text_atomically
 from sepo.games import Game, make_game
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, quantized_reference
@@ -50,6 +50,7 @@ from sepo.profiling import section
 from sepo.stages.evaluate import evaluate_and_write, evaluation_policy
 from sepo.tracking import NO_TRACKING, NullTracker
 from sepo.training.best_response import BestResponseSchedule
+from sepo.training.divergence import check_step
 from sepo.training.logprobs import token_logprobs
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
 from sepo.training.objective import EstimatorState, old_policy_kl, sepo_settings, token_loss
@@ -422,8 +423,9 @@ def update(learner: Learner, batch: RolloutBatch, ref: list[torch.Tensor] | None
     lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
     set_learning_rate(learner.optimizer, lr)
     stats = {**optimisation_step(learner.model, learner.policy, learner.optimizer, batch, ref, s), "lr": lr}
-    if stats["skipped"]:
-        log.warning("step %d: non-finite loss or gradient, update skipped", step + 1)
+    if stats["skipped"]:  # the update was not taken: the weights, and every checkpoint so far, are finite
+        raise Diverged(f"diverged at step {step + 1}: non-finite loss or gradient; the checkpoints before it are kept")
+    check_step(step + 1, None, learner.model, when="after")
     return stats
 
 

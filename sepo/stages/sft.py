@@ -38,6 +38,7 @@ of one prompt prefix sorted by length, the prefix run once (same answers, less p
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gc
 import json
@@ -60,6 +61,7 @@ from sepo.errors import ConfigError, one_line
 from sepo.files import write_text_atomically
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, lora_module_names, render_chat
 from sepo.tracking import NO_TRACKING, NullTracker, flatten
+from sepo.training.divergence import check_step
 from sepo.training.sft_batching import (
     SFTBatchCollator,
     check_prefix_sharing,
@@ -67,6 +69,7 @@ from sepo.training.sft_batching import (
     greedy_answers,
     sft_trainer_class,
 )
+from sepo.training.sft_data import manifest_mismatch, read_examples
 from sepo.trees import leaves
 
 log = logging.getLogger(__name__)
@@ -112,11 +115,6 @@ def sft_settings(cfg: DictConfig) -> DictConfig:
 
 
 # --------------------------------------------------------------------------- data
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def _complete(ds_dir: Path) -> bool:
     return (ds_dir / "train.jsonl").exists() and (ds_dir / "valid.jsonl").exists()
 
@@ -149,16 +147,25 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     }
     if _complete(ds_dir):
         made = ds_dir / "manifest.json"  # written when this stage generated the data (stage datagen writes none here)
-        if made.exists():
-            old = json.loads(made.read_text())
-            diff = [k for k in settings if old.get(k) != settings[k]]
-            if diff:
-                raise ConfigError(
-                    f"sft.data_dir={data_dir} holds a {dataset} dataset generated with other datagen settings "
-                    f"({', '.join(f'{k}: {old.get(k)!r} there, {settings[k]!r} now' for k in diff)}); set sft.data_dir "
-                    "to another directory or remove that one"
-                )
-        return ds_dir
+        if not made.exists():
+            return ds_dir
+        old = json.loads(made.read_text())
+        diff = [k for k in settings if old.get(k) != settings[k]]
+        if diff:
+            raise ConfigError(
+                f"sft.data_dir={data_dir} holds a {dataset} dataset generated with other datagen settings "
+                f"({', '.join(f'{k}: {old.get(k)!r} there, {settings[k]!r} now' for k in diff)}); set sft.data_dir "
+                "to another directory or remove that one"
+            )
+        damage = manifest_mismatch(ds_dir, old.get("files") or {})
+        if damage is None:
+            return ds_dir
+        # generated here from its settings, so it can be generated again, byte for byte
+        log.warning("sft: the cached %s dataset in %s is damaged (%s): generating it again", dataset, ds_dir, damage)
+        aside = data_dir / f".{dataset}-damaged-{time.time_ns()}"
+        with contextlib.suppress(OSError):  # another job may have moved it first
+            ds_dir.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
     log.info(
         "sft: dataset %s missing under %s; generating it (games %s, seed %s)",
         dataset,
@@ -338,6 +345,25 @@ def tracker_callback(tracker: NullTracker, prefix: str = "sft"):
                     tracker.log(values, step=int(state.global_step))
 
     return TrackerCallback()
+
+
+def divergence_callback():
+    """A TrainerCallback that stops SFT at the first non-finite gradient (before the optimizer takes it),
+    validation loss, or weight about to be checkpointed (`sepo/training/divergence.py`)."""
+    from transformers import TrainerCallback
+
+    class DivergenceCallback(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            check_step(int(state.global_step) + 1, None, model, when="before")
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if control.should_save:  # never write a checkpoint a resume would continue from NaN
+                check_step(int(state.global_step), None, model, when="after")
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            check_step(int(state.global_step), (metrics or {}).get("eval_loss"), model=kwargs["model"], when="after")
+
+    return DivergenceCallback()
 
 
 def training_curve(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -648,8 +674,8 @@ class SftTraining:
 
 def load_data(cfg: DictConfig, s: DictConfig) -> SftData:
     directory = ensure_dataset(cfg, str(s.dataset), s.data_dir)
-    train_all = read_jsonl(directory / "train.jsonl")
-    valid_all = read_jsonl(directory / "valid.jsonl")
+    train_all = read_examples(directory / "train.jsonl")
+    valid_all = read_examples(directory / "valid.jsonl")
     train = subsample(train_all, s.max_examples, s.seed, "train")
     valid = subsample(valid_all, s.max_valid_examples, s.seed, "valid")
     log.info(
@@ -728,7 +754,7 @@ def train(
         train_dataset=train_ds,
         eval_dataset=valid_ds,
         data_collator=data_collator,
-        callbacks=[tracker_callback(tracker)],
+        callbacks=[tracker_callback(tracker), divergence_callback()],
     )
     train_output = trainer.train(resume_from_checkpoint=last)
     step = int(trainer.state.global_step)

@@ -294,3 +294,65 @@ def write_dataset(out_dir: Path, name: str, splits: dict[str, list[dict[str, Any
             "sha256": hashlib.sha256(data).hexdigest(),
         }
     return files
+
+
+# --------------------------------------------------------------------------- reading, checked
+#: what `read_examples` asks of every line (what `examples_from_records` writes)
+EXAMPLE_FORMAT = 'one JSON object per line, {"messages": [system, user, assistant], "game": ..., ...}'
+
+
+def example_problem(example: Any) -> str | None:
+    """Why a decoded line is not an SFT example, or None."""
+    if not isinstance(example, dict):
+        return f"a JSON {type(example).__name__}, not an object"
+    messages = example.get("messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        return 'no "messages" list of at least two turns'
+    for turn in messages:
+        if not (isinstance(turn, dict) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str)):
+            return 'a turn of "messages" is not {"role": str, "content": str}'
+    if messages[-1]["role"] != "assistant":
+        return 'the last turn of "messages" is not the assistant\'s'
+    if not isinstance(example.get("game"), str):
+        return 'no "game" name'
+    return None
+
+
+def read_examples(path: Path) -> list[dict[str, Any]]:
+    """The examples of one JSONL split. A line that is not an example is named by file and line (one
+    line of error, not a traceback from deep inside tokenisation); an empty file is an error too."""
+    from sepo.errors import InputError
+
+    examples = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    example = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise InputError(f"{path}:{number}: not JSON ({err.msg}); allowed: {EXAMPLE_FORMAT}") from None
+                problem = example_problem(example)
+                if problem:
+                    raise InputError(f"{path}:{number}: {problem}; allowed: {EXAMPLE_FORMAT}")
+                examples.append(example)
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 text ({err.reason}); allowed: {EXAMPLE_FORMAT}") from None
+    if not examples:
+        raise InputError(f"{path} holds no examples; allowed: {EXAMPLE_FORMAT}")
+    return examples
+
+
+def manifest_mismatch(ds_dir: Path, files: dict[str, Any]) -> str | None:
+    """How the split files of a generated dataset differ from what its manifest recorded (size and
+    sha256), or None. A cut or edited file is caught before a single example is read."""
+    for record in files.values():
+        path = ds_dir / Path(record["path"]).name
+        if not path.is_file():
+            return f"{path.name} is missing"
+        if path.stat().st_size != record["bytes"]:
+            return f"{path.name} has {path.stat().st_size} bytes, the manifest says {record['bytes']}"
+        if hashlib.sha256(path.read_bytes()).hexdigest() != record["sha256"]:
+            return f"{path.name} differs from the file generated (sha256)"
+    return None
