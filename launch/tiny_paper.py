@@ -2,7 +2,7 @@
 
     launch/tiny_paper.sh [--dry-run] [--root DIR] [--seeds 0,1,2] [--jobs 2] [--tables-anyway] [overrides]
 
-Phases, in order; each is one Hydra sweep through the joblib launcher (`+launch=local`, `--jobs` at a
+Phases, in order; each is one Hydra sweep through the local launcher (`+launch=local`, `--jobs` at a
 time, each job given cores // jobs threads), under `<root>/tiny_paper/<phase>/`:
   sft            the three SFTs of tiny, as in the paper: `multi` (serves IPD, auction, neg_v1), `kuhn`,
                  `neg_gt` (neg_v2), each evaluated on its own game

@@ -1,6 +1,6 @@
 """Sweep bookkeeping: each job records how this launch ended for it; the sweep prints a summary.
 
-Jobs may run in other processes (joblib, submitit), so the record is a file in the job's run dir
+Jobs may run in other processes (the local launcher's, submitit's), so the record is a file in the job's run dir
 (`launch_status.json`), and the summary is read back from the sweep dir by a Hydra callback that
 runs in the launching process: every job dir this sweep started, its record when this launch wrote one,
 else its own markers, so a job killed before it could write anything counts as failed, not as absent.
@@ -71,6 +71,9 @@ def summarise(sweep_dir: Path, since: float = 0.0) -> dict[str, list[str]]:
 #: `sepo.cli` exits 1 when > 0, and when a sweep started but its summary never came
 last_sweep_failures: int | None = None
 sweep_started = False
+#: jobs whose outcome no run dir of theirs can show (their dir was another launch's, or their command failed
+#: before it started): "<run dir>: <why>", from the launcher (job processes) or the task (in-process jobs)
+refused_jobs: list[str] = []
 
 
 class SweepSummary(Callback):
@@ -81,10 +84,12 @@ class SweepSummary(Callback):
         global sweep_started, last_sweep_failures
         self.started = time.time()
         sweep_started, last_sweep_failures = True, None
+        refused_jobs.clear()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = summarise(sweep_dir, self.started - 1.0)
+        jobs["failed"] += [r.removeprefix(f"{sweep_dir}/") for r in refused_jobs]
         counts = Counter({k: len(v) for k, v in jobs.items()})
         lines = [f"sweep {sweep_dir}: {counts['done']} done, {counts['failed']} failed, {counts['skipped']} skipped"]
         lines += [f"  FAILED {name}" for name in jobs["failed"]]

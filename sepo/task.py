@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -24,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from sepo import distributed, launch_snapshot, reuse, run_lock, tracking
+from sepo import distributed, launch_snapshot, reuse, run_lock, sweep, tracking
 from sepo.config import validate
 from sepo.errors import ConfigError, RunError, one_line
 from sepo.files import write_text_atomically
@@ -66,6 +67,10 @@ def interruptible():
 
 
 def _multirun() -> bool:
+    """Whether this run is a job of a sweep: Hydra's multirun mode, or a job the project's process launcher
+    started as a command of its own (hydra_plugins/sepo_launcher)."""
+    if os.environ.get("SEPO_SWEEP_JOB") == "1":
+        return True
     try:
         return HydraConfig.get().mode == RunMode.MULTIRUN
     except ValueError:  # not under Hydra (tests calling run_task directly)
@@ -201,8 +206,9 @@ def _run_task(cfg: DictConfig) -> dict | None:
             return _own_run_dir(out, cfg, died)
     except run_lock.RunDirBusy as err:  # the dir is another launch's: nothing in it is touched
         print(f"error: {err}; allowed: wait until it ends, or another run dir (hydra.run.dir=...)", file=sys.stderr)
-        if not _multirun():
+        if not _multirun() or os.environ.get("SEPO_SWEEP_JOB") == "1":  # a process of its own: its exit code tells
             sys.exit(2)
+        sweep.refused_jobs.append(str(out))  # a job of an in-process sweep: the summary counts it
         return None
 
 

@@ -4,7 +4,8 @@ torch starts one compute thread per core in every process, so two jobs side by s
 fight over them: a tiny SFT took 10x longer run that way than the two run one after the other
 (docs/speed.md). Who sets the share:
 - the user, with OMP_NUM_THREADS: always wins;
-- joblib (`+launch=local`): its loky workers get OMP_NUM_THREADS = cores // n_jobs unless the user set it;
+- the local launcher (`+launch=local`): each job's process gets OMP_NUM_THREADS = cores // n_jobs unless the
+  user set it (hydra_plugins/sepo_launcher);
 - torchrun: OMP_NUM_THREADS=1 per process unless the user set it;
 - submitit (`+launch=submitit_local`, `+launch=slurm`): nothing, so the job takes `cpus_per_task`
   threads here, the cores SLURM gives a task.

@@ -43,6 +43,8 @@ def installed(tmp_path_factory) -> Path:
     wheel = next((tmp / "dist").glob("sepo-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "sepo/conf/config.yaml" in names and "sepo/conf/game/kuhn.yaml" in names
+    # the local launcher travels with it: Hydra finds launchers only under hydra_plugins/
+    assert "hydra_plugins/sepo_launcher/process_launcher.py" in names and "sepo/conf/hydra/launcher/processes.yaml" in names
     assert not any(n.startswith("sepo/conf/local/") for n in names)
 
     venv = tmp / "venv"
@@ -115,3 +117,7 @@ def test_a_users_own_config_directory_is_added_on_the_command_line(installed, tm
     assert done.returncode == 0, done.stderr[-3000:]
     config = next(tmp_path.glob("outputs/runs/*/seed_42/.hydra/config.yaml")).read_text()
     assert "e: 10.0" in config and "c: 5.0" in config
+    # a sweep through the installed local launcher: each job's process gets the same --config-dir
+    sweep_args = [a.replace("model.strategy=AlwaysD", "model.strategy=AlwaysD,TFT") for a in args]
+    swept = run([installed / "sepo", "--config-dir", own, "-m", "+launch=local", *sweep_args], cwd=tmp_path, env=env)
+    assert swept.returncode == 0 and "2 done, 0 failed" in swept.stdout, swept.stderr[-3000:]

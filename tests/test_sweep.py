@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-LAUNCHERS = {"basic": [], "joblib": ["+launch=local"], "submitit_local": ["+launch=submitit_local"]}
+LAUNCHERS = {"basic": [], "local": ["+launch=local"], "submitit_local": ["+launch=submitit_local"]}
 CHEAP = ["stage=eval", "model=scripted", "logger=none", "eval.progress=false", "eval.episodes_per_opponent=2"]
 
 
@@ -33,14 +34,12 @@ def job_threads(tmp_path) -> list[int]:
     return [json.loads(p.read_text())["torch_threads"] for p in (tmp_path / "outputs").rglob("launch_status.json")]
 
 
-@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+@pytest.mark.parametrize("launcher", ["local", "submitit_local"])
 def test_parallel_jobs_share_the_cores_and_the_users_setting_wins(cli, tmp_path, launcher):
-    """joblib: cores // n_jobs (2) threads per job; submitit: its cpus_per_task (1); OMP_NUM_THREADS: that."""
-    from joblib import cpu_count
-
+    """local: cores // n_jobs (2) threads per job; submitit: its cpus_per_task (1); OMP_NUM_THREADS: that."""
     proc = cli("-m", *LAUNCHERS[launcher], *CHEAP, "game=ipd,kuhn", env={"OMP_NUM_THREADS": None})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert job_threads(tmp_path) == [max(cpu_count() // 2, 1) if launcher == "joblib" else 1] * 2
+    assert job_threads(tmp_path) == [max((os.cpu_count() or 1) // 2, 1) if launcher == "local" else 1] * 2
 
     explicit = cli("-m", *LAUNCHERS[launcher], *CHEAP, "game=ipd,kuhn", "resume=never", env={"OMP_NUM_THREADS": "3"})
     assert explicit.returncode == 0, explicit.stderr[-2000:]
@@ -48,7 +47,7 @@ def test_parallel_jobs_share_the_cores_and_the_users_setting_wins(cli, tmp_path,
 
 
 def test_failed_job_is_isolated_and_relaunch_skips_done_jobs(cli, tmp_path):
-    args = ["-m", *LAUNCHERS["joblib"], *CHEAP, "model.strategy=TFT,Grim,NotAStrategy"]
+    args = ["-m", *LAUNCHERS["local"], *CHEAP, "model.strategy=TFT,Grim,NotAStrategy"]
     first = cli(*args)
     assert first.returncode == 1 and "2 done, 1 failed, 0 skipped" in first.stdout  # a failed job fails the sweep
     failed = summary(tmp_path)["failed"]
@@ -66,3 +65,37 @@ def test_a_sweep_whose_every_job_fails_exits_1_and_one_that_skips_exits_0(cli, t
     cli("-m", *CHEAP, "game=ipd")
     again = cli("-m", *CHEAP, "game=ipd")
     assert again.returncode == 0 and "0 done, 0 failed, 1 skipped" in again.stdout
+
+
+def test_a_killed_job_fails_alone_and_the_summary_says_which(cli, tmp_path):
+    """The probe: a joblib sweep with one worker SIGKILLed printed a 43-line traceback, aborted the other
+    job and left no FAILED and no summary. Here one SEPO job SIGKILLs itself after its first step."""
+    from sepo.models import build_tiny
+
+    from .conftest import model_cfg
+
+    tiny = build_tiny(model_cfg("tiny"), tmp_path / ".cache")
+    proc = cli(
+        "-m",
+        *LAUNCHERS["local"],
+        "stage=sepo",
+        "model=tiny",
+        f"model.path={tiny}",
+        "logger=none",
+        "sepo.steps=2",
+        "sepo.rollouts_per_opponent=2",
+        "sepo.max_new_tokens=8",
+        "sepo.checkpoint_steps=[]",
+        "eval.episodes_per_opponent=2",
+        "eval.max_new_tokens=8",
+        "eval.progress=false",
+        "sepo.debug_kill_after_step=1,null",
+        "hydra.job.config.override_dirname.exclude_keys=[seed,logger]",  # the kill hook names its dir here
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 1 and "1 done, 1 failed, 0 skipped" in proc.stdout, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr
+    (failed,) = summary(tmp_path)["failed"]
+    assert "ended without a marker" in failed
+    (done,) = [p.parent for p in (tmp_path / "outputs").rglob("DONE")]
+    assert (done / "eval" / "step_2" / "results.json").exists()
