@@ -44,7 +44,10 @@ def installed(tmp_path_factory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     assert "sepo/conf/config.yaml" in names and "sepo/conf/game/kuhn.yaml" in names
     # the local launcher travels with it: Hydra finds launchers only under hydra_plugins/
-    assert "hydra_plugins/sepo_launcher/process_launcher.py" in names and "sepo/conf/hydra/launcher/processes.yaml" in names
+    assert (
+        "hydra_plugins/sepo_launcher/process_launcher.py" in names
+        and "sepo/conf/hydra/launcher/processes.yaml" in names
+    )
     assert not any(n.startswith("sepo/conf/local/") for n in names)
 
     venv = tmp / "venv"

@@ -117,3 +117,42 @@ def test_the_exit_code_and_summary_come_from_each_jobs_marker(cli, tmp_path):
     assert proc.returncode == 1 and "0 done, 2 failed, 0 skipped" in proc.stdout, proc.stdout + proc.stderr[-1500:]
     summary = json.loads((sweep / "sweep_summary.json").read_text())
     assert len(summary["failed"]) == 2 and all("seed=-1" in line for line in summary["failed"])
+
+
+def fills_the_disk(cfg, tracker):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_ends_in_failed_with_its_reason(compose_cfg, tmp_path, monkeypatch):
+    """The probe: a full disk left a truncated results.json and an empty FAILED."""
+    from sepo.files import write_text_atomically
+
+    write_text_atomically(tmp_path / "results.json", "old, whole")
+    real_replace = os.replace
+
+    def no_space(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(OSError):
+        write_text_atomically(tmp_path / "results.json", "new")
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert (tmp_path / "results.json").read_text() == "old, whole"  # all or nothing
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temporary file left to fill the disk
+
+    monkeypatch.setitem(sepo.stages.STAGES, "eval", "tests.test_run_dir_safety:fills_the_disk")
+    with pytest.raises(OSError):
+        run_task(compose_cfg(*EVAL))
+    assert (tmp_path / "FAILED").read_text().splitlines()[0].startswith("the disk is full: OSError: ")
+
+
+def test_a_finished_sweep_moved_to_another_root_is_still_the_same_sweep(cli, tmp_path):
+    """The probe: a finished sweep copied elsewhere failed the reuse check on datagen.out_dir, a path
+    derived from its run dir, and its message named a FAILED file that did not exist."""
+    first = cli("-m", *EVAL, "game=ipd,kuhn", "paths.root_dir=" + str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    subprocess.run(["cp", "-r", str(tmp_path / "a"), str(tmp_path / "b")], check=True)
+    again = cli("-m", *EVAL, "game=ipd,kuhn", "paths.root_dir=" + str(tmp_path / "b"))
+    assert again.returncode == 0 and "0 done, 0 failed, 2 skipped" in again.stdout, again.stdout + again.stderr[-2000:]
