@@ -137,10 +137,15 @@ def test_divergence_stops_the_run_at_its_step(cli, tmp_path, stage):
 
 @pytest.mark.parametrize(
     "override, key",
-    [("eval.temperature=1e-300", "eval.temperature=1e-300"), ("eval.episodes_per_opponent=100000000", "at most about")],
+    [
+        ("eval.temperature=1e-300", "eval.temperature=1e-300"),
+        ("eval.episodes_per_opponent=100000000", "at most about"),
+        ("paths.cache_dir=/proc/sepo_cache", "the tiny model is built there on first use, and it cannot be written"),
+    ],
 )
 def test_values_that_cannot_work_are_refused_up_front(cli, tmp_path, override, key):
-    proc = cli("stage=eval", "model=scripted", "logger=none", override)
+    model = "model=tiny" if "cache_dir" in override else "model=scripted"
+    proc = cli("stage=eval", model, "logger=none", override)
     assert proc.returncode == 2 and key in one_line_error(proc)
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.json"))
 
