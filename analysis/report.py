@@ -61,14 +61,17 @@ TARGETS = {
 
 
 def verdict(stat: dict) -> str:
-    """`met: +0.071 ± 0.014` or `not met: ... (1.9 SE)`: the target is mean > 2 SE (mean > 0 when SE is 0)."""
+    """`met: +0.071 ± 0.014` or `not met: ... (1.9 SE)`: the target is mean > 2 SE (mean > 0 when SE is 0);
+    followed by the per-seed values where summary.json has them, so a reader sees what the mean is made of."""
     mean, se = stat.get("mean"), stat.get("se")
     if mean is None:
         return "--"
     value = cell(stat, arrows=False)
+    seeds = stat.get("per_seed") or {}
+    spread = (" (seeds " + ", ".join(f"{s}: {v:+.2f}" for s, v in seeds.items()) + ")") if seeds else ""
     if mean > 2 * (se or 0.0):
-        return f"**met**: {value}"
-    return f"not met: {value}" + (f" ({mean / se:.1f} SE)" if se else "")
+        return f"**met**: {value}{spread}"
+    return f"not met: {value}" + (f" ({mean / se:.1f} SE)" if se else "") + spread
 
 
 def targets(summary: dict) -> str:

@@ -84,16 +84,20 @@ def runs_by_seed(
 
 
 def deltas(sepo: dict, payoff_only: dict, sft: pd.Series, root: Path, which: str) -> dict[str, Any]:
-    rows = {k: [] for k in KEYS}
+    """Each key's mean ± SE over seeds, and its value per seed (`per_seed`), so a verdict can show them."""
+    rows: dict[str, dict[int, float]] = {k: {} for k in KEYS}
     for seed, run in sorted(sepo.items()):
         point = run[which]
         obj = objective(root / run["run_dir"])
-        rows["delta_j_train_vs_sft"].append(j_train(point, obj) - j_train(sft, obj))
-        rows["delta_safety_vs_sft"].append(point["safety"] - sft["safety"])
-        rows["delta_exploit_vs_sft"].append(exploit_of(point) - exploit_of(sft))
+        rows["delta_j_train_vs_sft"][seed] = j_train(point, obj) - j_train(sft, obj)
+        rows["delta_safety_vs_sft"][seed] = point["safety"] - sft["safety"]
+        rows["delta_exploit_vs_sft"][seed] = exploit_of(point) - exploit_of(sft)
         if seed in payoff_only:
-            rows["delta_safety_vs_payoff_only"].append(point["safety"] - payoff_only[seed][which]["safety"])
-    return {k: mean_se(v) for k, v in rows.items()} | {"seeds": sorted(sepo)}
+            rows["delta_safety_vs_payoff_only"][seed] = point["safety"] - payoff_only[seed][which]["safety"]
+    return {
+        k: {**mean_se(list(v.values())), "per_seed": {str(s): round(float(x), 4) for s, x in v.items()}}
+        for k, v in rows.items()
+    } | {"seeds": sorted(sepo)}
 
 
 def stability(sepo: dict) -> dict[str, Any]:

@@ -47,6 +47,8 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     assert "| ipd | **met**: +0.500 ± 0.100 | **met**: +0.500 ± 0.100 |" in text  # the targets, with their values
     assert report.verdict({"mean": 0.3, "se": 0.158}) == "not met: +0.300 ± 0.158 (1.9 SE)"
     assert report.verdict({"mean": 0.0, "se": 0.0}) == "not met: +0.000 ± 0.000"
+    with_seeds = {"mean": 2.9, "se": 1.7, "per_seed": {"3": 6.11, "4": -0.46, "5": 5.07}}
+    assert report.verdict(with_seeds) == "not met: +2.900 ± 1.700 (1.7 SE) (seeds 3: +6.11, 4: -0.46, 5: +5.07)"
     assert report.main([str(tmp_path / "summary.json"), "--doc", str(tmp_path / "missing.md")]) == 2  # no traceback
 
 

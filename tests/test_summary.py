@@ -96,9 +96,9 @@ def test_deltas_are_paired_by_seed_at_each_runs_validation_chosen_checkpoint(tmp
     dj = [j(2.5, 0.25, 0.0, 0.1) - sft_j, j(2.2, 0.3, 0.1, 0.1) - sft_j]
     assert ipd["delta_j_train_vs_sft"]["mean"] == pytest.approx(sum(dj) / 2, abs=1e-4)
     assert ipd["delta_j_train_vs_sft"]["se"] == pytest.approx(abs(dj[0] - dj[1]) / 2, abs=1e-4)  # n = 2: |a - b| / 2
-    assert ipd["delta_safety_vs_sft"] == {"mean": 1.0, "se": 0.5, "n": 2}  # +0.5, +1.5
-    assert ipd["delta_safety_vs_payoff_only"] == {"mean": 3.5, "se": 0.0, "n": 2}  # 1.5 + 2, 2.5 + 1
-    assert ipd["delta_exploit_vs_sft"] == {"mean": -0.225, "se": 0.025, "n": 2}  # -0.25, -0.2
+    assert ipd["delta_safety_vs_sft"] == {"mean": 1.0, "se": 0.5, "n": 2, "per_seed": {"0": 0.5, "1": 1.5}}
+    assert ipd["delta_safety_vs_payoff_only"] == {"mean": 3.5, "se": 0.0, "n": 2, "per_seed": {"0": 3.5, "1": 3.5}}
+    assert ipd["delta_exploit_vs_sft"] == {"mean": -0.225, "se": 0.025, "n": 2, "per_seed": {"0": -0.25, "1": -0.2}}
     final = ipd["final"]  # the final checkpoints: safety 9.9 and 2.5
     assert final["delta_safety_vs_sft"]["mean"] == pytest.approx((8.9 + 1.5) / 2)
     # stability: chosen 1.5, 2.5 (mean 2.0, SE 0.5); final 9.9, 2.5 (mean 6.2); final - chosen 8.4, 0.0
