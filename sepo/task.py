@@ -226,7 +226,7 @@ def _own_run_dir(out: Path, cfg: DictConfig, died: str | None) -> dict | None:
                 f"{out} holds an unfinished run with other settings: {reuse.describe(differing)}; allowed: the "
                 "same settings (to resume it), another run dir (hydra.run.dir=...), or resume=never to start afresh",
             )
-    else:
+    elif distributed.launching_rank() == 0:
         _clear_previous_run(out)
     if distributed.launching_rank() == 0:
         reuse.record_settings(out, cfg)  # what a later launch must match to resume or reuse this dir
