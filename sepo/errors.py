@@ -19,6 +19,15 @@ class Diverged(RunError):
     """Training produced a non-finite loss, gradient or weight."""
 
 
+class OutOfMemory(RunError):
+    """The accelerator ran out of memory: the message names the settings that size it."""
+
+
+class NonFiniteLogits(RunError):
+    """A model's next-token scores hold a NaN or +inf, so no token can be drawn: its weights are
+    broken (finite but huge after a diverged update, or a damaged checkpoint)."""
+
+
 def one_line(err: BaseException) -> str:
     """`Type: first line of the message`, for a log line that names what went wrong without its traceback."""
     lines = str(err).strip().splitlines()

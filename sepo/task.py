@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo import distributed, launch_snapshot, reuse, run_lock, sweep, tracking
 from sepo.config import validate
-from sepo.errors import ConfigError, RunError, one_line
+from sepo.errors import ConfigError, OutOfMemory, RunError, one_line
 from sepo.files import write_text_atomically
 from sepo.stages import get_stage
 from sepo.sweep import record_status
@@ -265,23 +265,54 @@ def _run_stage(out: Path, cfg: DictConfig) -> dict | None:
         sys.exit(128 + err.signum)
     except ConfigError as err:  # a stage's own check
         return _reject(out, err)
-    except RunError as err:  # a known way for a run to fail (bad input, divergence, a full disk): one line
+    except Exception as err:
+        if not isinstance(err, RunError) and not _is_out_of_memory(err):
+            return _crashed(out, err)
+        if not isinstance(err, RunError):
+            err = OutOfMemory(out_of_memory_advice(cfg, err))
+        # a known way for a run to fail (bad input, divergence, a full disk, a GPU too small): one line
         mark_failed(out, f"{type(err).__name__}: {err}")
         record_status(out, "failed", f"{type(err).__name__}: {err}")
         print(f"error: {err}; {out} is marked FAILED", file=sys.stderr)
         if _multirun():
             return None
         sys.exit(1)
-    except Exception as err:  # keep the sweep going; the marker holds the traceback
-        reason = one_line(err)
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            reason = f"the disk is full: {reason}"
-        mark_failed(out, reason, traceback.format_exc())
-        record_status(out, "failed", reason)
-        if _multirun():
-            log.error("job failed (%s); see %s", reason, out / "FAILED")
-            return None
-        raise
     finally:
         if tracker is not None:
             tracker.finish()
+
+
+def _crashed(out: Path, err: Exception) -> None:
+    """An unforeseen error: the marker holds the traceback, a sweep goes on, a single run re-raises."""
+    reason = one_line(err)
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        reason = f"the disk is full: {reason}"
+    mark_failed(out, reason, traceback.format_exc())
+    record_status(out, "failed", reason)
+    if _multirun():
+        log.error("job failed (%s); see %s", reason, out / "FAILED")
+        return None
+    raise err
+
+
+def _is_out_of_memory(err: Exception) -> bool:
+    import torch  # the stages have imported it already
+
+    return isinstance(err, torch.OutOfMemoryError)
+
+
+def out_of_memory_advice(cfg: DictConfig, err: Exception) -> str:
+    """What to lower, with today's values: the first full-size SEPO run on a GPU (Qwen 3.5 4B, an H200)
+    ended in a 100-line CUDA traceback that named none of the settings that size the memory."""
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    knobs = {
+        "sepo.micro_batch": OmegaConf.select(cfg, "sepo.micro_batch"),
+        "sepo.logprob_chunk": OmegaConf.select(cfg, "sepo.logprob_chunk"),
+        "sft.per_device_batch_size": OmegaConf.select(cfg, "sft.per_device_batch_size"),
+        "eval.batch_size": OmegaConf.select(cfg, "eval.batch_size"),
+    }
+    settings = ", ".join(f"{key} (now {value})" for key, value in knobs.items() if value is not None)
+    return (
+        f"out of GPU memory in stage {cfg.stage.name} ({first_line[:160]}); lower {settings}, or set "
+        "sepo.ref_4bit=true or sft.gradient_checkpointing=true; re-run the same command to resume"
+    )

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 import sepo.cli  # noqa: F401  (registers the run_name resolver)
+from sepo.benchmarks.gpu import chat_tokenizer
 from sepo.models import IM_END, build_tiny, load_model_and_tokenizer
 from sepo.policies.lm import LMPolicy
 
@@ -106,32 +107,6 @@ def wandb_cli() -> str:
 
 
 # --------------------------------------------------------------------------- models
-#: Gemma 4's chat format: <|turn>role ... <turn|>, the assistant is "model", thinking via <|think|>.
-GEMMA4_TEMPLATE = (
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{{- '<|turn>system\\n' -}}"
-    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<|think|>\\n' -}}{%- endif -%}"
-    "{{- messages[0]['content'] | trim -}}{{- '<turn|>\\n' -}}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{- '<|turn>' + role + '\\n' -}}{{- message['content'] | trim -}}{{- '<turn|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}"
-)
-#: Qwen 3.5's ChatML with thinking: without enable_thinking the generation prompt closes an empty block.
-QWEN35_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
-    "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
-    "{%- endif -%}"
-)
-
-
 def model_cfg(name: str, **overrides):
     """conf/model/<name>.yaml with dotted-key overrides (e.g. path=...)."""
     cfg = OmegaConf.load(CONF / "model" / f"{name}.yaml")
@@ -199,18 +174,6 @@ def teach(bundle, examples: list[tuple[list[dict[str, str]], str]], steps: int):
     return student.eval(), tokenizer, cfg
 
 
-def _tokenizer_like(tiny_dir, template: str, eos: str, extra_special: tuple[str, ...] = ()):
-    from tokenizers import AddedToken
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-    if extra_special:
-        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special], special_tokens=True)
-    tok.eos_token = eos
-    tok.chat_template = template
-    return tok
-
-
 def _vocab(tok, multiple: int = 64) -> int:
     return -(-len(tok) // multiple) * multiple
 
@@ -228,7 +191,7 @@ def gemma4_dir(tiny_dir, tmp_path_factory):
     )
 
     out = tmp_path_factory.mktemp("gemma4")
-    tok = _tokenizer_like(tiny_dir, GEMMA4_TEMPLATE, eos="<turn|>", extra_special=("<|turn>", "<turn|>", "<|think|>"))
+    tok = chat_tokenizer("gemma4", tiny_dir)
     eos, pad, vocab = tok.convert_tokens_to_ids("<turn|>"), tok.pad_token_id, _vocab(tok)
     text = Gemma4TextConfig(
         vocab_size=vocab,
@@ -285,7 +248,7 @@ def qwen_dir(tiny_dir, tmp_path_factory):
     )
 
     out = tmp_path_factory.mktemp("qwen")
-    tok = _tokenizer_like(tiny_dir, QWEN35_TEMPLATE, eos=IM_END)
+    tok = chat_tokenizer("qwen", tiny_dir)
     eos, pad = tok.convert_tokens_to_ids(IM_END), tok.pad_token_id
     text = Qwen3_5TextConfig(
         vocab_size=_vocab(tok),

@@ -103,7 +103,7 @@ def test_game_and_model_defaults_of_stage_settings_and_command_line_precedence(c
     assert compose_cfg("game=kuhn", "model=scripted", "sepo.lr=1e-4").sepo.lr == 1e-4
     assert ipd.sepo.steps == 100 and ipd.eval.max_new_tokens == 256 and ipd.eval.episodes_per_opponent == 20
     tiny = compose_cfg("game=kuhn", "model=tiny")  # the model's own defaults, then the game's, then docs/spec.md §4
-    assert (tiny.sepo.lr, tiny.sepo.beta, tiny.sepo.steps, tiny.eval.max_new_tokens) == (1.0e-3, 0.2, 60, 48)
+    assert (tiny.sepo.lr, tiny.sepo.beta, tiny.sepo.steps, tiny.eval.max_new_tokens) == (2.0e-3, 0.2, 60, 48)
     assert compose_cfg("model=tiny", "sepo.steps=3", "eval.max_new_tokens=7").sepo.steps == 3
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from sepo.errors import NonFiniteLogits
 from sepo.games import make_game
 from sepo.models import load_model_and_tokenizer
 from sepo.policies.base import DecisionRequest
@@ -339,6 +340,16 @@ def test_incremental_text_equals_the_full_decode(tiny):
             full = tokenizer.decode(ids[: k + 1], skip_special_tokens=True)
             if not full.endswith("\ufffd"):
                 assert text.text == full
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_sampler_refuses_scores_no_token_can_be_drawn_from(bad, temperature):
+    """A NaN or +inf score (weights blown up by a diverged update) used to end in an index error deep
+    inside generate; -inf alone is an ordinary masked token."""
+    scores = torch.tensor([[0.0, 1.0, -float("inf")], [0.0, bad, 1.0]])
+    with pytest.raises(NonFiniteLogits, match="generation step 0"):
+        RowSampler([0, 1], temperature=temperature, logprob_temperature=1.0)(None, scores)
 
 
 def test_counter_sampler_draws_from_softmax_and_each_row_alone():

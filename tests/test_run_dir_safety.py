@@ -148,6 +148,25 @@ def test_a_full_disk_ends_in_failed_with_its_reason(compose_cfg, tmp_path, monke
     assert (tmp_path / "FAILED").read_text().splitlines()[0].startswith("the disk is full: OSError: ")
 
 
+def runs_out_of_gpu_memory(cfg, tracker):
+    import torch
+
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 186.00 MiB.\n(100 lines of advice)")
+
+
+def test_out_of_gpu_memory_is_one_line_naming_what_sizes_the_memory(compose_cfg, tmp_path, monkeypatch, capsys):
+    """The first full-size SEPO run on a GPU (Qwen 3.5 4B, an H200) ended in a 100-line CUDA traceback
+    that named none of the settings that size the memory."""
+    monkeypatch.setitem(sepo.stages.STAGES, "eval", "tests.test_run_dir_safety:runs_out_of_gpu_memory")
+    with pytest.raises(SystemExit) as exit_:
+        run_task(compose_cfg(*EVAL, "sepo.micro_batch=16"))
+    assert exit_.value.code == 1
+    marker = (tmp_path / "FAILED").read_text()
+    assert marker.startswith("OutOfMemory: out of GPU memory in stage eval (CUDA out of memory. Tried to allocate")
+    assert "sepo.micro_batch (now 16)" in marker and "re-run the same command to resume" in marker
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 def test_a_finished_sweep_moved_to_another_root_is_still_the_same_sweep(cli, tmp_path):
     """The probe: a finished sweep copied elsewhere failed the reuse check on datagen.out_dir, a path
     derived from its run dir, and its message named a FAILED file that did not exist."""

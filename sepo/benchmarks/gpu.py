@@ -111,6 +111,35 @@ QWEN35_4B_TEXT: dict[str, Any] = {
 PUBLISHED = {"gemma4_e4b_total": 8.0e9, "gemma4_e4b_effective": 4.5e9, "qwen35_4b": 4.0e9}
 
 ARCHS = ("gemma4", "qwen")
+#: Gemma 4's chat format: <|turn>role ... <turn|>, the assistant is "model", thinking via <|think|>.
+GEMMA4_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{{- '<|turn>system\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<|think|>\\n' -}}{%- endif -%}"
+    "{{- messages[0]['content'] | trim -}}{{- '<turn|>\\n' -}}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<|turn>' + role + '\\n' -}}{{- message['content'] | trim -}}{{- '<turn|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n' -}}{%- endif -%}"
+)
+#: Qwen 3.5's ChatML with thinking: without enable_thinking the generation prompt closes an empty block.
+QWEN35_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+#: each architecture's chat format on the tiny vocabulary: (template, end-of-turn token, special tokens to add)
+CHAT_FORMATS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "gemma4": (GEMMA4_TEMPLATE, "<turn|>", ("<|turn>", "<turn|>", "<|think|>")),
+    "qwen": (QWEN35_TEMPLATE, "<|im_end|>", ()),
+}
 MODEL_CLASS = {"gemma4": "Gemma4ForConditionalGeneration", "qwen": "Qwen3_5ForCausalLM"}
 
 #: full-size defaults of the sizes a user may change, and the sizes of the `--tiny` debug flow
@@ -733,6 +762,55 @@ def sft_benchmark(
     return model, out
 
 
+# ------------------------------------------------------------------------------------- checkpoints
+def chat_tokenizer(arch: str, tiny_dir: str | Path):
+    """The tiny tokenizer dressed as `arch`'s: its chat template, end-of-turn token and special
+    tokens, so prompts render and answers end the way the real model's do (its ids stay < 2,048,
+    valid rows of either real embedding)."""
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    template, end_of_turn, special = CHAT_FORMATS[arch]
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    if special:
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in special], special_tokens=True)
+    tok.eos_token = end_of_turn
+    tok.chat_template = template
+    return tok
+
+
+def save_random_checkpoint(arch: str, out: str | Path, cache_dir: str | Path, tiny: bool, preset: str = "e4b") -> Path:
+    """A random-weight checkpoint of the real class, saved as the hub has it (bfloat16 weights and the
+    dressed tiny tokenizer), so `main.py model=<arch> model.path=<out>` runs every stage on it where
+    nothing can be downloaded. Built on the GPU when there is one (a full-size model never passes
+    through host memory), on the CPU otherwise."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from sepo.models import build_tiny
+
+    tiny_dir = build_tiny(_compose(["model=tiny", "logger=none", f"paths.cache_dir={cache_dir}"]).model, cache_dir)
+    tok = chat_tokenizer(arch, tiny_dir)
+    end_of_turn, pad = tok.convert_tokens_to_ids(tok.eos_token), tok.pad_token_id
+    vocab = -(-len(tok) // 64) * 64
+    if tiny:
+        config = tiny_config(arch, vocab, pad, end_of_turn)
+    else:
+        config = gemma4_config(preset) if arch == "gemma4" else qwen35_config()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.float32 if tiny and device == "cpu" else torch.bfloat16
+    torch.manual_seed(0)
+    model = build_model(arch, config, device, dtype)
+    model.generation_config = GenerationConfig(eos_token_id=[end_of_turn, pad], pad_token_id=pad, bos_token_id=None)
+    out = Path(out)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    del model
+    _free(device)
+    AutoTokenizer.from_pretrained(out)  # fails here, not in a run, if the tokenizer did not save whole
+    return out
+
+
 # ------------------------------------------------------------------------------------- one model
 def tiny_tokenizer(cache_dir: str | Path):
     """The project's tiny tokenizer (ChatML, left padding), built offline on first use."""
@@ -804,7 +882,9 @@ def benchmark_model(
         if not result["linear_attention"]["fast"]:
             log.warning("qwen: %s", result["linear_attention"]["note"])  # printed even without logging set up
     if "decode" in args.parts:
-        result["decode"] = decode_benchmark(
+        result["decode"] = _part_or_error(
+            "decode",
+            decode_benchmark,
             model,
             cfg.model,
             sizes["batch_sizes"],
@@ -816,11 +896,14 @@ def benchmark_model(
             [eos_id, pad_id],
             args.seed,
         )
+    model_intact = True
     if "sft" in args.parts:
         from sepo.stages.sft import sft_settings
 
         s = sft_settings(cfg)
-        model, result["sft"] = sft_benchmark(
+        trained = _part_or_error(
+            "sft",
+            sft_benchmark,
             model,
             cfg,
             device,
@@ -829,7 +912,13 @@ def benchmark_model(
             sizes["sft_steps"],
             args.seed,
         )
-    if "sepo" in args.parts and result["logits_finite"]:
+        if "error" in trained:
+            result["sft"], model_intact = trained, False
+        else:
+            model, result["sft"] = trained
+    if "sepo" in args.parts and not model_intact:
+        result["sepo_step"] = [{"skipped": "the SFT part failed and may have left its adapter on the model"}]
+    elif "sepo" in args.parts and result["logits_finite"]:
         from sepo.models import attach_lora
         from sepo.training.objective import sepo_settings
 
@@ -847,9 +936,9 @@ def benchmark_model(
         peft_model = attach_lora(
             model, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout)
         )
-        steps = [sepo_step_benchmark(peft_model, tokenizer, cfg, device, ref_4bit=False)]
+        steps = [_part_or_error("sepo", sepo_step_benchmark, peft_model, tokenizer, cfg, device, ref_4bit=False)]
         if bnb["available"]:
-            steps.append(sepo_step_benchmark(peft_model, tokenizer, cfg, device, ref_4bit=True))
+            steps.append(_part_or_error("sepo", sepo_step_benchmark, peft_model, tokenizer, cfg, device, ref_4bit=True))
         else:
             steps.append({"ref_4bit": True, "skipped": bnb["reason"]})
             _say(f"  SEPO step with 4-bit reference skipped: {bnb['reason']}")
@@ -858,6 +947,18 @@ def benchmark_model(
     del model
     _free(device)
     return result
+
+
+def _part_or_error(name: str, measure: Any, *args: Any, **kwargs: Any) -> Any:
+    """One part's measurement, or {"error": ...} in its place: a part that breaks on a new stack (a
+    kernel library refusing the GPU, say) must not take the other parts' figures with it."""
+    try:
+        return measure(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 -- reported in the JSON, never swallowed silently
+        message = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+        _say(f"  {name} failed: {message}")
+        log.debug("%s failed", name, exc_info=True)
+        return {"error": message}
 
 
 # ------------------------------------------------------------------------------------- entry points
@@ -937,6 +1038,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--sft-steps", type=int, default=None, help=f"timed SFT steps (default {FULL['sft_steps']})")
     p.add_argument("--seed", type=int, default=0, help="torch seed of the random weights and inputs")
     p.add_argument("--cache-dir", default=".cache", help="where the tiny tokenizer is built (shared with runs)")
+    p.add_argument(
+        "--save-to",
+        default=None,
+        help="instead of benchmarking: save each model as a random-weight checkpoint in DIR/<model> "
+        "(for main.py model=<model> model.path=DIR/<model>)",
+    )
     # debug: the whole flow on tiny models, e.g. on a CPU
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
@@ -966,6 +1073,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)  # tiny models are all small ops: more threads only contend
     sizes = resolved_sizes(args)
     archs = list(ARCHS) if args.model == "both" else [args.model]
+    if args.save_to:
+        return {
+            arch: str(
+                save_random_checkpoint(arch, Path(args.save_to) / arch, args.cache_dir, args.tiny, args.gemma4_preset)
+            )
+            for arch in archs
+        }
     device = args.device
     name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
     _say(f"sepo.bench gpu on {name}: {', '.join(archs)}{' (tiny debug models)' if args.tiny else ''}")

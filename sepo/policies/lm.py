@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from sepo.errors import NonFiniteLogits
 from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the stopping rule; re-exported)
 from sepo.models import chat_template_kwargs, forward_extras
 from sepo.policies import played
@@ -239,6 +240,11 @@ class RowSampler(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         with section("sampling"):
             logits = scores.float()
+            if bool((torch.isnan(logits) | torch.isposinf(logits)).any()):
+                raise NonFiniteLogits(
+                    f"the model's next-token scores hold NaN or +inf at generation step {self.step}: "
+                    "its weights are broken (a diverged update or a damaged checkpoint)"
+                )
             if self.temperature > 0:
                 logp = torch.log_softmax(logits / self.temperature, dim=-1)
                 cdf = logp.exp().cumsum(dim=-1)

@@ -40,7 +40,7 @@ import torch
 from omegaconf import DictConfig
 
 from sepo import distributed
-from sepo.errors import Diverged, one_line
+from sepo.errors import Diverged, NonFiniteLogits, one_line
 from sepo.files import write_text_atomically
 from sepo.games import Game, make_game
 from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, quantized_reference
@@ -492,6 +492,16 @@ def checkpoint(
     distributed.barrier()
 
 
+@contextlib.contextmanager
+def diverged_if_unplayable(step: int):
+    """Weights that stay finite can still be too large to play (`sepo.lr=1e30`): the next rollout then
+    meets NaN scores, which is the divergence of the update before it."""
+    try:
+        yield
+    except NonFiniteLogits as err:
+        raise Diverged(f"diverged at step {step}: {err}; the checkpoints before it are kept") from None
+
+
 def crash_if_asked(s: DictConfig, step: int) -> None:
     """Test hook (`sepo.debug_kill_after_step`): die here like a preempted job, to check resume."""
     if s.get("debug_kill_after_step") is not None and step == int(s.debug_kill_after_step):
@@ -509,8 +519,9 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
 
     while step < int(s.steps):
         started = time.time()
-        refresh_best_response(learner, game, step, tracker)  # the exploiter answers the policy as it is now
-        batch = learner.builder.collect(game, RecordingPolicy(learner.policy), batch_index, learner.estimator)
+        with diverged_if_unplayable(step):
+            refresh_best_response(learner, game, step, tracker)  # the exploiter answers the policy as it is now
+            batch = learner.builder.collect(game, RecordingPolicy(learner.policy), batch_index, learner.estimator)
         batch_index += 1
         ref = reference_logprobs(learner.model, learner.policy, batch, s, learner.ref_model)
         tokens = generated_tokens(batch)

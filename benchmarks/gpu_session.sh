@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One GPU session's checks, in order of worth, each under its own time limit so that one hang
+# cannot eat the session; everything it prints goes to $OUT (or ./gpu_session/ without one).
+#
+#   bash benchmarks/gpu_session.sh [parts...]     parts: bench tests pipeline (default: all three)
+#
+#   bench     python -m sepo.bench gpu --model both     -> $OUT/gpu.json, its log in session.log
+#   tests     pytest -m gpu tests/test_gpu.py
+#   pipeline  the main job's every stage through main.py at full size, random weights saved once as a
+#             local checkpoint with the tiny tokenizer: datagen, Base eval, SFT (a few steps), SFT
+#             eval, SEPO (2 steps, n = 4, the three pools), SEPO eval (2 episodes per opponent), for
+#             qwen then gemma4, on each game of $GAMES (default: kuhn ipd)
+#
+# Needs: the wheels of benchmarks/gpu_wheels.sh in .whl/ (carried), a CUDA build of torch.
+# Rehearsal on a CPU: WHEELS=none SAVE_ARGS="--tiny --device cpu" bash benchmarks/gpu_session.sh pipeline
+set -uo pipefail
+OUT=${OUT:-gpu_session}
+mkdir -p "$OUT"
+LOG="$OUT/session.log"
+GAMES=${GAMES:-kuhn ipd}
+MODELS=${MODELS:-qwen gemma4}
+PARTS=("${@:-bench tests pipeline}")
+PARTS=(${PARTS[*]})
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+say() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
+step() {  # step SECONDS NAME command...: run under a time limit, log its output and exit status
+    local limit=$1 name=$2
+    shift 2
+    say "start $name (limit ${limit}s)"
+    local t0=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+    say "end $name: rc $? after $((SECONDS - t0))s"
+}
+has() { [[ " ${PARTS[*]} " == *" $1 "* ]]; }
+
+[ "${WHEELS:-}" = none ] || . benchmarks/gpu_wheels.sh install
+say "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo no GPU)"
+python3 -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)' >>"$LOG" 2>&1
+
+bench() {  # bench SECONDS NAME args...: one `python -m sepo.bench gpu` run, its JSON in $OUT/NAME.json
+    local limit=$1 name=$2
+    shift 2
+    say "start $name (limit ${limit}s): $*"
+    local t0=$SECONDS
+    timeout --kill-after=10 "$limit" python3 -m sepo.bench gpu "$@" >"$OUT/$name.json" 2>>"$LOG"
+    say "end $name: rc $? after $((SECONDS - t0))s"
+}
+SIZES=(--decode-steps "${DECODE_STEPS:-32}" --sft-steps "${SFT_STEPS:-3}")
+CKPT=/tmp/sepo_ckpt
+pipeline() {  # pipeline SECONDS MODEL GAME: the main job's every stage, small, on the saved random checkpoint
+    local limit=$1 model=$2 game=$3
+    [ -d "$CKPT/$model" ] || step 90 "save $model" python3 -m sepo.bench gpu --model "$model" --save-to "$CKPT" ${SAVE_ARGS:-}
+    step "$limit" "pipeline $model $game" python3 main.py stage=pipeline "game=$game" "model=$model" \
+        "model.path=$CKPT/$model" logger=none "datagen.datasets=[$( [ "$game" = kuhn ] && echo kuhn || echo multi )]" \
+        datagen.episodes_per_opponent=4 \
+        sft.max_steps=3 sft.max_examples=64 sft.max_valid_examples=16 sft.agreement_examples=16 \
+        sft.agreement_max_new_tokens=32 sepo.steps=2 sepo.rollouts_per_opponent=4 "sepo.checkpoint_steps=[]" \
+        sepo.max_new_tokens=32 eval.episodes_per_opponent=2 eval.max_new_tokens=32 eval.action_samples=16 \
+        eval.progress=false "hydra.run.dir=/tmp/sepo_runs/${model}_$game" paths.cache_dir=/tmp/sepo_cache
+    cp "/tmp/sepo_runs/${model}_$game/tables/results.csv" "$OUT/results_${model}_$game.csv" 2>/dev/null
+}
+
+# in order of worth: each model's figures, one pass of the main job, the fast-kernel decode, the tests
+has bench && bench 150 gpu-gemma4 --model gemma4 "${SIZES[@]}"
+has bench && bench 130 gpu-qwen --model qwen "${SIZES[@]}"
+has pipeline && pipeline 120 qwen kuhn
+has bench && PYTHONPATH="/tmp/site-fla:$PYTHONPATH" bench 60 gpu-qwen-fla --model qwen --parts decode "${SIZES[@]}"
+has tests && step 60 "pytest -m gpu" python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+if has pipeline; then
+    for game in $GAMES; do
+        for model in $MODELS; do
+            [ -f "$OUT/results_${model}_$game.csv" ] || pipeline 150 "$model" "$game"
+        done
+    done
+fi
+say "session done"
