@@ -59,7 +59,8 @@ def summarise(sweep_dir: Path, since: float = 0.0) -> dict[str, list[str]]:
     job starts), each read from its own run dir; failed entries carry their reason."""
     jobs: dict[str, list[str]] = {"done": [], "failed": [], "skipped": []}
     started = {p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml") if p.stat().st_mtime >= since}
-    recorded = {p.parent for p in sweep_dir.rglob(STATUS_FILE) if p.stat().st_mtime >= since}
+    # a status file in the sweep dir itself is no job's (a job's dir is always below it)
+    recorded = {p.parent for p in sweep_dir.rglob(STATUS_FILE) if p.stat().st_mtime >= since and p.parent != sweep_dir}
     for run_dir in sorted(started | recorded):
         status, detail = job_status(run_dir, since)
         name = str(run_dir.relative_to(sweep_dir))

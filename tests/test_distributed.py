@@ -41,6 +41,7 @@ def launch(args: list[str], root, processes: int, timeout: int = 900) -> subproc
     )
 
 
+@pytest.mark.slow
 def test_two_processes_take_the_one_process_update_and_write_everything_once(tmp_path):
     cache = tmp_path / "cache"
     args = [

@@ -16,7 +16,9 @@ from .conftest import ROOT
 LONG_EVAL = ["stage=eval", "model=scripted", "logger=wandb", "eval.progress=false", "eval.episodes_per_opponent=400"]
 
 
-@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    "signum,code", [(signal.SIGINT, 130), pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow)]
+)
 def test_a_signal_marks_failed_closes_the_tracker_and_a_rerun_resumes(tmp_path, cli, signum, code):
     env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
     proc = subprocess.Popen(

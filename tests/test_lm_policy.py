@@ -426,7 +426,9 @@ def test_importing_policies_does_not_load_torch():
     assert out.stdout.strip() == "LMPolicy"
 
 
-@pytest.mark.parametrize("game", ["ipd", "auction", "neg_v1", "neg_v2", "kuhn"])
+@pytest.mark.parametrize(
+    "game", ["ipd", *(pytest.param(g, marks=pytest.mark.slow) for g in ("auction", "neg_v1", "neg_v2", "kuhn"))]
+)
 def test_lm_eval_end_to_end_through_the_cli_on_every_game(cli, tmp_path, monkeypatch, game):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # see one_thread
     proc = cli(

@@ -74,7 +74,8 @@ def hand_one_decisions(records) -> dict[str, list[int]]:
     return out
 
 
-@pytest.mark.parametrize("episodes, decisions", [(1000, 150), pytest.param(2700, 400, marks=pytest.mark.slow)])
+@pytest.mark.slow  # the played table is checked against OpenSpiel in the default run (test_the_estimate_is_seeded...)
+@pytest.mark.parametrize("episodes, decisions", [(1000, 150), (2700, 400)])
 def test_the_played_table_agrees_with_decisions_played_through_the_arena(reasoner, episodes, decisions):
     """Within 3 SE (the estimate's and the frequency's) at every state with >= `decisions` decisions
     (the slow variant: >= 400 at each of 6 states)."""
@@ -95,6 +96,7 @@ def test_the_played_table_agrees_with_decisions_played_through_the_arena(reasone
     assert compared >= 6  # (J, Q, K) x (opening as first player, facing a bet as second)
 
 
+@pytest.mark.slow
 def test_for_a_model_that_answers_with_the_action_alone_old_and_new_readings_agree(blurter):
     policy = agent(blurter, samples=16)
     requests = [r for _, r in infoset_requests(KUHN)]

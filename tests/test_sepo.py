@@ -123,6 +123,7 @@ def test_ref_4bit_without_cuda_is_a_clear_error(cli):
     assert "sepo.ref_4bit=true needs a CUDA device" in proc.stderr
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
     args = [
         *SMALL,
@@ -180,6 +181,7 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
     assert any("eval/safety" in h for h in history)
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_falls_back_to_the_one_before_it(cli, tmp_path):
     """The latest checkpoint's adapter truncated to half: the re-run says so in one log line naming its
     path, resumes from the checkpoint before, and ends with the uninterrupted run's weights."""

@@ -34,7 +34,7 @@ def job_threads(tmp_path) -> list[int]:
     return [json.loads(p.read_text())["torch_threads"] for p in (tmp_path / "outputs").rglob("launch_status.json")]
 
 
-@pytest.mark.parametrize("launcher", ["local", "submitit_local"])
+@pytest.mark.parametrize("launcher", ["local", pytest.param("submitit_local", marks=pytest.mark.slow)])
 def test_parallel_jobs_share_the_cores_and_the_users_setting_wins(cli, tmp_path, launcher):
     """local: cores // n_jobs (2) threads per job; submitit: its cpus_per_task (1); OMP_NUM_THREADS: that."""
     proc = cli("-m", *LAUNCHERS[launcher], *CHEAP, "game=ipd,kuhn", env={"OMP_NUM_THREADS": None})
@@ -67,6 +67,7 @@ def test_a_sweep_whose_every_job_fails_exits_1_and_one_that_skips_exits_0(cli, t
     assert again.returncode == 0 and "0 done, 0 failed, 1 skipped" in again.stdout
 
 
+@pytest.mark.slow
 def test_a_killed_job_fails_alone_and_the_summary_says_which(cli, tmp_path):
     """The probe: a joblib sweep with one worker SIGKILLed printed a 43-line traceback, aborted the other
     job and left no FAILED and no summary. Here one SEPO job SIGKILLs itself after its first step."""
