@@ -1,6 +1,6 @@
 """The paper's tables for all five games on the embedded tiny model, on a CPU, in one resumable command.
 
-    launch/tiny_paper.sh [--dry-run] [--root DIR] [--seeds 0,1,2] [--jobs 2] [--tables-anyway] [overrides]
+    launch/tiny_paper.sh [--dry-run] [--root DIR] [--seeds 0,1,2] [--games ipd,...] [--jobs 2] [--tables-anyway] [overrides]
 
 Phases, in order; each is one Hydra sweep through the local launcher (`+launch=local`, `--jobs` at a
 time, each job given cores // jobs threads), under `<root>/tiny_paper/<phase>/`:
@@ -57,20 +57,27 @@ class Phase:
     preset: str = PRESET  # the experiment preset of every job of the phase
 
 
-def phases(out: Path, seeds: list[int]) -> list[Phase]:
+def phases(out: Path, seeds: list[int], games: tuple[str, ...] = GAMES) -> list[Phase]:
+    """The phases for `games` (all five by default; a subset runs only the SFTs those games start from)."""
     sft_dir = out / "sft"
-    sft_games = sorted(set(SFT_RUN_OF.values()))
-    shared = [g for g, s in SFT_RUN_OF.items() if s != g]
-    plan = [
-        Phase("sft", ["stage=sft", f"game={','.join(sft_games)}"], "${game.name}"),
-        Phase(
-            "sft_eval",
-            ["stage=eval", "eval.phase=sft", f"game={','.join(shared)}", f"model.path={sft_dir / 'ipd' / 'merged'}"],
-            "${game.name}",
-        ),
-        Phase("base", ["stage=eval", f"game={','.join(GAMES)}"], "${game.name}"),
-    ]
-    for game in GAMES:
+    sft_games = sorted({SFT_RUN_OF[g] for g in games})
+    shared = [g for g in games if SFT_RUN_OF[g] != g]
+    plan = [Phase("sft", ["stage=sft", f"game={','.join(sft_games)}"], "${game.name}")]
+    if shared:
+        plan.append(
+            Phase(
+                "sft_eval",
+                [
+                    "stage=eval",
+                    "eval.phase=sft",
+                    f"game={','.join(shared)}",
+                    f"model.path={sft_dir / 'ipd' / 'merged'}",
+                ],
+                "${game.name}",
+            )
+        )
+    plan.append(Phase("base", ["stage=eval", f"game={','.join(games)}"], "${game.name}"))
+    for game in games:
         plan.append(
             Phase(
                 f"sepo_{game}",
@@ -86,6 +93,14 @@ def phases(out: Path, seeds: list[int]) -> list[Phase]:
             )
         )
     return plan
+
+
+def games_of(text: str) -> tuple[str, ...]:
+    games = tuple(g.strip() for g in text.split(",") if g.strip())
+    unknown = [g for g in games if g not in GAMES]
+    if unknown or not games:
+        raise argparse.ArgumentTypeError(f"--games {text!r}: allowed: a comma-separated subset of {','.join(GAMES)}")
+    return games
 
 
 def sweep_command(phase: Phase, out: Path, jobs: int, overrides: list[str]) -> list[str]:
@@ -156,6 +171,12 @@ def main() -> int:
         default=[0, 1, 2],
         help="SEPO seeds of every arm, comma-separated (default 0,1,2)",
     )
+    parser.add_argument(
+        "--games",
+        type=games_of,
+        default=GAMES,
+        help=f"comma-separated subset of {','.join(GAMES)} (default: all five)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="jobs at a time (each gets cores // jobs threads)")
     parser.add_argument("--tables-anyway", action="store_true", help="write the tables even when a job failed")
     args, overrides = parser.parse_known_args()
@@ -163,7 +184,7 @@ def main() -> int:
     overrides = [f"paths.root_dir={args.root.resolve()}", *overrides]
 
     if args.dry_run:
-        for phase in phases(out, args.seeds):
+        for phase in phases(out, args.seeds, args.games):
             jobs = expand(phase, out, overrides)
             print(f"# {phase.name}: {len(jobs)} job(s) -> {out / phase.name}")
             for job in jobs:
@@ -172,7 +193,7 @@ def main() -> int:
         return 0
 
     started, seconds, failures = time.time(), {}, []
-    for phase in phases(out, args.seeds):
+    for phase in phases(out, args.seeds, args.games):
         t0 = time.time()
         code = run(sweep_command(phase, out, args.jobs, overrides))
         seconds[phase.name] = round(time.time() - t0, 1)

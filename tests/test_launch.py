@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -102,3 +104,29 @@ def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
     others = {line.split()[2] for line in lines if not line.startswith("#") and " stage=sepo " not in line}
     assert others == {"+experiment=tiny_paper"}  # SFT, SFT evaluation, Base: the shared preset
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
+@pytest.mark.parametrize(
+    "games, expected",
+    [
+        ("neg_v1", {"sft": 1, "sft_eval": 1, "base": 1, "sepo_neg_v1": 6}),
+        ("kuhn,neg_v2", {"sft": 2, "base": 2, "sepo_neg_v2": 6, "sepo_kuhn": 6}),
+    ],
+)
+def test_tiny_paper_on_some_games_runs_only_the_sfts_they_start_from(tmp_path, games, expected):
+    """One game's verdict over more seeds without the other four games' runs (neg_v1 starts from the `multi`
+    SFT, trained under game=ipd, so it needs that SFT and its own SFT evaluation)."""
+    proc = dry_run("tiny_paper.sh", "--root", str(tmp_path), "--seeds", "0,1,2", "--games", games)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    phases = {
+        line.split()[1].rstrip(":"): int(line.split()[2]) for line in lines if line.startswith("# ") and "job" in line
+    }
+    assert phases == expected
+    sft_games = sorted(line.split("game=")[1].split()[0] for line in lines if " stage=sft " in line)
+    assert sft_games == sorted({"neg_v1": "ipd", "kuhn": "kuhn", "neg_v2": "neg_v2"}[g] for g in games.split(","))
+
+
+def test_tiny_paper_refuses_an_unknown_game_in_one_line(tmp_path):
+    proc = dry_run("tiny_paper.sh", "--root", str(tmp_path), "--games", "ipd,chess")
+    assert proc.returncode == 2 and "allowed: a comma-separated subset of ipd,auction,neg_v1,neg_v2,kuhn" in proc.stderr

@@ -38,6 +38,10 @@ embeddings), with transformers' default vision and audio towers, or at transform
 `Gemma4TextConfig()` (`--gemma4-preset default`); Qwen 3.5 at the published shape of
 Qwen/Qwen3.5-4B.
 
+`--save-to DIR` measures nothing: it saves each model as a random-weight checkpoint (the dressed tiny
+tokenizer beside it) in DIR/<model>, so every stage of `main.py` can run at full size where nothing can
+be downloaded (benchmarks/gpu_session.sh does so).
+
 `--tiny` (hidden) runs the whole flow on tiny random models of both architectures, and with
 `--device cpu` in float32 on a CPU, so the code path is exercised where there is no GPU (the
 tests do both: tests/test_gpu.py).
