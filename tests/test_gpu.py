@@ -9,6 +9,7 @@ architectures through the project's log-prob code. The `gpu` tests run on a CUDA
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -211,6 +212,54 @@ def test_whole_flow_on_tiny_models_on_cpu(tmp_path):
         plain, quantized = m["sepo_step"]
         assert plain["decisions"] > 0 and not plain["skipped"]
         assert "step_s" in quantized or "skipped" in quantized
+
+
+def test_a_part_that_breaks_leaves_the_others_figures(monkeypatch, tmp_path):
+    """On the first GPU run, fla refused Qwen 3.5's backward pass in the SFT part and the whole JSON, the
+    decode figures included, was lost."""
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results")
+
+    monkeypatch.setattr(gpu_bench, "sft_benchmark", refuses)
+    out = gpu_bench.run(
+        bench_args("--tiny", "--device", "cpu", "--cache-dir", str(tmp_path), "--model", "qwen", "--decode-steps", "2")
+    )
+    qwen = out["models"]["qwen"]
+    assert all("steps_per_s" in row for row in qwen["decode"]["batches"])
+    assert qwen["sft"] == {
+        "error": "RuntimeError: Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results"
+    }
+    assert "skipped" in qwen["sepo_step"][0]  # the model may still carry the failed part's adapter
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_saved_random_checkpoint_runs_through_main_py(arch, cli, tmp_path):
+    """What a GPU session without downloads does at full size (benchmarks/gpu_session.sh), on the tiny shapes:
+    the real class saved with the tiny tokenizer in the model's own chat format, then a stage of main.py on it."""
+    saved = gpu_bench.run(
+        bench_args(
+            "--tiny", "--device", "cpu", "--cache-dir", str(tmp_path), "--model", arch, "--save-to", str(tmp_path)
+        )
+    )
+    assert saved == {arch: str(tmp_path / arch)}
+    proc = cli(
+        "stage=eval",
+        "game=kuhn",
+        f"model={arch}",
+        f"model.path={tmp_path / arch}",
+        "model.dtype=float32",
+        "logger=none",
+        "eval.episodes_per_opponent=2",
+        "eval.max_new_tokens=8",
+        "eval.action_samples=4",
+        "eval.progress=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"paths.cache_dir={tmp_path}",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert result["model"].startswith(arch) and result["episodes"] > 0
 
 
 # --------------------------------------------------------------------------- on a GPU
