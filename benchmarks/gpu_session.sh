@@ -4,12 +4,15 @@
 #
 #   bash benchmarks/gpu_session.sh [parts...]     parts: bench tests pipeline (default: all three)
 #
-#   bench     python -m sepo.bench gpu --model both     -> $OUT/gpu.json, its log in session.log
+#   bench     python -m sepo.bench gpu, one run per model -> $OUT/gpu-gemma4.json, gpu-qwen.json (Qwen 3.5's
+#             Gated DeltaNet on PyTorch's path) and gpu-qwen-fla.json (decoding with flash-linear-attention)
 #   tests     pytest -m gpu tests/test_gpu.py
 #   pipeline  the main job's every stage through main.py at full size, random weights saved once as a
 #             local checkpoint with the tiny tokenizer: datagen, Base eval, SFT (a few steps), SFT
 #             eval, SEPO (2 steps, n = 4, the three pools), SEPO eval (2 episodes per opponent), for
-#             qwen then gemma4, on each game of $GAMES (default: kuhn ipd)
+#             qwen then gemma4, on each game of $GAMES (default: kuhn ipd) -> $OUT/results_<model>_<game>.csv
+#   The log of everything: $OUT/session.log. More settings: BENCH_ARGS (e.g. "--override sepo.micro_batch=8")
+#   reaches every benchmark run, RUN_ARGS (e.g. "sepo.micro_batch=8") every main.py run.
 #
 # Needs: the wheels of benchmarks/gpu_wheels.sh in .whl/ (carried), a CUDA build of torch.
 # Rehearsal on a CPU: WHEELS=none SAVE_ARGS="--tiny --device cpu" bash benchmarks/gpu_session.sh pipeline
@@ -46,7 +49,7 @@ bench() {  # bench SECONDS NAME args...: one `python -m sepo.bench gpu` run, its
     timeout --kill-after=10 "$limit" python3 -m sepo.bench gpu "$@" >"$OUT/$name.json" 2>>"$LOG"
     say "end $name: rc $? after $((SECONDS - t0))s"
 }
-SIZES=(--decode-steps "${DECODE_STEPS:-32}" --sft-steps "${SFT_STEPS:-3}")
+SIZES=(--decode-steps "${DECODE_STEPS:-32}" --sft-steps "${SFT_STEPS:-3}" ${BENCH_ARGS:-})
 CKPT=/tmp/sepo_ckpt
 pipeline() {  # pipeline SECONDS MODEL GAME: the main job's every stage, small, on the saved random checkpoint
     local limit=$1 model=$2 game=$3
@@ -57,7 +60,7 @@ pipeline() {  # pipeline SECONDS MODEL GAME: the main job's every stage, small, 
         sft.max_steps=3 sft.max_examples=64 sft.max_valid_examples=16 sft.agreement_examples=16 \
         sft.agreement_max_new_tokens=32 sepo.steps=2 sepo.rollouts_per_opponent=4 "sepo.checkpoint_steps=[]" \
         sepo.max_new_tokens=32 eval.episodes_per_opponent=2 eval.max_new_tokens=32 eval.action_samples=16 \
-        eval.progress=false "hydra.run.dir=/tmp/sepo_runs/${model}_$game" paths.cache_dir=/tmp/sepo_cache
+        eval.progress=false "hydra.run.dir=/tmp/sepo_runs/${model}_$game" paths.cache_dir=/tmp/sepo_cache ${RUN_ARGS:-}
     cp "/tmp/sepo_runs/${model}_$game/tables/results.csv" "$OUT/results_${model}_$game.csv" 2>/dev/null
 }
 
