@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 import sepo.cli  # noqa: F401  (registers the run_name resolver)
-from sepo.benchmarks.gpu import chat_tokenizer
+from sepo.benchmarks.gpu import chat_tokenizer, padded_vocab
 from sepo.models import IM_END, build_tiny, load_model_and_tokenizer
 from sepo.policies.lm import LMPolicy
 
@@ -174,10 +174,6 @@ def teach(bundle, examples: list[tuple[list[dict[str, str]], str]], steps: int):
     return student.eval(), tokenizer, cfg
 
 
-def _vocab(tok, multiple: int = 64) -> int:
-    return -(-len(tok) // multiple) * multiple
-
-
 @pytest.fixture(scope="module")
 def gemma4_dir(tiny_dir, tmp_path_factory):
     """A tiny random Gemma 4 (text, vision and audio towers, KV sharing) saved like a checkpoint."""
@@ -192,7 +188,7 @@ def gemma4_dir(tiny_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("gemma4")
     tok = chat_tokenizer("gemma4", tiny_dir)
-    eos, pad, vocab = tok.convert_tokens_to_ids("<turn|>"), tok.pad_token_id, _vocab(tok)
+    eos, pad, vocab = tok.convert_tokens_to_ids("<turn|>"), tok.pad_token_id, padded_vocab(tok)
     text = Gemma4TextConfig(
         vocab_size=vocab,
         vocab_size_per_layer_input=vocab,
@@ -251,7 +247,7 @@ def qwen_dir(tiny_dir, tmp_path_factory):
     tok = chat_tokenizer("qwen", tiny_dir)
     eos, pad = tok.convert_tokens_to_ids(IM_END), tok.pad_token_id
     text = Qwen3_5TextConfig(
-        vocab_size=_vocab(tok),
+        vocab_size=padded_vocab(tok),
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=4,

@@ -767,6 +767,11 @@ def sft_benchmark(
 
 
 # ------------------------------------------------------------------------------------- checkpoints
+def padded_vocab(tokenizer: Any, multiple: int = 64) -> int:
+    """The embedding rows a model built for `tokenizer` gets: its length rounded up, as real vocabularies are."""
+    return -(-len(tokenizer) // multiple) * multiple
+
+
 def chat_tokenizer(arch: str, tiny_dir: str | Path):
     """The tiny tokenizer dressed as `arch`'s: its chat template, end-of-turn token and special
     tokens, so prompts render and answers end the way the real model's do (its ids stay < 2,048,
@@ -796,7 +801,7 @@ def save_random_checkpoint(arch: str, out: str | Path, cache_dir: str | Path, ti
     tiny_dir = build_tiny(_compose(["model=tiny", "logger=none", f"paths.cache_dir={cache_dir}"]).model, cache_dir)
     tok = chat_tokenizer(arch, tiny_dir)
     end_of_turn, pad = tok.convert_tokens_to_ids(tok.eos_token), tok.pad_token_id
-    vocab = -(-len(tok) // 64) * 64
+    vocab = padded_vocab(tok)
     if tiny:
         config = tiny_config(arch, vocab, pad, end_of_turn)
     else:
@@ -836,7 +841,7 @@ def benchmark_model(
     # bfloat16 as the real runs use it; float32 only for the tiny debug models on a CPU
     dtype = torch.float32 if args.tiny and not str(device).startswith("cuda") else torch.bfloat16
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    vocab = -(-len(tokenizer) // 64) * 64
+    vocab = padded_vocab(tokenizer)
     if args.tiny:
         config, shape = tiny_config(arch, vocab, pad_id, eos_id), "tiny"
     elif arch == "gemma4":
