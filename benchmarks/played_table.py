@@ -39,10 +39,10 @@ def main() -> None:
     import torch
     from omegaconf import OmegaConf
 
+    from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
     from sepo.games.kuhn import ACTION_INDEX, infoset_requests, table_from_probs
     from sepo.games.kuhn_exact import exploitability
-    from sepo.models import load_model_and_tokenizer
     from sepo.policies.lm import LMPolicy
 
     if args.threads:

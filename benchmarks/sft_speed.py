@@ -69,7 +69,7 @@ def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
     from hydra import compose, initialize_config_dir
 
     import sepo.cli  # noqa: F401  (resolvers)
-    from sepo.models import load_model_and_tokenizer
+    from sepo.builders import load_model_and_tokenizer
     from sepo.stages.sft import ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_examples, sft_settings, subsample
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):

@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sepo.builders.smollm2 import gguf_path
 from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
@@ -34,12 +35,12 @@ from sepo.training.options import ADV_NORMS, CREDITS, LENGTH_NORMS, LR_SCHEDULES
 
 log = logging.getLogger(__name__)
 
-MODEL_KINDS = ("scripted", "tiny", "gemma4", "qwen")
+MODEL_KINDS = ("scripted", "tiny", "smollm2", "gemma4", "qwen")
 #: models built by the code itself; every other language model is loaded from `model.path`
-BUILT_MODELS = ("scripted", "tiny")
+BUILT_MODELS = ("scripted", "tiny", "smollm2")
 #: stages that train the model (a scripted agent has nothing to train)
 TRAINING_STAGES = ("sft", "sepo", "pipeline")
-TORCH_DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+TORCH_DTYPES = ("auto", "bfloat16_if_fast", "float32", "bfloat16", "float16", "float64")
 LOGGER_MODES = ("offline", "online", "disabled")
 
 
@@ -231,6 +232,8 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.refresh_steps", integer(1)),
     (SEPO, "sepo.refresh_kl", real(0.0, strict=True)),
     (SEPO, "sepo.micro_batch", integer(1)),
+    (SEPO, "sepo.micro_batch_tokens", integer(0)),
+    (SEPO, "sepo.generate_batch", integer(0)),
     (SEPO, "sepo.logprob_chunk", integer(1)),
     (SEPO, "sepo.checkpoint_steps", step_list()),
     (SEPO, "sepo.best_response_every", integer(1)),
@@ -285,11 +288,12 @@ def check_paths(cfg: DictConfig) -> None:
         f"paths.root_dir={root} is not allowed; allowed: a writable directory (or one that can be created)",
     )
     cache = Path(str(cfg.paths.cache_dir))
-    if cfg.model.name == "tiny" and not cfg.model.get("path") and not any(cache.glob("tiny-*/sepo_build.json")):
+    name = cfg.model.name
+    if name in BUILT_MODELS and name != "scripted" and not cfg.model.get("path"):
         _require(
-            can_hold_outputs(cache),
-            f"paths.cache_dir={cache} is not allowed: the tiny model is built there on first use, and it cannot be "
-            "written; allowed: a writable directory (or one holding a tiny build)",
+            any(cache.glob(f"{name}-*/sepo_build.json")) or can_hold_outputs(cache),
+            f"paths.cache_dir={cache} is not allowed: the {name} model is built there on first use, and it cannot "
+            f"be written; allowed: a writable directory (or one holding a {name} build)",
         )
     if applies(SFT, cfg) and not (Path(str(cfg.sft.data_dir)) / str(cfg.sft.dataset) / "train.jsonl").exists():
         _require(
@@ -401,6 +405,8 @@ def check_model(cfg: DictConfig) -> None:
             strategy in known,
             f"model.strategy: unknown {cfg.game.name} strategy {strategy!r}; allowed: {', '.join(known)}",
         )
+    elif cfg.model.name == "smollm2" and not cfg.model.get("path"):
+        gguf_path()  # the package it is built from is installed (else one line naming the install command)
     elif cfg.model.name not in BUILT_MODELS:
         _require(
             bool(cfg.model.get("path")),

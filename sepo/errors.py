@@ -5,6 +5,10 @@ class ConfigError(ValueError):
     """A config value is wrong: the message names the key and the allowed values."""
 
 
+class ModelLoadError(ConfigError):
+    """A model or tokenizer cannot be loaded or built from `cfg.model`; the message says what to set."""
+
+
 class RunError(RuntimeError):
     """A known way for a run to fail after its config was accepted (a damaged input, a diverged loss):
     the run is marked FAILED with the message, which names the file, key or step, and the command exits

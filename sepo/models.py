@@ -1,11 +1,10 @@
-"""Load models and tokenizers from `cfg.model`; build the embedded `tiny` model offline.
+"""The one loader below every model: checkpoint directory or hub id in, model and tokenizer out.
 
-One loading path serves every model: `from_pretrained` on a directory or hub id, then the same
-tokenizer fixes (left padding for batched generation, a pad token, a chat template). The `tiny`
-model is the only one built here: a small Qwen3-style causal LM with random weights and a
-byte-level BPE trained on the games' own text (`sepo.tiny_corpus`), so the whole pipeline runs on
-a CPU with nothing downloaded. It is built once per configuration and cached as an ordinary
-`save_pretrained` directory, then loaded exactly like a real checkpoint.
+One path serves every model, built or downloaded: `from_pretrained`, then the same tokenizer fixes
+(left padding for batched generation, a pad token, a chat template). What a run loads is decided
+above, in `sepo.builders` (a built model's cache directory, or `model.path`). Also here: what every
+forward and generate call needs from the config (chat-template arguments, Gemma 4's token type
+ids), LoRA adapters, and the 4-bit reference.
 
 Real checkpoints (Gemma 4, Qwen 3.5) are never downloaded by the code's tests; they are loaded
 from `model.path`, a local directory or a hub id already in the Hugging Face cache.
@@ -14,13 +13,8 @@ from `model.path`, a local directory or a hub id already in the Hugging Face cac
 from __future__ import annotations
 
 import copy
-import hashlib
 import inspect
-import json
 import logging
-import shutil
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,34 +22,12 @@ import torch
 from huggingface_hub.errors import HFValidationError
 from omegaconf import OmegaConf
 
-from sepo import distributed
-from sepo.errors import ConfigError
+from sepo.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
-PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-#: Special tokens of the tiny tokenizer (ids 0, 1, 2): Qwen's ChatML set.
-SPECIAL_TOKENS = (PAD, IM_START, IM_END)
-#: Reasoning markers: ordinary added tokens, as in Qwen, so decoding keeps them.
-THINK_TOKENS = ("<think>", "</think>")
-
-#: ChatML, as the Qwen models use it. `enable_thinking=true` opens a <think> block in the generation
-#: prompt; false (the default) leaves the model to answer directly.
-TINY_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<think>\\n' -}}{%- endif -%}"
-    "{%- endif -%}"
-)
-
-BUILD_INFO = "sepo_build.json"
-
-
-class ModelLoadError(ConfigError):
-    """A model or tokenizer cannot be loaded from `cfg.model`; the message says what to set."""
+#: CPU flags of a native bfloat16 matmul (x86: AVX512-BF16 or AMX); without one bfloat16 is emulated, slower than float32
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 # --------------------------------------------------------------------------- prompts and inputs
@@ -91,189 +63,6 @@ def forward_extras(model: Any, model_cfg: Any, input_ids: torch.Tensor) -> dict[
     return {name: torch.zeros_like(input_ids)}
 
 
-# --------------------------------------------------------------------------- the tiny model
-def _tiny_parts(model_cfg: Any) -> dict[str, Any]:
-    """The config fields that determine the built files (others, e.g. lora or sft, do not)."""
-    return {
-        key: OmegaConf.to_container(model_cfg[key], resolve=True)
-        if OmegaConf.is_config(model_cfg[key])
-        else model_cfg[key]
-        for key in ("architecture", "tokenizer", "corpus", "seed")
-    }
-
-
-def tiny_key(model_cfg: Any, corpus_digest: str) -> str:
-    """Short hash of everything the tiny build depends on: its config, the corpus and the template."""
-    payload = json.dumps(
-        {
-            "cfg": _tiny_parts(model_cfg),
-            "corpus": corpus_digest,
-            "template": TINY_CHAT_TEMPLATE,
-            "special": SPECIAL_TOKENS,
-            "think": THINK_TOKENS,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
-
-def train_tiny_tokenizer(texts: list[str], tok_cfg: Any):
-    """Byte-level BPE on `texts`, wrapped as a fast tokenizer with ChatML and left padding.
-
-    Training stops at `tok_cfg.vocab_size` tokens or earlier, when every word of the corpus is one
-    token (the games' text has a small vocabulary).
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=int(tok_cfg.vocab_size) - len(THINK_TOKENS),
-        min_frequency=int(tok_cfg.min_frequency),
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=IM_END,
-        pad_token=PAD,
-        padding_side="left",
-        chat_template=TINY_CHAT_TEMPLATE,
-        model_input_names=["input_ids", "attention_mask"],
-    )
-
-
-def init_tiny_model(model_cfg: Any, tokenizer: Any):
-    """A randomly initialised Qwen3 causal LM; the global torch RNG is left untouched."""
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    arch = model_cfg.architecture
-    pad, eos = tokenizer.convert_tokens_to_ids(PAD), tokenizer.convert_tokens_to_ids(IM_END)
-    multiple = int(arch.pad_vocab_to_multiple_of)
-    config = Qwen3Config(
-        vocab_size=-(-len(tokenizer) // multiple) * multiple,
-        hidden_size=int(arch.hidden_size),
-        intermediate_size=int(arch.intermediate_size),
-        num_hidden_layers=int(arch.num_hidden_layers),
-        num_attention_heads=int(arch.num_attention_heads),
-        num_key_value_heads=int(arch.num_key_value_heads),
-        head_dim=int(arch.head_dim),
-        max_position_embeddings=int(arch.max_position_embeddings),
-        rope_parameters={"rope_type": "default", "rope_theta": float(arch.rope_theta)},
-        initializer_range=float(arch.initializer_range),
-        tie_word_embeddings=bool(arch.tie_word_embeddings),
-        pad_token_id=pad,
-        eos_token_id=eos,
-        bos_token_id=None,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(model_cfg.seed))
-        model = Qwen3ForCausalLM(config)
-    # stop at the end of the assistant turn (and at the pad/end-of-text token), like Qwen's instruct models
-    model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=None)
-    return model
-
-
-def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
-    """Build the tiny model and tokenizer (deterministic, offline, seconds) and return their
-    directory `<cache_dir>/tiny-<hash>/`; an existing complete build is reused.
-
-    The build is written to a temporary directory and renamed into place, so concurrent runs
-    never see half a build and the loser of a race simply discards its copy.
-    """
-    from sepo.paths import CONF_DIR
-    from sepo.tiny_corpus import build_corpus, corpus_digest
-
-    texts = build_corpus(model_cfg.corpus, CONF_DIR)
-    digest = corpus_digest(texts)
-    cache_dir = Path(cache_dir)
-    out = cache_dir / f"tiny-{tiny_key(model_cfg, digest)}"
-    if distributed.rank() != 0:  # transformers writes weights on rank 0 only: wait for its build
-        return _wait_for_build(out)
-    if (out / BUILD_INFO).exists():
-        damage = build_damage(out)
-        if damage is None:
-            return out
-        log.warning("the cached tiny model in %s is damaged (%s): rebuilding it", out, damage)
-        _discard(out)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=cache_dir))
-    try:
-        tokenizer = train_tiny_tokenizer(texts, model_cfg.tokenizer)
-        model = init_tiny_model(model_cfg, tokenizer)
-        tokenizer.save_pretrained(tmp)
-        model.save_pretrained(tmp)
-        info = {
-            "config": _tiny_parts(model_cfg),
-            "corpus_sha256": digest,
-            "corpus_texts": len(texts),
-            "tokens": len(tokenizer),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
-        }
-        (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by runs
-        try:
-            tmp.rename(out)
-        except OSError:
-            if not (out / BUILD_INFO).exists():
-                raise
-        log.info("built tiny model in %s (%d parameters, %d tokens)", out, info["parameters"], info["tokens"])
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def build_damage(out: Path) -> str | None:
-    """What is wrong with a cached tiny build (a file missing, cut or changed since it was built), or
-    None. A build of older code that recorded no file hashes counts as damaged: rebuilding is seconds."""
-    try:
-        files = json.loads((out / BUILD_INFO).read_text()).get("files")
-    except (OSError, ValueError) as err:
-        return f"unreadable {BUILD_INFO}: {type(err).__name__}"
-    if not files:
-        return "no file hashes recorded"
-    for name, digest in files.items():
-        if not (out / name).is_file():
-            return f"{name} is missing"
-        if _sha256(out / name) != digest:
-            return f"{name} differs from the build"
-    return None
-
-
-def _discard(out: Path) -> None:
-    """Move a damaged build out of the way (atomically: a run loading it at the same time sees the old
-    dir or none), then delete it."""
-    aside = out.with_name(f".{out.name}-damaged-{time.time_ns()}")
-    try:
-        out.rename(aside)
-    except OSError:
-        return  # another run moved it first
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def _wait_for_build(out: Path, timeout_s: float = 900.0) -> Path:
-    """Under data parallelism every process loads the model at the same point and rank 0 builds it."""
-    started = time.time()
-    while not (out / BUILD_INFO).exists():
-        if time.time() - started > timeout_s:
-            raise ModelLoadError(
-                f"rank {distributed.rank()}: no tiny model appeared in {out} within {timeout_s:.0f} s "
-                "(rank 0 builds it)"
-            )
-        time.sleep(0.5)
-    return out
-
-
 # --------------------------------------------------------------------------- loading
 def _looks_local(path: str) -> bool:
     return Path(path).expanduser().is_absolute() or path.startswith((".", "~"))
@@ -293,6 +82,27 @@ def _load_error(path: str, err: Exception) -> ModelLoadError:
     )
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (Linux: /proc/cpuinfo's flags; elsewhere, ask torch's
+    kernels, which only says whether they were built for it)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
+    return any(f" {flag}" in flags for flag in BF16_CPU_FLAGS)
+
+
+def resolve_dtype(name: str, device: str) -> Any:
+    """`model.dtype` as torch's: auto stays "auto" (the checkpoint's own); bfloat16_if_fast is bfloat16 on a GPU
+    or a CPU with native bfloat16 (2.6x float32's matmul rate on this project's CPU), else float32."""
+    if name == "auto":
+        return name
+    if name == "bfloat16_if_fast":
+        fast = device.startswith("cuda") or (device == "cpu" and cpu_has_native_bf16())
+        return torch.bfloat16 if fast else torch.float32
+    return _resolve(name, "model.dtype", torch)
+
+
 def _resolve(name: str, what: str, module: Any) -> Any:
     value = getattr(module, name, None) if isinstance(name, str) else None
     if value is None:
@@ -300,27 +110,20 @@ def _resolve(name: str, what: str, module: Any) -> Any:
     return value
 
 
-def load_model_and_tokenizer(model_cfg: Any, cache_dir: str | Path, device: str | None = None):
-    """The model (eval mode, on `device`, default cuda when available) and its tokenizer.
+def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None):
+    """The model at `path` (a directory or hub id; eval mode, on `device`, default cuda when
+    available) and its tokenizer, with the settings of `model_cfg` (class, dtype, attention).
 
-    `model.path` null builds the tiny model under `cache_dir` (tiny only). The tokenizer comes back
-    with left padding, a pad token and a chat template; the model's generation config with a pad id.
+    The tokenizer comes back with left padding, a pad token and a chat template; the model's
+    generation config with a pad id. Built models (tiny, smollm2) reach here as directories
+    (`sepo.builders.load_model_and_tokenizer` resolves them).
     """
     import transformers
 
-    path = model_cfg.get("path")
-    if path is None:
-        if model_cfg.name != "tiny":
-            raise ModelLoadError(
-                f"model.path is not set for model={model_cfg.name}; set model.path to a local "
-                "checkpoint directory or a hub id"
-            )
-        path = build_tiny(model_cfg, cache_dir)
     path = str(path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model_class = _resolve(model_cfg.get("model_class", "AutoModelForCausalLM"), "model.model_class", transformers)
-    dtype = model_cfg.get("dtype", "float32")
-    dtype = dtype if dtype == "auto" else _resolve(dtype, "model.dtype", torch)  # auto: the checkpoint's own
+    dtype = resolve_dtype(model_cfg.get("dtype", "float32"), device)
     common = {
         "trust_remote_code": bool(model_cfg.get("trust_remote_code", False)),
         "revision": model_cfg.get("revision"),

@@ -7,12 +7,17 @@ Sections nest and time is exclusive: a second spent in "decoding" inside "genera
 device is synchronised at every boundary, otherwise asynchronous kernels would be billed to
 whichever section happens to wait for them.
 
+With `profiled(memory=True)` each section also records the process's peak resident memory while it
+ran (Linux: the kernel's high-water mark, reset at every boundary), so "where did the memory go" has
+an answer per phase, not just per process.
+
 `time_model_forwards(model)` splits generate's forward passes into prompt processing (a pass over
 more than one new token per row: the prefill) and decoding (one new token per row).
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -22,13 +27,43 @@ from typing import Any
 import torch
 
 
+def peak_rss_bytes() -> int | None:
+    """The process's peak resident memory since the last `reset_peak_rss` (Linux), else None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> None:
+    """Start a new peak: hand the memory the allocator holds but no tensor uses back to the system
+    (glibc keeps freed blocks, which would count in every later section), then set the kernel's
+    high-water mark back to the current resident memory."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 class Sections:
-    """Exclusive wall-clock seconds per named section, with a call count."""
+    """Exclusive wall-clock seconds per named section, with a call count (and, when asked, the peak
+    resident memory reached inside each)."""
 
     def __init__(self) -> None:
         self.enabled = False
+        self.memory = False
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.peak_rss: dict[str, int] = defaultdict(int)
         self._stack: list[str] = []
         self._since = 0.0
 
@@ -42,6 +77,11 @@ class Sections:
         now = self._now()
         if self._stack:
             self.seconds[self._stack[-1]] += now - self._since
+            if self.memory:
+                peak = peak_rss_bytes() or 0
+                self.peak_rss[self._stack[-1]] = max(self.peak_rss[self._stack[-1]], peak)
+        if self.memory:
+            reset_peak_rss()
         self._since = now
 
     def enter(self, name: str) -> None:
@@ -66,6 +106,7 @@ class Sections:
     def reset(self) -> None:
         self.seconds.clear()
         self.calls.clear()
+        self.peak_rss.clear()
         self._stack.clear()
 
 
@@ -75,14 +116,15 @@ section = SECTIONS
 
 
 @contextmanager
-def profiled() -> Iterator[Sections]:
-    """Switch timing on for the duration of the block (fresh counters); yields the sections."""
+def profiled(memory: bool = False) -> Iterator[Sections]:
+    """Switch timing (and with `memory`, peak resident memory) on for the duration of the block, with
+    fresh counters; yields the sections."""
     SECTIONS.reset()
-    SECTIONS.enabled = True
+    SECTIONS.enabled, SECTIONS.memory = True, memory
     try:
         yield SECTIONS
     finally:
-        SECTIONS.enabled = False
+        SECTIONS.enabled = SECTIONS.memory = False
 
 
 def time_model_forwards(model: torch.nn.Module) -> list[Any]:

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from sepo.builders import load_model_and_tokenizer
+from sepo.builders.cache import BUILD_INFO
+from sepo.builders.tiny import build_tiny
 from sepo.errors import InputError
-from sepo.models import BUILD_INFO, ModelLoadError, build_tiny, load_model_and_tokenizer
+from sepo.models import ModelLoadError
 from sepo.stages.sft import ensure_dataset
 from sepo.training.sft_data import read_examples
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from sepo.builders import load_model_and_tokenizer
 from sepo.errors import NonFiniteLogits
 from sepo.games import make_game
-from sepo.models import load_model_and_tokenizer
 from sepo.policies.base import DecisionRequest
 from sepo.policies.lm import (
     ActionStoppingCriteria,

@@ -15,18 +15,11 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
+from sepo.builders import load_model_and_tokenizer
+from sepo.builders.tiny import IM_END, PAD, build_tiny
 from sepo.errors import ConfigError
 from sepo.games import make_game
-from sepo.models import (
-    IM_END,
-    PAD,
-    ModelLoadError,
-    build_tiny,
-    chat_template_kwargs,
-    forward_extras,
-    load_model_and_tokenizer,
-    render_chat,
-)
+from sepo.models import ModelLoadError, chat_template_kwargs, forward_extras, render_chat
 
 from .conftest import CONF, model_cfg
 

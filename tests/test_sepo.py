@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from sepo.builders import load_model_and_tokenizer
 from sepo.games import make_game
-from sepo.models import load_model_and_tokenizer
 from sepo.policies.lm import LMPolicy
 from sepo.stages.sepo_loop import (
     RecordingPolicy,
@@ -80,13 +80,15 @@ def test_pooled_trains_on_every_pool_and_the_paper_modes_on_the_train_pool_only(
     assert train_trace(batches["pooled"]) == train_trace(batches["per_rollout"]) == train_trace(batches["shared"])
 
 
-def test_the_loss_gradient_is_the_advantage_weighted_score(setup):
+@pytest.mark.parametrize("passes", ["sepo.micro_batch=5", "sepo.micro_batch_tokens=400"])
+def test_the_loss_gradient_is_the_advantage_weighted_score(setup, passes):
     """At ratio 1 (a fresh batch) and beta 0, the step is sum_d A_d * grad(token mean of log pi_d): the
-    gradient the estimator's advantages were built for, whatever the micro-batch size."""
-    from sepo.stages.sepo_loop import _policy_logprobs
+    gradient the estimator's advantages were built for, whatever the passes (by decisions or by tokens)."""
+    from sepo.stages.sepo_loop import _micro_batches, _policy_logprobs
 
-    cfg, s, game, model, policy = setup("sepo.beta=0", "sepo.micro_batch=5")
+    cfg, s, game, model, policy = setup("sepo.beta=0", passes)
     batch = collect(cfg, s, game, policy)
+    assert len(_micro_batches(batch.decisions, s)) > 1, "the setting must split the batch into several passes"
     batch.advantages = torch.randn(len(batch.decisions), generator=torch.Generator().manual_seed(0)).numpy()
     model.zero_grad()
     accumulate_gradients(model, policy, batch, reference_logprobs(model, policy, batch, s), s)
@@ -101,6 +103,29 @@ def test_the_loss_gradient_is_the_advantage_weighted_score(setup):
     direct = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     assert all(torch.allclose(ours[k], direct[k], atol=1e-6, rtol=1e-3) for k in ours)
     assert any(v.abs().sum() > 0 for v in ours.values())
+
+
+def test_passes_hold_at_most_micro_batch_decisions_and_micro_batch_tokens():
+    """Every decision in exactly one pass; no pass over either cap, except a row longer than the token cap,
+    which is a pass of its own."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from sepo.stages.sepo_loop import _micro_batches
+
+    lengths = [30, 10, 50, 20, 120, 40, 10, 60]
+    decisions = [SimpleNamespace(tokens=SimpleNamespace(prompt_ids=[0] * (n - 5), gen_ids=[0] * 5)) for n in lengths]
+    s = OmegaConf.create({"micro_batch": 3, "micro_batch_tokens": 100})
+    passes = _micro_batches(decisions, s)
+    assert sorted(i for p in passes for i in p) == list(range(len(lengths)))
+    for p in passes:
+        widest = max(lengths[i] for i in p)
+        assert len(p) <= 3
+        assert len(p) * widest <= 100 or len(p) == 1, (p, widest)
+    assert [[lengths[i] for i in p] for p in passes] == [[10, 10, 20], [30, 40], [50], [60], [120]]
+    s.micro_batch_tokens = 0  # no token cap: passes of micro_batch rows, shortest first
+    assert [len(p) for p in _micro_batches(decisions, s)] == [3, 3, 2]
 
 
 def test_non_finite_loss_skips_the_update(setup, monkeypatch):

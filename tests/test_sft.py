@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from sepo.builders import load_model_and_tokenizer
 from sepo.config import validate
 from sepo.errors import ConfigError
-from sepo.models import load_model_and_tokenizer
 from sepo.stages.sft import (
     ChatSFTCollator,
     end_of_turn_ids,

@@ -71,7 +71,7 @@ def test_a_sweep_whose_every_job_fails_exits_1_and_one_that_skips_exits_0(cli, t
 def test_a_killed_job_fails_alone_and_the_summary_says_which(cli, tmp_path):
     """The probe: a joblib sweep with one worker SIGKILLed printed a 43-line traceback, aborted the other
     job and left no FAILED and no summary. Here one SEPO job SIGKILLs itself after its first step."""
-    from sepo.models import build_tiny
+    from sepo.builders.tiny import build_tiny
 
     from .conftest import model_cfg
 

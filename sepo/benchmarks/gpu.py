@@ -796,7 +796,7 @@ def save_random_checkpoint(arch: str, out: str | Path, cache_dir: str | Path, ti
     import torch
     from transformers import AutoTokenizer, GenerationConfig
 
-    from sepo.models import build_tiny
+    from sepo.builders.tiny import build_tiny
 
     tiny_dir = build_tiny(_compose(["model=tiny", "logger=none", f"paths.cache_dir={cache_dir}"]).model, cache_dir)
     tok = chat_tokenizer(arch, tiny_dir)
@@ -825,7 +825,7 @@ def tiny_tokenizer(cache_dir: str | Path):
     """The project's tiny tokenizer (ChatML, left padding), built offline on first use."""
     from transformers import AutoTokenizer
 
-    from sepo.models import build_tiny
+    from sepo.builders.tiny import build_tiny
 
     tiny = _compose(["model=tiny", "logger=none", f"paths.cache_dir={cache_dir}"])
     return AutoTokenizer.from_pretrained(build_tiny(tiny.model, cache_dir))

@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     from sepo.arena import Match, play_matches
+    from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
-    from sepo.models import load_model_and_tokenizer
     from sepo.policies.lm import LMPolicy
     from sepo.strategies import make_strategy
 

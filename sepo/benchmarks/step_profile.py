@@ -6,7 +6,10 @@ one warm-up step, and splits each step's wall time into sections (`sepo.profilin
 processing and decoding inside generate, sampling (which records the behaviour log-probs), stopping
 checks, fallback, rendering, reference log-probs, the update's forward pass, backward, optimizer, and
 `other` (arena, games, advantages), plus `unaccounted` (wall time no section claimed), so the lines
-partition the step. Extra arguments are Hydra overrides (e.g. the side-by-side
+partition the step. Kuhn's best-response read (`best_response_read`) runs on the steps `run_sepo`
+runs it (the warm-up step always). Each section also reports the process's peak resident memory
+while it ran (`peak_rss_gib`, Linux), over the warm-up and the timed steps, and `peak_rss_gib_max`
+is the highest: the figure a memory target is checked against. Extra arguments are Hydra overrides (e.g. the side-by-side
 setting `sepo.penalty_mode=per_rollout sepo.rollouts_per_opponent=2 sepo.refresh_steps=1`).
 """
 
@@ -19,7 +22,9 @@ from pathlib import Path
 
 from sepo.benchmarks.common import compose
 
-HELP = "seconds per SEPO step of the tiny model, with a breakdown by section"
+HELP = "seconds and peak resident memory per SEPO step, with a breakdown by section"
+
+GIB = 1024**3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,11 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
+    from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
-    from sepo.models import attach_lora, load_model_and_tokenizer
+    from sepo.models import attach_lora
     from sepo.profiling import profiled, section, time_model_forwards
     from sepo.stages.sepo_loop import (
         RecordingPolicy,
+        best_response_schedule,
         generated_tokens,
         optimisation_step,
         reference_logprobs,
@@ -58,25 +65,32 @@ def run(args: argparse.Namespace) -> dict:
     base, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     model = attach_lora(base, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout))
     policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
+    best_response = best_response_schedule(builder, s)
     hooks = time_model_forwards(model)
 
     def one_step(index: int) -> tuple[int, int]:
         """Fresh rollouts and `refresh_steps` updates on them, as run_sepo takes them (no KL check)."""
         with section("other"):
+            if best_response.due(index):
+                best_response.refresh(game, policy, index)
             batch = builder.collect(game, RecordingPolicy(policy), index, estimator)
             ref = reference_logprobs(model, policy, batch, s)
             for _ in range(int(s.refresh_steps)):
                 optimisation_step(model, policy, optimizer, batch, ref, s)
         return len(batch.decisions), generated_tokens(batch)
 
-    one_step(0)  # warm-up: first-call allocations and lazy imports are not a step's cost
+    with profiled(memory=True) as warm_up:  # first-call allocations and lazy imports are not a step's time
+        one_step(0)
+        peaks = dict(warm_up.peak_rss)
     decisions = tokens = 0
-    with profiled() as sections:
+    with profiled(memory=True) as sections:
         started = time.perf_counter()
         for index in range(1, args.steps + 1):
             d, t = one_step(index)
             decisions, tokens = decisions + d, tokens + t
         seconds = time.perf_counter() - started
+        for name, peak in sections.peak_rss.items():
+            peaks[name] = max(peaks.get(name, 0), peak)
     for h in hooks:
         h.remove()
     per_step = seconds / args.steps
@@ -85,9 +99,10 @@ def run(args: argparse.Namespace) -> dict:
     claimed = dict(sections.seconds)
     claimed["unaccounted"] = seconds - sum(claimed.values())
     breakdown = {k: round(v / args.steps, 3) for k, v in sorted(claimed.items(), key=lambda kv: -kv[1])}
-    print(f"{'section':<22}{'s/step':>9}{'share':>8}", file=sys.stderr)
+    peak_gib = {k: round(v / GIB, 3) for k, v in sorted(peaks.items(), key=lambda kv: -kv[1])}
+    print(f"{'section':<22}{'s/step':>9}{'share':>8}{'peak RSS GiB':>14}", file=sys.stderr)
     for k, v in breakdown.items():
-        print(f"{k:<22}{v:>9.3f}{v / per_step:>8.1%}", file=sys.stderr)
+        print(f"{k:<22}{v:>9.3f}{v / per_step:>8.1%}{peak_gib.get(k, float('nan')):>14.2f}", file=sys.stderr)
     print(
         f"{'total':<22}{per_step:>9.3f}   ({decisions / args.steps:.0f} decisions, "
         f"{tokens / args.steps:.0f} generated tokens per step; {torch.get_num_threads()} threads)",
@@ -96,6 +111,8 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "seconds_per_step": round(per_step, 3),
         "breakdown": breakdown,
+        "peak_rss_gib": peak_gib,
+        "peak_rss_gib_max": max(peak_gib.values(), default=None),
         "decisions": decisions // args.steps,
         "tokens": tokens // args.steps,
         "steps": args.steps,

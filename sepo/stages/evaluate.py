@@ -129,7 +129,7 @@ def build_policy(cfg: DictConfig, game: Game) -> Policy:
     if cfg.model.name == "scripted":
         name = cfg.model.strategy or cfg.game.reference_strategy
         return ScriptedPolicy(make_strategy(cfg.game, name, key="model.strategy"))
-    from sepo.models import load_model_and_tokenizer
+    from sepo.builders import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     return evaluation_policy(cfg, model, tokenizer)

@@ -40,10 +40,11 @@ import torch
 from omegaconf import DictConfig
 
 from sepo import distributed
+from sepo.builders import load_model_and_tokenizer
 from sepo.errors import Diverged, NonFiniteLogits, one_line
 from sepo.files import write_text_atomically
 from sepo.games import Game, make_game
-from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, quantized_reference
+from sepo.models import attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
 from sepo.profiling import section
@@ -71,18 +72,28 @@ class RecordingPolicy:
 
 
 # ------------------------------------------------------------------------------ log-probs
-def _micro_batches(decisions: list[Decision], size: int) -> list[list[int]]:
-    """Decision indices in passes of `size`, grouped by length (prompt + answer tokens).
+def _micro_batches(decisions: list[Decision], s: DictConfig) -> list[list[int]]:
+    """Decision indices in passes of at most `sepo.micro_batch` decisions and (when set) at most
+    `sepo.micro_batch_tokens` padded tokens, grouped by length (prompt + answer tokens).
 
-    A pass is padded to its longest row, and a batch mixes every round of every episode (prompts
-    grow by a history line per round), so passes over similar lengths waste far less on padding.
-    Every quantity computed per pass is a sum over decisions, so the grouping changes nothing else.
+    A pass holds the activations of every row and position for the backward pass, so its memory
+    grows with rows x padded length: the token cap bounds it whatever the prompts' length (a long
+    game's late rounds get fewer rows per pass). A pass is padded to its longest row, and a batch
+    mixes every round of every episode (prompts grow by a history line per round), so passes over
+    similar lengths waste far less on padding. Every quantity computed per pass is a sum over
+    decisions, so the grouping changes nothing else.
     """
-    order = sorted(
-        range(len(decisions)),
-        key=lambda i: len(decisions[i].tokens.prompt_ids) + len(decisions[i].tokens.gen_ids),
-    )
-    return [order[i : i + size] for i in range(0, len(order), size)]
+    size, budget = int(s.micro_batch), int(s.micro_batch_tokens)
+    length = [len(d.tokens.prompt_ids) + len(d.tokens.gen_ids) for d in decisions]
+    passes: list[list[int]] = []
+    for i in sorted(range(len(decisions)), key=length.__getitem__):
+        current = passes[-1] if passes else None
+        # sorted by length, so row i is the longest of its pass: the pass would be (rows + 1) x length[i]
+        if current is None or len(current) >= size or (budget and (len(current) + 1) * length[i] > budget):
+            passes.append([i])
+        else:
+            current.append(i)
+    return passes
 
 
 def _policy_logprobs(
@@ -127,7 +138,7 @@ def reference_logprobs(
     scorer = ref_model if ref_model is not None else model
     adapter_off = model.disable_adapter() if ref_model is None else contextlib.nullcontext()
     with torch.no_grad(), adapter_off, section("reference_logprobs"):
-        for part in _micro_batches(batch.decisions, int(s.micro_batch)):
+        for part in _micro_batches(batch.decisions, s):
             lp, mask = _policy_logprobs(scorer, policy, [batch.decisions[i] for i in part], s)
             for i, row, m in zip(part, lp, mask):
                 out[i] = row[m.bool()]
@@ -158,7 +169,7 @@ def accumulate_gradients(
         "clip_fraction": 0.0,
         **({"kl_ref": 0.0} if ref is not None else {}),
     }
-    for part in _micro_batches(batch.decisions, int(s.micro_batch)):
+    for part in _micro_batches(batch.decisions, s):
         decisions = [batch.decisions[i] for i in part]
         with section("update_forward"):
             lp, mask = _policy_logprobs(model, policy, decisions, s)
@@ -190,7 +201,7 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
     """KL(pi_theta || pi_old) over the batch's tokens with the parameters as they are now (no gradient)."""
     total, tokens = 0.0, 0
     with torch.no_grad(), section("kl_after_update"):
-        for part in _micro_batches(batch.decisions, int(s.micro_batch)):
+        for part in _micro_batches(batch.decisions, s):
             decisions = [batch.decisions[i] for i in part]
             lp, mask = _policy_logprobs(model, policy, decisions, s)
             old = _pad([d.tokens.logprobs.float() for d in decisions], lp.shape[1]).to(lp)
@@ -348,6 +359,7 @@ def training_parts(
         temperature=float(s.temperature),
         max_new_tokens=int(s.max_new_tokens),
         seed=int(cfg.generation_seed),
+        batch_size=int(s.generate_batch),
         logprob_chunk=int(s.logprob_chunk),
         action_samples=int(s.best_response_samples),
     )

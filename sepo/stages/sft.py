@@ -57,9 +57,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from sepo import distributed
+from sepo.builders import load_model_and_tokenizer
 from sepo.errors import ConfigError, one_line
 from sepo.files import write_text_atomically
-from sepo.models import attach_lora, forward_extras, load_model_and_tokenizer, lora_module_names, render_chat
+from sepo.models import attach_lora, forward_extras, lora_module_names, render_chat
 from sepo.tracking import NO_TRACKING, NullTracker, flatten
 from sepo.training.divergence import check_step
 from sepo.training.sft_batching import (

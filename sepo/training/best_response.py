@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from sepo.profiling import section
+
 FILE = "best_response.json"
 
 
@@ -43,9 +45,12 @@ class BestResponseSchedule:
     def refresh(self, game: Any, policy: Any, step: int) -> dict[str, float]:
         """Read the current policy's table and respond to it; returns what it cost and what it read."""
         started = time.time()
-        played = game.played_table(
-            policy, samples=self.samples, seed=int(np.random.SeedSequence([self.seed, step, 0xB5]).generate_state(1)[0])
-        )
+        with section("best_response_read"):
+            played = game.played_table(
+                policy,
+                samples=self.samples,
+                seed=int(np.random.SeedSequence([self.seed, step, 0xB5]).generate_state(1)[0]),
+            )
         self._respond({k: v.tolist() for k, v in played.table.items()}, step)
         return {
             "best_response/seconds": time.time() - started,
