@@ -69,10 +69,10 @@ def test_chatml_prompt_and_stop_at_the_end_of_the_turn(smollm2):
 
 @pytest.mark.parametrize("name", sorted(GAME_CLASSES))
 def test_it_plays_every_game_and_a_rambling_answer_takes_the_fallback(smollm2, name):
-    """One episode against the game's first train opponent, sampled, 16-token answers: every action
-    legal (the arena checks), every decision counted, the unparsed ones decided by the fallback."""
+    """One episode (two rounds) against the game's first train opponent, sampled, 16-token answers: every
+    action legal (the arena checks), every decision counted, the unparsed ones decided by the fallback."""
     model, tokenizer, cfg = smollm2
-    game_cfg = OmegaConf.load(CONF / "game" / f"{name}.yaml")
+    game_cfg = OmegaConf.merge(OmegaConf.load(CONF / "game" / f"{name}.yaml"), {"rounds": 2})
     game = make_game(game_cfg)
     opponent = game_cfg.pools.train[0]
     policy = LMPolicy(model, tokenizer, cfg, 0.8, 16, 0)
@@ -95,7 +95,7 @@ def test_the_shared_prefix_and_the_reused_prompts_change_nothing_on_a_real_model
     model, tokenizer, cfg = smollm2
     game_cfg = OmegaConf.load(CONF / "game" / "ipd.yaml")
     game = make_game(OmegaConf.merge(game_cfg, {"rounds": 3}))
-    opponents = {n: make_strategy(game_cfg, n) for n in ("TFT", "AlwaysD")}
+    opponents = {"AlwaysD": make_strategy(game_cfg, "AlwaysD")}
     traces = []
     for prefix_cache, static_cache in ((True, True), (False, False)):
         merged = OmegaConf.merge(cfg, {"prefix_cache": prefix_cache, "static_cache": static_cache})
