@@ -22,9 +22,9 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 import sepo.cli  # noqa: F401  (registers the run_name resolver)
-from sepo.benchmarks.gpu import chat_tokenizer, padded_vocab
+from sepo.benchmarks.gpu import chat_tokenizer
 from sepo.builders import load_model_and_tokenizer
-from sepo.builders.tiny import IM_END, build_tiny
+from sepo.builders.tiny import IM_END, build_tiny, padded_vocab
 from sepo.policies.lm import LMPolicy
 
 ROOT = Path(__file__).resolve().parent.parent

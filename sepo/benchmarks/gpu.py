@@ -767,11 +767,6 @@ def sft_benchmark(
 
 
 # ------------------------------------------------------------------------------------- checkpoints
-def padded_vocab(tokenizer: Any, multiple: int = 64) -> int:
-    """The embedding rows a model built for `tokenizer` gets: its length rounded up, as real vocabularies are."""
-    return -(-len(tokenizer) // multiple) * multiple
-
-
 def chat_tokenizer(arch: str, tiny_dir: str | Path):
     """The tiny tokenizer dressed as `arch`'s: its chat template, end-of-turn token and special
     tokens, so prompts render and answers end the way the real model's do (its ids stay < 2,048,
@@ -796,7 +791,7 @@ def save_random_checkpoint(arch: str, out: str | Path, cache_dir: str | Path, ti
     import torch
     from transformers import AutoTokenizer, GenerationConfig
 
-    from sepo.builders.tiny import build_tiny
+    from sepo.builders.tiny import build_tiny, padded_vocab
 
     tiny_dir = build_tiny(_compose(["model=tiny", "logger=none", f"paths.cache_dir={cache_dir}"]).model, cache_dir)
     tok = chat_tokenizer(arch, tiny_dir)
@@ -836,6 +831,8 @@ def benchmark_model(
 ) -> dict[str, Any]:
     import torch
     from transformers import GenerationConfig
+
+    from sepo.builders.tiny import padded_vocab
 
     device = args.device
     # bfloat16 as the real runs use it; float32 only for the tiny debug models on a CPU

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,6 @@ import torch
 from omegaconf import OmegaConf
 
 from sepo.builders.cache import cached_build
-
-log = logging.getLogger(__name__)
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 #: Special tokens of the tiny tokenizer (ids 0, 1, 2): Qwen's ChatML set.
@@ -121,15 +118,19 @@ def train_tiny_tokenizer(texts: list[str], tok_cfg: Any):
     )
 
 
+def padded_vocab(tokenizer: Any, multiple: int = 64) -> int:
+    """The embedding rows a model built for `tokenizer` gets: its length rounded up, as real vocabularies are."""
+    return -(-len(tokenizer) // multiple) * multiple
+
+
 def init_tiny_model(model_cfg: Any, tokenizer: Any):
     """A randomly initialised Qwen3 causal LM; the global torch RNG is left untouched."""
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     arch = model_cfg.architecture
     pad, eos = tokenizer.convert_tokens_to_ids(PAD), tokenizer.convert_tokens_to_ids(IM_END)
-    multiple = int(arch.pad_vocab_to_multiple_of)
     config = Qwen3Config(
-        vocab_size=-(-len(tokenizer) // multiple) * multiple,
+        vocab_size=padded_vocab(tokenizer, int(arch.pad_vocab_to_multiple_of)),
         hidden_size=int(arch.hidden_size),
         intermediate_size=int(arch.intermediate_size),
         num_hidden_layers=int(arch.num_hidden_layers),
