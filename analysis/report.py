@@ -29,6 +29,7 @@ HEADERS = {
     "delta_safety_vs_payoff_only": "ΔSafety vs payoff-only",
     "delta_safety_vs_sft": "ΔSafety vs SFT",
     "delta_exploit_vs_sft": "ΔExploit vs SFT",
+    "delta_safety_vs_base": "ΔSafety vs Base",
 }
 
 
@@ -46,10 +47,12 @@ def cell(stat: dict, arrows: bool = True) -> str:
 
 
 def table(summary: dict, which: str | None = None) -> str:
-    rows = ["| game | seeds | " + " | ".join(HEADERS[k] for k in KEYS) + " |", "|---" * (len(KEYS) + 2) + "|"]
+    """One column per summary key that some game has (a summary.json of older code lacks the newer ones)."""
+    keys = [k for k in KEYS if any(k in s for s in summary.values())]
+    rows = ["| game | seeds | " + " | ".join(HEADERS[k] for k in keys) + " |", "|---" * (len(keys) + 2) + "|"]
     for game, s in summary.items():
         block = s if which is None else s[which]
-        rows.append(f"| {game} | {len(s['seeds'])} | " + " | ".join(cell(block[k]) for k in KEYS) + " |")
+        rows.append(f"| {game} | {len(s['seeds'])} | " + " | ".join(cell(block.get(k, {})) for k in keys) + " |")
     return "\n".join(rows)
 
 

@@ -9,6 +9,13 @@ validation episodes, reported on the test episodes; `--choose reported`: the pap
   delta_safety_vs_payoff_only  safety (evaluation lambdas), SEPO - payoff-only of the same seed
   delta_safety_vs_sft          safety, SEPO - SFT
   delta_exploit_vs_sft         exploit, SEPO - SFT (Kuhn poker: the exact exploitability)
+  delta_safety_vs_base         safety, SEPO - Base (the model before any training; where a Base row exists)
+
+beside them, where both rows exist, `delta_exploit_sft_vs_base`: exploit, SFT - Base (the paper's
+SFT-degradation claim: SFT makes the pretrained model easier to exploit). It does not depend on a SEPO
+seed: over several SFT runs (a sweep of `sft.seed`) it is their mean ± SE; for one SFT run, its
+difference with SE sqrt(se_sft^2 + se_base^2) from the two evaluations' own SEs over episodes
+(`se_from: episodes`; conservative, since both play the same episodes).
 
 and the same four under `final` for the runs' final checkpoints (a gap between the two is late
 drift), and `stability`: SEPO's safety at the chosen and at the final checkpoints (mean and SE over
@@ -32,7 +39,13 @@ import pandas as pd
 from analysis import collect, variants
 from analysis.collect import GAMES, PAYOFF_ONLY, ordered
 
-KEYS = ("delta_j_train_vs_sft", "delta_safety_vs_payoff_only", "delta_safety_vs_sft", "delta_exploit_vs_sft")
+KEYS = (
+    "delta_j_train_vs_sft",
+    "delta_safety_vs_payoff_only",
+    "delta_safety_vs_sft",
+    "delta_exploit_vs_sft",
+    "delta_safety_vs_base",
+)
 
 
 def mean_se(values: list[float]) -> dict[str, float | int | None]:
@@ -83,7 +96,9 @@ def runs_by_seed(
     return out
 
 
-def deltas(sepo: dict, payoff_only: dict, sft: pd.Series, root: Path, which: str) -> dict[str, Any]:
+def deltas(
+    sepo: dict, payoff_only: dict, sft: pd.Series, base: pd.Series | None, root: Path, which: str
+) -> dict[str, Any]:
     """Each key's mean ± SE over seeds, and its value per seed (`per_seed`), so a verdict can show them."""
     rows: dict[str, dict[int, float]] = {k: {} for k in KEYS}
     for seed, run in sorted(sepo.items()):
@@ -94,10 +109,29 @@ def deltas(sepo: dict, payoff_only: dict, sft: pd.Series, root: Path, which: str
         rows["delta_exploit_vs_sft"][seed] = exploit_of(point) - exploit_of(sft)
         if seed in payoff_only:
             rows["delta_safety_vs_payoff_only"][seed] = point["safety"] - payoff_only[seed][which]["safety"]
+        if base is not None:
+            rows["delta_safety_vs_base"][seed] = point["safety"] - base["safety"]
     return {
         k: {**mean_se(list(v.values())), "per_seed": {str(s): round(float(x), 4) for s, x in v.items()}}
         for k, v in rows.items()
     } | {"seeds": sorted(sepo)}
+
+
+def exploit_se_of(point: pd.Series) -> float | None:
+    """The SE over episodes that goes with `exploit_of(point)`."""
+    exact = point.get("exploit_exact")
+    se = point.get("exploit_exact_se") if exact is not None and not pd.isna(exact) else point.get("exploit_se")
+    return None if se is None or pd.isna(se) else float(se)
+
+
+def sft_degradation(sft_runs: pd.DataFrame, base: pd.Series) -> dict[str, Any]:
+    """exploit, SFT - Base: over SFT runs where there are several, else one run's with its episodes' SE."""
+    differences = [float(exploit_of(run) - exploit_of(base)) for _, run in sft_runs.iterrows()]
+    if len(differences) > 1:
+        return {**mean_se(differences), "se_from": "runs"}
+    ses = [exploit_se_of(sft_runs.iloc[0]), exploit_se_of(base)]
+    se = None if None in ses else round(math.sqrt(ses[0] ** 2 + ses[1] ** 2), 4)
+    return {"mean": round(differences[0], 4), "se": se, "n": 1, "se_from": "episodes"}
 
 
 def stability(sepo: dict) -> dict[str, Any]:
@@ -108,6 +142,14 @@ def stability(sepo: dict) -> dict[str, Any]:
     gap = mean_se([float(sepo[s]["final"]["safety"] - sepo[s]["best"]["safety"]) for s in seeds])
     held = None if gap["se"] is None else bool(gap["mean"] >= -gap["se"])
     return {"chosen_safety": chosen, "final_safety": final, "final_minus_chosen": gap, "final_holds_chosen": held}
+
+
+def sft_runs_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, variant: str) -> pd.DataFrame:
+    """The SFT cell's runs, one row each (its last evaluated checkpoint): the seeds the cell averages."""
+    match = collect.matching_variant(c, game, model, "sft", variant)
+    sel = df[(df["game"] == game) & (df["model"] == model) & (df["phase"] == "sft") & (df["variant"] == match)]
+    sel = sel[sel["exploit"].notna()]
+    return sel.groupby("run_dir", sort=True).tail(1)
 
 
 def game_summary(
@@ -121,11 +163,18 @@ def game_summary(
     payoff_only = runs_by_seed(
         df, game, PAYOFF_ONLY, choose, collect.matching_variant(c, game, model, PAYOFF_ONLY, variant)
     )
-    best = deltas(sepo, payoff_only, sft, root, "best")
+    base = collect.start_of(c, game, model, "base", variant)
+    best = deltas(sepo, payoff_only, sft, base, root, "best")
+    sft_runs = sft_runs_of(df, c, game, model, variant)
     return {
         **best,
+        **(
+            {"delta_exploit_sft_vs_base": sft_degradation(sft_runs, base)}
+            if base is not None and not sft_runs.empty
+            else {}
+        ),
         "checkpoints": {str(s): r["best"]["checkpoint"] for s, r in sorted(sepo.items())},
-        "final": deltas(sepo, payoff_only, sft, root, "final"),
+        "final": deltas(sepo, payoff_only, sft, base, root, "final"),
         "stability": stability(sepo),
         "chosen_on": choose,
         **({"variant": variant} if variant else {}),

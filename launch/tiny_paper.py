@@ -1,13 +1,18 @@
-"""The paper's tables for all five games on the embedded tiny model, on a CPU, in one resumable command.
+"""The paper's tables for all five games on a model small enough for a CPU, in one resumable command.
 
-    launch/tiny_paper.sh [--dry-run] [--root DIR] [--seeds 0,1,2] [--games ipd,...] [--jobs 2] [--tables-anyway] [overrides]
+    launch/tiny_paper.sh [--model tiny|smollm2] [--dry-run] [--root DIR] [--seeds 0,1,2] [--games ipd,...]
+                         [--jobs 2] [--tables-anyway] [overrides]
 
-Phases, in order; each is one Hydra sweep through the local launcher (`+launch=local`, `--jobs` at a
-time, each job given cores // jobs threads), under `<root>/tiny_paper/<phase>/`:
-  sft            the three SFTs of tiny, as in the paper: `multi` (serves IPD, auction, neg_v1), `kuhn`,
+`--model M` (default tiny, the embedded model) takes its settings from the preset
+`conf/experiment/M_paper.yaml` (and `M_paper_<game>.yaml` where one exists) and writes under
+`<root>/M_paper/`: `--model smollm2` is the same plan on SmolLM2-135M-Instruct, a pretrained chat model,
+where the Base row means something. Phases, in order; each is one Hydra sweep through the local
+launcher (`+launch=local`, `--jobs` at a time, each job given cores // jobs threads), under
+`<root>/M_paper/<phase>/`:
+  sft            the model's three SFTs, as in the paper: `multi` (serves IPD, auction, neg_v1), `kuhn`,
                  `neg_gt` (neg_v2), each evaluated on its own game
   sft_eval       the `multi` SFT evaluated on auction and neg_v1 (the SFT rows of those tables)
-  base           tiny before any training, on every game
+  base           the model before any training, on every game
   sepo_<game>    per game, from its SFT: SEPO (the game's lambdas) and payoff-only (`lambdas=zero`), one
                  run per seed (`sepo.seed`), every run evaluated on the same test episodes (and the same
                  validation episodes, which choose each run's best checkpoint)
@@ -39,14 +44,19 @@ sys.path.insert(0, str(ROOT))
 GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
 #: game -> the game whose SFT run it starts from (the paper trains `multi` once for IPD, auction, neg_v1)
 SFT_RUN_OF = {"ipd": "ipd", "auction": "ipd", "neg_v1": "ipd", "neg_v2": "neg_v2", "kuhn": "kuhn"}
-PRESET = "+experiment=tiny_paper"
 CONF = ROOT / "conf" / "experiment"
 
 
-def preset_of(game: str) -> str:
-    """A game's SEPO runs use `experiment/tiny_paper_<game>.yaml` where one exists: the shared preset plus what was
-    tuned for that game (steps, schedule, batch reuse); every other phase uses the shared preset."""
-    return f"{PRESET}_{game}" if (CONF / f"tiny_paper_{game}.yaml").exists() else PRESET
+def models() -> list[str]:
+    """The models with a paper preset (`conf/experiment/<model>_paper.yaml`)."""
+    return sorted(p.stem.removesuffix("_paper") for p in CONF.glob("*_paper.yaml"))
+
+
+def preset_of(model: str, game: str | None = None) -> str:
+    """A game's SEPO runs use `experiment/<model>_paper_<game>.yaml` where one exists: the shared preset plus what
+    was tuned for that game (steps, schedule, batch reuse); every other phase uses the shared preset."""
+    name = f"{model}_paper"
+    return f"+experiment={name}_{game}" if game and (CONF / f"{name}_{game}.yaml").exists() else f"+experiment={name}"
 
 
 @dataclass
@@ -54,15 +64,16 @@ class Phase:
     name: str
     overrides: list[str]  # sweep overrides (comma lists expand into jobs, as with `python main.py -m`)
     subdir: str  # hydra.sweep.subdir: one readable directory per job
-    preset: str = PRESET  # the experiment preset of every job of the phase
+    preset: str  # the experiment preset of every job of the phase
 
 
-def phases(out: Path, seeds: list[int], games: tuple[str, ...] = GAMES) -> list[Phase]:
+def phases(out: Path, seeds: list[int], games: tuple[str, ...] = GAMES, model: str = "tiny") -> list[Phase]:
     """The phases for `games` (all five by default; a subset runs only the SFTs those games start from)."""
+    shared_preset = preset_of(model)
     sft_dir = out / "sft"
     sft_games = sorted({SFT_RUN_OF[g] for g in games})
     shared = [g for g in games if SFT_RUN_OF[g] != g]
-    plan = [Phase("sft", ["stage=sft", f"game={','.join(sft_games)}"], "${game.name}")]
+    plan = [Phase("sft", ["stage=sft", f"game={','.join(sft_games)}"], "${game.name}", shared_preset)]
     if shared:
         plan.append(
             Phase(
@@ -74,9 +85,10 @@ def phases(out: Path, seeds: list[int], games: tuple[str, ...] = GAMES) -> list[
                     f"model.path={sft_dir / 'ipd' / 'merged'}",
                 ],
                 "${game.name}",
+                shared_preset,
             )
         )
-    plan.append(Phase("base", ["stage=eval", f"game={','.join(games)}"], "${game.name}"))
+    plan.append(Phase("base", ["stage=eval", f"game={','.join(games)}"], "${game.name}", shared_preset))
     for game in games:
         plan.append(
             Phase(
@@ -89,10 +101,18 @@ def phases(out: Path, seeds: list[int], games: tuple[str, ...] = GAMES) -> list[
                     f"sepo.seed={','.join(map(str, seeds))}",
                 ],
                 "lambdas_${hydra:runtime.choices.lambdas}/sepo_seed_${sepo.seed}",
-                preset_of(game),
+                preset_of(model, game),
             )
         )
     return plan
+
+
+def model_of(text: str) -> str:
+    if text not in models():
+        raise argparse.ArgumentTypeError(
+            f"--model {text!r}: allowed: {', '.join(models())} (a model needs conf/experiment/<model>_paper.yaml)"
+        )
+    return text
 
 
 def games_of(text: str) -> tuple[str, ...]:
@@ -158,12 +178,13 @@ def tables(out: Path) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=model_of, default="tiny", help=f"one of {', '.join(models())} (default tiny)")
     parser.add_argument("--dry-run", action="store_true", help="print every job, one command line each; run nothing")
     parser.add_argument(
         "--root",
         type=Path,
         default=Path(os.environ.get("PROJECT_ROOT", ROOT)),
-        help="project root: the runs go to <root>/tiny_paper (default: $PROJECT_ROOT or the checkout)",
+        help="project root: the runs go to <root>/<model>_paper (default: $PROJECT_ROOT or the checkout)",
     )
     parser.add_argument(
         "--seeds",
@@ -180,11 +201,12 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="jobs at a time (each gets cores // jobs threads)")
     parser.add_argument("--tables-anyway", action="store_true", help="write the tables even when a job failed")
     args, overrides = parser.parse_known_args()
-    out = args.root.resolve() / "tiny_paper"
+    name = f"{args.model}_paper"
+    out = args.root.resolve() / name
     overrides = [f"paths.root_dir={args.root.resolve()}", *overrides]
 
     if args.dry_run:
-        for phase in phases(out, args.seeds, args.games):
+        for phase in phases(out, args.seeds, args.games, args.model):
             jobs = expand(phase, out, overrides)
             print(f"# {phase.name}: {len(jobs)} job(s) -> {out / phase.name}")
             for job in jobs:
@@ -193,7 +215,7 @@ def main() -> int:
         return 0
 
     started, seconds, failures = time.time(), {}, []
-    for phase in phases(out, args.seeds, args.games):
+    for phase in phases(out, args.seeds, args.games, args.model):
         t0 = time.time()
         code = run(sweep_command(phase, out, args.jobs, overrides))
         seconds[phase.name] = round(time.time() - t0, 1)
@@ -203,7 +225,7 @@ def main() -> int:
             break  # nothing downstream can start without its SFT
     if failures and not args.tables_anyway:
         print(
-            f"tiny_paper: {len(failures)} job(s) failed, tables not written (--tables-anyway writes them):\n  "
+            f"{name}: {len(failures)} job(s) failed, tables not written (--tables-anyway writes them):\n  "
             + "\n  ".join(failures),
             file=sys.stderr,
         )
@@ -212,7 +234,7 @@ def main() -> int:
     code = tables(out)
     seconds["tables"] = round(time.time() - t0, 1)
     total = time.time() - started
-    print(f"tiny_paper: {total / 60:.1f} min in all; " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in seconds.items()))
+    print(f"{name}: {total / 60:.1f} min in all; " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in seconds.items()))
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "tables" / "wall_time.json").write_text(json.dumps({"total_s": round(total, 1), **seconds}, indent=2) + "\n")
     return code

@@ -118,13 +118,15 @@ EXPECTED_CHOICES = {
     "tiny_paper": {"model": "tiny", "logger": "none"},  # launch/tiny_paper.sh's shared settings, not a sweep
     "tiny_paper_ipd": {"model": "tiny", "logger": "none"},  # ... and what was tuned per game on top
     "tiny_paper_kuhn": {"model": "tiny", "logger": "none"},
+    "smollm2_paper": {"model": "smollm2", "logger": "none"},  # `launch/tiny_paper.sh --model smollm2`
 }
 
-#: what each tiny_paper preset sets: (sepo.steps, sepo.lr_schedule, sepo.refresh_steps, eval.episodes_per_opponent)
-TINY_PAPER_SETTINGS = {
+#: what each paper preset sets: (sepo.steps, sepo.lr_schedule, sepo.refresh_steps, eval.episodes_per_opponent)
+PAPER_SETTINGS = {
     "tiny_paper": (40, "constant", 5, 20),
     "tiny_paper_ipd": (80, "cosine", 5, 20),
     "tiny_paper_kuhn": (40, "constant", 1, 20),
+    "smollm2_paper": (30, "cosine", 1, 8),  # conf/model/smollm2.yaml's own sizes
 }
 
 
@@ -140,9 +142,9 @@ def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
     for group, option in EXPECTED_CHOICES[preset].items():
         assert choices[group] == option, (preset, group)
     assert choices["lambdas"] == choices["game"]  # lambdas still follow the preset's game
-    if preset.startswith("tiny_paper"):  # the launcher makes the sweeps; the presets hold what its jobs share
+    if preset in PAPER_SETTINGS:  # the launcher makes the sweeps; the presets hold what its jobs share
         s = cfg.sepo
-        assert (s.steps, s.lr_schedule, s.refresh_steps, cfg.eval.episodes_per_opponent) == TINY_PAPER_SETTINGS[preset]
+        assert (s.steps, s.lr_schedule, s.refresh_steps, cfg.eval.episodes_per_opponent) == PAPER_SETTINGS[preset]
         return
     assert cfg.sweep_name == preset
     assert cfg.hydra.mode.name == "MULTIRUN"

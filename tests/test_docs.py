@@ -43,7 +43,11 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     text = doc.read_text()
     assert "stale" not in text and text.startswith("# Results\n\nbefore\n") and text.endswith("after\n")
     row = next(line for line in text.splitlines() if line.startswith("| ipd |"))
-    assert row.count("+0.500 ± 0.100 **↑**") == 3 and "-0.050 ± 0.040 |" in row  # within 2 SE: no arrow
+    assert row.count("+0.500 ± 0.100 **↑**") == len(report.KEYS) - 1 and "-0.050 ± 0.040 |" in row  # < 2 SE: no arrow
+    older = {k: stat for k in report.KEYS if k != "delta_safety_vs_base"}  # a summary.json of older code
+    (tmp_path / "summary.json").write_text(json.dumps({"ipd": {**older, "seeds": [0, 1, 2], "final": older}}))
+    assert report.main([str(tmp_path / "summary.json"), "--doc", str(doc)]) == 0
+    assert "vs Base" not in doc.read_text()  # no column of '--' for a key it never had
     assert "| ipd | **met**: +0.500 ± 0.100 | **met**: +0.500 ± 0.100 |" in text  # the targets, with their values
     assert report.verdict({"mean": 0.3, "se": 0.158}) == "not met: +0.300 ± 0.158 (1.9 SE)"
     assert report.verdict({"mean": 0.0, "se": 0.0}) == "not met: +0.000 ± 0.000"

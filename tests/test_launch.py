@@ -130,3 +130,21 @@ def test_tiny_paper_on_some_games_runs_only_the_sfts_they_start_from(tmp_path, g
 def test_tiny_paper_refuses_an_unknown_game_in_one_line(tmp_path):
     proc = dry_run("tiny_paper.sh", "--root", str(tmp_path), "--games", "ipd,chess")
     assert proc.returncode == 2 and "allowed: a comma-separated subset of ipd,auction,neg_v1,neg_v2,kuhn" in proc.stderr
+
+
+def test_tiny_paper_takes_a_model_with_a_paper_preset(tmp_path):
+    """`--model smollm2`: the same plan under <root>/smollm2_paper, every job with smollm2's preset (no game of
+    it has a tuned one yet); an unknown model is refused in one line naming the allowed ones."""
+    proc = dry_run(
+        "tiny_paper.sh", "--model", "smollm2", "--root", str(tmp_path), "--seeds", "0,1,2", "--games", "kuhn"
+    )
+    assert proc.returncode == 0, proc.stderr
+    jobs = [line.split() for line in proc.stdout.strip().splitlines() if not line.startswith("#")]
+    assert {job[2] for job in jobs} == {"+experiment=smollm2_paper"}
+    assert all(f"hydra.run.dir={tmp_path / 'smollm2_paper'}" in " ".join(job) for job in jobs)
+    assert sum(" stage=sepo " in " ".join(job) for job in jobs) == 6  # SEPO and payoff-only x 3 seeds
+
+    proc = dry_run("tiny_paper.sh", "--model", "gpt5", "--root", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
+        "--model 'gpt5': allowed: smollm2, tiny (a model needs conf/experiment/<model>_paper.yaml)"
+    )

@@ -14,7 +14,15 @@ S = 3.0 / 5.0  # reward_scale / max_payoff
 
 
 def write(
-    path, stage, metrics, checkpoint="final", step=None, train_seed=None, lambdas_train=LAMBDAS_TRAIN, split="test"
+    path,
+    stage,
+    metrics,
+    checkpoint="final",
+    step=None,
+    train_seed=None,
+    lambdas_train=LAMBDAS_TRAIN,
+    split="test",
+    se=None,
 ):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -31,7 +39,7 @@ def write(
                 "lambdas": {"e": 1, "c": 1, "x": 1},
                 "lambdas_train": lambdas_train,
                 "metrics": metrics,
-                "se": {},
+                "se": se or {},
             }
         )
     )
@@ -117,3 +125,43 @@ def test_deltas_are_paired_by_seed_at_each_runs_validation_chosen_checkpoint(tmp
     assert json.loads((tmp_path / "tables" / "summary.json").read_text())["ipd"]["delta_safety_vs_sft"]["mean"] == 1.0
     reported = summarise(tmp_path, "reported")["ipd"]
     assert reported["checkpoints"] == {"0": "final", "1": "final"}  # 9.9 > 1.5 and 2.5 > 0.0 on the reported episodes
+
+
+def test_base_deltas_pair_sepo_seeds_with_base_and_sft_runs_with_base(tmp_path):
+    """SEPO - Base per seed; SFT - Base over SFT runs (two sft seeds), or one run's with its episodes' SE."""
+    write(
+        tmp_path / "base" / "results.json",
+        "eval",
+        metrics(1.0, 0.5, 0.2, 0.3, 0.25),
+        checkpoint=None,
+        se={"exploit": 0.3},
+    )
+    (tmp_path / "base" / "DONE").write_text("{}\n")
+    write(
+        tmp_path / "sft" / "eval" / "sft" / "results.json",
+        "sft",
+        metrics(2.0, 0.9, 0.25, 0.2, 1.0),
+        train_seed=0,
+        se={"exploit": 0.4},
+    )
+    (tmp_path / "sft" / "DONE").write_text("{}\n")
+    sepo_run(tmp_path, "sepo0", 0, LAMBDAS_TRAIN, [(20, metrics(2.5, 0.25, 0.0, 0.1, 1.5), 1.5)])
+    sepo_run(tmp_path, "sepo1", 1, LAMBDAS_TRAIN, [(20, metrics(2.2, 0.3, 0.1, 0.1, 2.5), 2.5)])
+
+    ipd = summarise(tmp_path)["ipd"]
+    assert ipd["delta_safety_vs_base"] == {"mean": 1.75, "se": 0.5, "n": 2, "per_seed": {"0": 1.25, "1": 2.25}}
+    # one SFT run: 0.9 - 0.5, SE sqrt(0.4^2 + 0.3^2) = 0.5
+    assert ipd["delta_exploit_sft_vs_base"] == {"mean": 0.4, "se": 0.5, "n": 1, "se_from": "episodes"}
+
+    write(tmp_path / "sft_b" / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.7, 0.25, 0.2, 1.0), train_seed=1)
+    (tmp_path / "sft_b" / "DONE").write_text("{}\n")
+    two = summarise(tmp_path)["ipd"]["delta_exploit_sft_vs_base"]
+    assert two == {"mean": 0.3, "se": 0.1, "n": 2, "se_from": "runs"}  # 0.4 and 0.2 over two SFT runs
+
+
+def test_without_a_base_row_the_base_keys_are_empty(tmp_path):
+    write(tmp_path / "sft" / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.9, 0.25, 0.2, 1.0), train_seed=0)
+    (tmp_path / "sft" / "DONE").write_text("{}\n")
+    sepo_run(tmp_path, "sepo0", 0, LAMBDAS_TRAIN, [(20, metrics(2.5, 0.25, 0.0, 0.1, 1.5), 1.5)])
+    ipd = summarise(tmp_path)["ipd"]
+    assert ipd["delta_safety_vs_base"]["n"] == 0 and "delta_exploit_sft_vs_base" not in ipd
