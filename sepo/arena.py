@@ -163,6 +163,9 @@ def play_matches(
             else:
                 still.append(ep)
         live = still
+    episodes_over = getattr(agent, "episodes_over", None)  # optional: a policy that keeps per-episode state
+    if episodes_over is not None:
+        episodes_over()
     return records
 
 

@@ -329,6 +329,30 @@ def test_reusing_each_episodes_encoded_prompt_changes_nothing(taught, temperatur
             torch.testing.assert_close(x[2], y[2], atol=1e-5, rtol=0)
 
 
+def test_the_encoded_prompts_do_not_outlive_their_episodes(taught):
+    """Each reused encoding is dropped once copied into the new cache, and the arena's `episodes_over`
+    drops the last ones: nothing per episode is held through what runs after a `play` (SEPO's update)."""
+    from sepo.arena import Match, play_matches
+    from sepo.stages.sepo_loop import RecordingPolicy
+    from sepo.strategies import make_strategy
+
+    model, tokenizer, cfg = taught
+    agent = LMPolicy(model, tokenizer, OmegaConf.merge(cfg, {"prefix_cache": True, "static_cache": True}), 1.0, 24, 0)
+    held, generate = [], agent._generate
+
+    def generate_and_count(requests):
+        answers = generate(requests)
+        held.append(len(agent._encoded))
+        return answers
+
+    agent._generate = generate_and_count
+    matches = [Match(name, make_strategy(IPD.cfg, name), k) for name in ("TFT", "AlwaysD") for k in range(2)]
+    records = play_matches(IPD, RecordingPolicy(agent), matches, 0)
+    assert sum(r.decisions for r in records) == 4 * IPD.cfg.rounds
+    assert held[1:] == [0] * (len(held) - 1)  # after each generate call, every entry it reused is gone
+    assert agent._encoded == {} and agent._encoded_next == {}
+
+
 def test_incremental_text_equals_the_full_decode(tiny):
     _, tokenizer, _ = tiny
     rng = np.random.default_rng(0)

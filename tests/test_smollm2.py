@@ -127,3 +127,44 @@ def test_bfloat16_only_where_the_cpu_multiplies_it_natively(monkeypatch):
     assert models.resolve_dtype("bfloat16_if_fast", "cuda") is torch.bfloat16
     assert models.resolve_dtype("float32", "cpu") is torch.float32
     assert models.resolve_dtype("auto", "cpu") == "auto"
+
+
+#: the whole pipeline on Kuhn poker, shrunk to minutes: Base, LoRA SFT (2 steps), SEPO (2 steps), tables
+SMOLLM2_PIPELINE = [
+    "model=smollm2",
+    "game=kuhn",
+    "logger=none",
+    "datagen.episodes_per_opponent=4",
+    "model.sft.max_examples=16",
+    "model.sft.max_valid_examples=4",
+    "sft.max_steps=2",
+    "sft.agreement_examples=4",
+    "eval.episodes_per_opponent=1",
+    "eval.max_new_tokens=12",
+    "eval.action_samples=2",
+    "eval.progress=false",
+    "sepo.steps=2",
+    "sepo.checkpoint_steps=[1]",
+    "sepo.rollouts_per_opponent=2",
+    "sepo.max_new_tokens=12",
+    "sepo.best_response_every=1",
+]
+
+
+@pytest.mark.slow
+def test_the_pipeline_runs_lora_sft_and_sepo_on_the_pretrained_model(cli, tmp_path):
+    """Base -> LoRA SFT -> merge -> SEPO (a fresh adapter on the merged model, the adapter-off
+    reference) -> evaluation of every checkpoint -> tables, through `python main.py`: the path every
+    pretrained model takes (Gemma 4 and Qwen 3.5 on a GPU), none of it tiny's full fine-tune."""
+    proc = cli(*SMOLLM2_PIPELINE, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = [p for p in (tmp_path / "outputs").rglob("DONE") if (p.parent / "sepo").is_dir()]
+    run = run.parent
+    sft = json.loads((run / "sft" / "eval" / "sft" / "results.json").read_text())
+    final = json.loads((run / "sepo" / "eval" / "step_2" / "results.json").read_text())
+    assert sft["model"] == final["model"] == "smollm2" and final["step"] == 2
+    assert "exploit_exact" in final["metrics"]  # Kuhn: the exact exploitability of the policy as it plays
+    assert (run / "sft" / "merged" / "model.safetensors").exists()
+    adapter = run / "sepo" / "adapter" / "adapter_model.safetensors"
+    assert adapter.exists() and adapter.stat().st_size < 50e6  # LoRA on q/k/v/o, not a copy of the model
+    assert (run / "tables" / "table_kuhn.tex").exists()

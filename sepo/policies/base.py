@@ -67,6 +67,10 @@ class Decision:
 
 
 class Policy(Protocol):
+    """Answers a batch of decision requests. A policy that keeps state per episode between its decisions
+    (a language model's encoded prompts) may also define `episodes_over()`, which the arena calls once
+    every episode of a `play` has ended, so that state does not outlive the episodes."""
+
     name: str
 
     def act_batch(self, requests: list[DecisionRequest]) -> list[Decision]: ...

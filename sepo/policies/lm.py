@@ -377,6 +377,12 @@ class LMPolicy:
         return [range(s, min(s + size, n)) for s in range(0, n, size)]
 
     # ----------------------------------------------------------------- acting
+    def episodes_over(self) -> None:
+        """Drop the prompt encodings kept for the episodes' next decisions: the arena calls this once every
+        episode of a `play` is over. Kept, they would hold one KV cache per episode (a 135M Llama: ~10 MB
+        for a 450-token prompt) through whatever runs next, such as SEPO's update."""
+        self._encoded, self._encoded_next = {}, {}
+
     def act_batch(self, requests: list[DecisionRequest], return_logprobs: bool = False) -> list[Decision]:
         if not requests:
             return []
@@ -428,7 +434,7 @@ class LMPolicy:
     def answer(self, requests: list[DecisionRequest]) -> tuple[list[Answer], list[Decision]]:
         """Answers and decisions exactly as `act_batch` plays them, for estimates outside an episode
         (`action_probabilities`): eval mode, and the arena's encoded prompts left as they were."""
-        was_training, encoded = self.model.training, self._encoded
+        was_training, encoded = self.model.training, dict(self._encoded)  # a copy: `_generate` pops what it reuses
         self.model.eval()
         try:
             return self._answer(requests)
@@ -589,6 +595,10 @@ class LMPolicy:
         ids, mask, width_p, width_a = self.pack_split(prompts, split)
         with section("generate"), section("prompt_processing"):
             cache = self.start_cache(ids, width_a, shared, reused, split)
+        for request, entry in zip(requests, reused):
+            if entry is not None:  # copied into the cache: its episode's next entry replaces it (`remember`)
+                del self._encoded[id(request.state)]
+        del reused
         cache_kwargs = {"past_key_values": cache} if cache is not None else {}
         stop = ActionStoppingCriteria(self.tokenizer, width_p, requests, [think_open(t) for t in texts])
         sampler = RowSampler([self.row_seed(r) for r in requests], self.temperature, self.logprob_temperature)

@@ -70,6 +70,9 @@ class RecordingPolicy:
     def act_batch(self, requests: list[DecisionRequest]) -> list[Decision]:
         return self.policy.act_batch(requests, return_logprobs=True)
 
+    def episodes_over(self) -> None:
+        self.policy.episodes_over()
+
 
 # ------------------------------------------------------------------------------ log-probs
 def _micro_batches(decisions: list[Decision], s: DictConfig) -> list[list[int]]:
