@@ -12,7 +12,10 @@ ran (Linux: the kernel's high-water mark, reset at every boundary), so "where di
 an answer per phase, not just per process.
 
 `time_model_forwards(model)` splits generate's forward passes into prompt processing (a pass over
-more than one new token per row: the prefill) and decoding (one new token per row).
+more than one new token per row: the prefill) and decoding (one new token per row), and counts the
+token positions every forward pass of the model carries, per section (`Sections.tokens`): with the
+model's matmul parameters that gives each section's floating-point work, to set beside the rate this
+machine multiplies matrices at (`matmul_gflops`).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Sections:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.peak_rss: dict[str, int] = defaultdict(int)
+        self.tokens: dict[str, int] = defaultdict(int)  # token positions through the model's forward
         self._stack: list[str] = []
         self._since = 0.0
 
@@ -107,6 +111,7 @@ class Sections:
         self.seconds.clear()
         self.calls.clear()
         self.peak_rss.clear()
+        self.tokens.clear()
         self._stack.clear()
 
 
@@ -135,9 +140,15 @@ def time_model_forwards(model: torch.nn.Module) -> list[Any]:
     """
 
     def before(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if SECTIONS.enabled and SECTIONS._stack and SECTIONS._stack[-1] == "generate":
-            ids = kwargs.get("input_ids", args[0] if args else None)
+        if not (SECTIONS.enabled and SECTIONS._stack):
+            return
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None and kwargs.get("inputs_embeds") is not None:
+            ids = kwargs["inputs_embeds"][..., 0]
+        if SECTIONS._stack[-1] == "generate":
             SECTIONS.enter("prompt_processing" if ids is not None and ids.shape[1] > 1 else "decoding")
+        if ids is not None:
+            SECTIONS.tokens[SECTIONS._stack[-1]] += int(ids.numel())
 
     def after(_module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if SECTIONS.enabled and SECTIONS._stack and SECTIONS._stack[-1] in ("prompt_processing", "decoding"):
@@ -149,3 +160,24 @@ def time_model_forwards(model: torch.nn.Module) -> list[Any]:
         target.register_forward_pre_hook(before, with_kwargs=True),
         target.register_forward_hook(after, with_kwargs=True),
     ]
+
+
+def matmul_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(decoder matmul weights, output head weights): the multiply-adds per token position of a forward
+    pass, without the attention scores (which grow with the context) and the embedding lookup."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_id = id(head.weight) if head is not None else None
+    body = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and id(m.weight) != head_id)
+    return body, (head.weight.numel() if head is not None else 0)
+
+
+def matmul_gflops(dtype: torch.dtype, size: int = 2048, seconds: float = 1.0) -> float:
+    """The rate this machine multiplies two size x size matrices at, in `dtype`, on the current threads:
+    the ceiling a model's forward and backward passes can approach (they are mostly such products)."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b  # the first call pays for thread start-up and kernel choice
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        a @ b
+        done += 1
+    return 2 * size**3 * done / (time.perf_counter() - started) / 1e9

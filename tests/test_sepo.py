@@ -357,3 +357,8 @@ def test_step_benchmark_reports_a_breakdown_that_adds_up(tmp_path):
     # wall time (to the rounding of each line to 1 ms), and no section claims more than the wall time
     assert sum(parts.values()) == pytest.approx(result["seconds_per_step"], abs=0.0005 * len(parts))
     assert parts["unaccounted"] >= -0.0005
+    # the work beside the machine's matmul rate: the update re-runs the reference's rows (one batch, one
+    # packing), and its backward carries as much matmul work as its forward (LoRA: the base is frozen)
+    work = result["gflop_per_step"]
+    assert work["update_forward"] == work["reference_logprobs"] == work["backward"] > 0
+    assert result["matmul_gflops"] > 0 and set(result["share_of_matmul"]) <= set(parts)

@@ -9,7 +9,11 @@ checks, fallback, rendering, reference log-probs, the update's forward pass, bac
 partition the step. Kuhn's best-response read (`best_response_read`) runs on the steps `run_sepo`
 runs it (the warm-up step always). Each section also reports the process's peak resident memory
 while it ran (`peak_rss_gib`, Linux), over the warm-up and the timed steps, and `peak_rss_gib_max`
-is the highest: the figure a memory target is checked against. Extra arguments are Hydra overrides (e.g. the side-by-side
+is the highest: the figure a memory target is checked against. Speed against this machine's limit:
+the rate it multiplies matrices at in the model's dtype (`matmul_gflops`, measured in the same run
+on the same threads) beside the rate each section of the model's passes reached (`gflops`: the
+decoder layers' matmul work per token position carried, plus the output head's for decoded tokens;
+attention scores left out, so it is a lower bound), and its share of the limit. Extra arguments are Hydra overrides (e.g. the side-by-side
 setting `sepo.penalty_mode=per_rollout sepo.rollouts_per_opponent=2 sepo.refresh_steps=1`).
 """
 
@@ -42,7 +46,7 @@ def run(args: argparse.Namespace) -> dict:
     from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
     from sepo.models import attach_lora
-    from sepo.profiling import profiled, section, time_model_forwards
+    from sepo.profiling import matmul_gflops, profiled, section, time_model_forwards
     from sepo.stages.sepo_loop import (
         RecordingPolicy,
         best_response_schedule,
@@ -94,18 +98,25 @@ def run(args: argparse.Namespace) -> dict:
     for h in hooks:
         h.remove()
     per_step = seconds / args.steps
+    work = section_gflop(model, sections.tokens, args.steps)
+    limit = matmul_gflops(
+        next(p.dtype for p in model.parameters() if p.dtype.is_floating_point and not p.requires_grad)
+    )
     # the wall time no section claimed (the loop itself, the profiler's own boundaries) is reported as
     # its own line, so the breakdown partitions the step whatever the machine's fixed costs
     claimed = dict(sections.seconds)
     claimed["unaccounted"] = seconds - sum(claimed.values())
     breakdown = {k: round(v / args.steps, 3) for k, v in sorted(claimed.items(), key=lambda kv: -kv[1])}
     peak_gib = {k: round(v / GIB, 3) for k, v in sorted(peaks.items(), key=lambda kv: -kv[1])}
-    print(f"{'section':<22}{'s/step':>9}{'share':>8}{'peak RSS GiB':>14}", file=sys.stderr)
+    rates = {k: round(work[k] / breakdown[k], 3) for k in work if breakdown.get(k)}
+    print(f"{'section':<22}{'s/step':>9}{'share':>8}{'peak RSS GiB':>14}{'GFLOP/s':>9}{'of limit':>9}", file=sys.stderr)
     for k, v in breakdown.items():
-        print(f"{k:<22}{v:>9.3f}{v / per_step:>8.1%}{peak_gib.get(k, float('nan')):>14.2f}", file=sys.stderr)
+        rate = f"{rates[k]:>9.1f}{rates[k] / limit:>9.1%}" if k in rates else ""
+        print(f"{k:<22}{v:>9.3f}{v / per_step:>8.1%}{peak_gib.get(k, float('nan')):>14.2f}{rate}", file=sys.stderr)
     print(
         f"{'total':<22}{per_step:>9.3f}   ({decisions / args.steps:.0f} decisions, "
-        f"{tokens / args.steps:.0f} generated tokens per step; {torch.get_num_threads()} threads)",
+        f"{tokens / args.steps:.0f} generated tokens per step, {decisions / seconds:.2f} decisions/s; "
+        f"{torch.get_num_threads()} threads; matmul limit {limit:.1f} GFLOP/s)",
         file=sys.stderr,
     )
     return {
@@ -114,8 +125,32 @@ def run(args: argparse.Namespace) -> dict:
         "peak_rss_gib": peak_gib,
         "peak_rss_gib_max": max(peak_gib.values(), default=None),
         "decisions": decisions // args.steps,
+        "decisions_per_s": round(decisions / seconds, 3),
+        "matmul_gflops": round(limit, 1),
+        "gflop_per_step": work,
+        "gflops": rates,
+        "share_of_matmul": {k: round(v / limit, 4) for k, v in rates.items()},
         "tokens": tokens // args.steps,
         "steps": args.steps,
         "threads": torch.get_num_threads(),
         "overrides": overrides,
     }
+
+
+def section_gflop(model, tokens: dict[str, int], steps: int) -> dict[str, float]:
+    """GFLOP per step of each section's model passes: 2 x decoder matmul weights per token position, the
+    output head's too for decoded tokens (the other passes score only some positions), and the backward
+    pass as 1x its forward's work with a frozen base (LoRA: gradients of the activations only) or 2x
+    when every weight trains."""
+    from sepo.profiling import matmul_parameters
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body, head = matmul_parameters(base)
+    flop = {k: 2.0 * body * n for k, n in tokens.items()}
+    if "decoding" in flop:
+        flop["decoding"] += 2.0 * head * tokens["decoding"]
+    if "update_forward" in flop:
+        trainable = sum(p.numel() for p in base.parameters() if p.requires_grad)
+        full = trainable > body / 2  # a full fine-tune, not an adapter (LoRA's A and B are Linear layers too)
+        flop["backward"] = flop["update_forward"] * (2 if full else 1)
+    return {k: round(v / steps / 1e9, 4) for k, v in flop.items()}
