@@ -365,6 +365,8 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
     run_sft(cfg, tracker)
     metrics = json.loads((tmp_path / "sft_metrics.json").read_text())
     assert metrics["global_step"] == 2 and metrics["full_finetune"] is False and metrics["valid_loss"] > 0
+    speed = metrics["throughput"]  # the training loop's rate, in examples and in their tokens
+    assert speed["tokens_per_s"] == pytest.approx(speed["examples_per_s"] * speed["mean_example_tokens"], rel=1e-3)
 
     # the Trainer's logs reach the project's tracker at their optimizer step
     assert [step for values, step in tracker.logs if "sft/loss" in values] == [1, 2]

@@ -528,6 +528,7 @@ class LMPolicy:
                     input_ids=ids[:1, :shared],
                     past_key_values=prefix,
                     use_cache=True,
+                    logits_to_keep=1,  # only the cache is wanted: not [shared, vocabulary] logits
                     **self.extra_inputs(ids[:1, :shared]),
                 )
             for index, layer in enumerate(prefix.layers):

@@ -671,6 +671,7 @@ class SftTraining:
     valid_loss: float | None
     curve: list[dict[str, Any]]  # the loss curve, one row per logged step
     train_loss_mean: float  # the Trainer's mean training loss over the run
+    throughput: dict[str, float | None]  # seconds, examples/s and tokens/s of the training loop (`throughput`)
 
 
 def load_data(cfg: DictConfig, s: DictConfig) -> SftData:
@@ -764,7 +765,31 @@ def train(
         at_end = [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e and e.get("step") == step]
         valid_loss = float(at_end[-1]) if at_end else float(trainer.evaluate()["eval_loss"])
     curve = training_curve(trainer.state.log_history)
-    return SftTraining(trainer.model, step, resumed_step, valid_loss, curve, float(train_output.training_loss))
+    return SftTraining(
+        trainer.model,
+        step,
+        resumed_step,
+        valid_loss,
+        curve,
+        float(train_output.training_loss),
+        throughput(train_output.metrics, train_ds),
+    )
+
+
+def throughput(metrics: dict[str, Any], train_ds: Any) -> dict[str, float | None]:
+    """The Trainer's own seconds and examples/s, and tokens/s: examples/s x the mean length of the training
+    examples (every token of an example counts, also a shared prefix computed once per batch: the rate a
+    plain pass would have needed to match)."""
+    items = getattr(train_ds, "items", None) or []
+    lengths = [len(item["ids"]) for item in items if "ids" in item]
+    per_s = metrics.get("train_samples_per_second")
+    mean_tokens = sum(lengths) / len(lengths) if lengths else None
+    return {
+        "train_runtime_s": metrics.get("train_runtime"),
+        "examples_per_s": per_s,
+        "mean_example_tokens": None if mean_tokens is None else round(mean_tokens, 1),
+        "tokens_per_s": None if per_s is None or mean_tokens is None else round(per_s * mean_tokens, 1),
+    }
 
 
 def export_merged(cfg: DictConfig, s: DictConfig, out: Path, trained: SftTraining, built: SftModel) -> DictConfig:
@@ -844,6 +869,7 @@ def sft_metrics(
         "action_agreement": agreement.get("action_agreement"),
         "agreement": agreement,
         "train_seconds": round(seconds, 2),
+        "throughput": trained.throughput,
     }
 
 
@@ -860,6 +886,14 @@ def report(tracker: NullTracker, metrics: dict[str, Any], out: Path) -> None:
         metrics["parse_rate"],
         metrics["action_agreement"],
     )
+    speed = metrics["throughput"]
+    if speed["train_runtime_s"] is not None:
+        log.info(
+            "sft: training loop %.0f s, %s examples/s, %s tokens/s",
+            speed["train_runtime_s"],
+            speed["examples_per_s"],
+            speed["tokens_per_s"],
+        )
     write_text_atomically(out / "sft_metrics.json", json.dumps(metrics, indent=2) + "\n")
 
 
