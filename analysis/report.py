@@ -1,9 +1,10 @@
-"""`python -m analysis.report <summary.json> [--doc docs/results.md] [--section five-games|stability]`.
+"""`python -m analysis.report <summary.json> [--doc docs/results.md] [--section five-games|five-seeds|stability]`.
 
 Renders `summary.json` (written by `analysis.summary`, e.g. by `launch/tiny_paper.sh` or
 `benchmarks/stability.py`) as Markdown tables and puts them between the `<!-- <section>:begin -->` and
 `<!-- <section>:end -->` markers of the document, so the published figures are always the ones the run
-wrote, never typed by hand. `five-games`: the paired differences against SFT and payoff-only;
+wrote, never typed by hand. `five-games`: the paired differences against SFT and payoff-only (`five-seeds`:
+the same, for a second run over more seeds, in a section of its own);
 `stability`: safety at the validation-chosen and at the final checkpoint of each game.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 from analysis.summary import KEYS
@@ -83,9 +85,12 @@ def targets(summary: dict) -> str:
     return "\n".join(rows)
 
 
-def section(summary: dict, source: str) -> str:
+def section(
+    summary: dict, source: str, name: str = "five-games", heading: str = "## The five games on the tiny model\n\n"
+) -> str:
+    begin, end = markers(name)
     return (
-        f"{BEGIN}\n## The five games on the tiny model\n\nFrom `{source}` (`python -m analysis.report`): mean ± SE over "
+        f"{begin}\n{heading}From `{source}` (`python -m analysis.report --section {name}`): mean ± SE over "
         "SEPO seeds of the paired differences, each run at its best checkpoint chosen on validation episodes and "
         "reported on the test episodes; **↑**/**↓**: more than 2 SE from 0.\n\n"
         + table(summary)
@@ -93,7 +98,7 @@ def section(summary: dict, source: str) -> str:
         + targets(summary)
         + "\n\nAt the runs' final checkpoints (a gap to the table above is drift late in training):\n\n"
         + table(summary, "final")
-        + f"\n{END}"
+        + f"\n{end}"
     )
 
 
@@ -116,7 +121,12 @@ def stability_section(summary: dict, source: str) -> str:
     )
 
 
-SECTIONS = {"five-games": section, "stability": stability_section}
+SECTIONS = {
+    "five-games": section,
+    # the same tables for a run over more seeds, placed below the main ones without a heading of its own
+    "five-seeds": partial(section, name="five-seeds", heading=""),
+    "stability": stability_section,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

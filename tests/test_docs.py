@@ -54,6 +54,12 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     with_seeds = {"mean": 2.9, "se": 1.7, "per_seed": {"3": 6.11, "4": -0.46, "5": 5.07}}
     assert report.verdict(with_seeds) == "not met: +2.900 ± 1.700 (1.7 SE) (seeds 3: +6.11, 4: -0.46, 5: +5.07)"
     assert report.main([str(tmp_path / "summary.json"), "--doc", str(tmp_path / "missing.md")]) == 2  # no traceback
+    begin, end = report.markers("five-seeds")  # a second run's tables, in a section of their own
+    doc.write_text(f"{report.BEGIN}\nmain\n{report.END}\n{begin}\nstale\n{end}\n")
+    assert report.main([str(tmp_path / "summary.json"), "--doc", str(doc), "--section", "five-seeds"]) == 0
+    text = doc.read_text()
+    assert "\nmain\n" in text and "stale" not in text and "| ipd | 3 |" in text.split(begin)[1]
+    assert "## " not in text.split(begin)[1]  # no heading of its own
 
 
 def test_the_stability_table_is_written_from_summary_json(tmp_path):
@@ -119,3 +125,20 @@ def test_the_comment_check_finds_a_bare_field(tmp_path):
     )
     found = [line.split(": ", 1)[1] for line in undocumented_fields(conf / "x.yaml", tmp_path)]
     assert found == ["bare: 2", "inner:"]
+
+
+def test_the_published_tables_are_the_ones_their_summary_files_give(tmp_path):
+    """Every generated section of docs/results.md, rendered again from the summary.json it names, is
+    unchanged: a figure typed by hand, or a summary file changed without re-rendering, fails here."""
+    doc = ROOT / "docs" / "results.md"
+    text = doc.read_text()
+    for name in report.SECTIONS:
+        begin, end = report.markers(name)
+        if begin not in text:
+            continue
+        published = text.split(begin, 1)[1].split(end, 1)[0]
+        source = re.search(r"From `([^`]+)`", published).group(1)
+        copy = tmp_path / f"{name}.md"
+        copy.write_text(text)
+        assert report.main([str(ROOT / source), "--doc", str(copy), "--section", name]) == 0
+        assert copy.read_text().replace(str(ROOT / source), source) == text, f"{name} is not what {source} gives"
