@@ -49,8 +49,9 @@ def cell(stat: dict, arrows: bool = True) -> str:
 
 
 def table(summary: dict, which: str | None = None) -> str:
-    """One column per summary key that some game has (a summary.json of older code lacks the newer ones)."""
-    keys = [k for k in KEYS if any(k in s for s in summary.values())]
+    """One column per summary key that every game has (a summary.json of older code lacks the newer ones, and
+    one merged from two runs may have them for some games only)."""
+    keys = [k for k in KEYS if all(k in s for s in summary.values())]
     rows = ["| game | seeds | " + " | ".join(HEADERS[k] for k in keys) + " |", "|---" * (len(keys) + 2) + "|"]
     for game, s in summary.items():
         block = s if which is None else s[which]
