@@ -74,9 +74,14 @@ def j_train(point: pd.Series, obj: dict[str, float]) -> float:
     )
 
 
-def exploit_of(point: pd.Series) -> float:
+def exploit_column(point: pd.Series) -> str:
+    """Kuhn poker's exact exploitability where it was measured, else the pool's exploit."""
     exact = point.get("exploit_exact")
-    return exact if exact is not None and not pd.isna(exact) else point["exploit"]
+    return "exploit_exact" if exact is not None and not pd.isna(exact) else "exploit"
+
+
+def exploit_of(point: pd.Series) -> float:
+    return point[exploit_column(point)]
 
 
 def runs_by_seed(
@@ -119,8 +124,7 @@ def deltas(
 
 def exploit_se_of(point: pd.Series) -> float | None:
     """The SE over episodes that goes with `exploit_of(point)`."""
-    exact = point.get("exploit_exact")
-    se = point.get("exploit_exact_se") if exact is not None and not pd.isna(exact) else point.get("exploit_se")
+    se = point.get(f"{exploit_column(point)}_se")
     return None if se is None or pd.isna(se) else float(se)
 
 

@@ -25,15 +25,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def seed_of(run: Path) -> int:
+    """A main job's seed, from its run dir's name (`seed_<seed>`)."""
+    return int(run.name.rsplit("_", 1)[1])
+
+
 def finished_runs(root: Path) -> list[Path]:
     """The run dirs of finished main jobs (a DONE marker beside a sepo/ phase), by seed."""
     runs = [marker.parent for marker in root.rglob("DONE") if (marker.parent / "sepo" / "checkpoints").is_dir()]
-    return sorted(runs, key=lambda run: int(run.name.rsplit("_", 1)[1]))
+    return sorted(runs, key=seed_of)
 
 
 def checkpoints(run: Path) -> list[str]:
-    steps = sorted(int(p.name.split("_")[1]) for p in (run / "sepo" / "checkpoints").glob("step_*") if p.is_dir())
-    return [f"step_{k}" for k in steps]
+    """The run's SEPO checkpoints, oldest first (the loop's own listing, which resume uses)."""
+    from sepo.stages.sepo_loop import checkpoints_newest_first
+
+    return [p.name for p in reversed(checkpoints_newest_first(run / "sepo"))]
 
 
 def defection_by_round(per_episode: list[dict]) -> list[float]:
@@ -83,13 +90,13 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="*", help="only these main-job seeds (default: every one found)")
     parser.add_argument("--by-round", action="store_true", help="IPD: also print the defection share round by round")
     args = parser.parse_args()
-    runs = [r for r in finished_runs(args.root) if not args.seeds or int(r.name.rsplit("_", 1)[1]) in args.seeds]
+    runs = [r for r in finished_runs(args.root) if not args.seeds or seed_of(r) in args.seeds]
     if not runs:
         print(f"error: no finished main job (DONE beside sepo/checkpoints) under {args.root}", file=sys.stderr)
         return 2
     table = {}
     for run in runs:
-        seed = int(run.name.rsplit("_", 1)[1])
+        seed = seed_of(run)
         table[seed] = rows = recheck(run, args.episodes, args.seed)
         final = rows[checkpoints(run)[-1]]
         delta, se = final[0] - rows["sft"][0], math.hypot(final[1], rows["sft"][1])
