@@ -1,11 +1,12 @@
-"""`python -m analysis.report <summary.json> [--doc docs/results.md] [--section five-games|five-seeds|stability]`.
+"""`python -m analysis.report <summary.json> [--doc docs/results.md] [--section five-games|five-seeds|stability|pretrained]`.
 
 Renders `summary.json` (written by `analysis.summary`, e.g. by `launch/tiny_paper.sh` or
 `benchmarks/stability.py`) as Markdown tables and puts them between the `<!-- <section>:begin -->` and
 `<!-- <section>:end -->` markers of the document, so the published figures are always the ones the run
 wrote, never typed by hand. `five-games`: the paired differences against SFT and payoff-only (`five-seeds`:
 the same, for a second run over more seeds, in a section of its own);
-`stability`: safety at the validation-chosen and at the final checkpoint of each game.
+`stability`: safety at the validation-chosen and at the final checkpoint of each game; `pretrained`: a run on a
+pretrained model beside the paper's SFT-degradation rows, and the paper's claims about Base, SFT and SEPO on it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from analysis.paper import SFT_DEGRADATION
 from analysis.summary import KEYS
 
 
@@ -122,11 +124,90 @@ def stability_section(summary: dict, source: str) -> str:
     )
 
 
+def plain(value: float | None) -> str:
+    return "--" if value is None else f"{value:.3f}"
+
+
+def degradation_rows(game: str, s: dict, model: str) -> list[str]:
+    """The paper's two rows for `game`, then this run's: exploit at Base, SFT and SEPO (lower is better)."""
+    rows = [
+        f"| {game} | {name} (paper) | {plain(base)} | {plain(sft)} | {plain(sepo)} | {sft - base:+.3f} | "
+        f"{sepo - base:+.3f} |"
+        for name, (base, sft, sepo) in SFT_DEGRADATION.get(game, {}).items()
+    ]
+    levels = s.get("levels", {})
+    if "base" in levels:
+        exploit = {arm: levels[arm]["exploit"] for arm in ("base", "sft", "sepo")}
+        rows.append(
+            f"| {game} | **{model}** ({len(s['seeds'])} seeds) | {cell(exploit['base'], False)} | "
+            f"{cell(exploit['sft'], False)} | {cell(exploit['sepo'], False)} | "
+            f"{cell(s.get('delta_exploit_sft_vs_base', {}))} | {cell(sepo_minus_base_exploit(s))} |"
+        )
+    return rows
+
+
+def sepo_minus_base_exploit(s: dict) -> dict:
+    """SEPO - Base exploit: SEPO's mean over seeds minus Base's one model, SE from both (Base's over episodes)."""
+    sepo, base = s["levels"]["sepo"]["exploit"], s["levels"]["base"]["exploit"]
+    if sepo.get("mean") is None:
+        return {}
+    ses = [x for x in (sepo.get("se"), base.get("se")) if x is not None]
+    return {"mean": sepo["mean"] - base["mean"], "se": sum(x * x for x in ses) ** 0.5 if ses else None}
+
+
+#: the paper's claims about a pretrained model, each with the summary key that tests it and its direction
+CLAIMS = {
+    "delta_exploit_sft_vs_base": ("SFT raises exploit over Base", 1),
+    "delta_exploit_vs_sft": ("SEPO lowers exploit below SFT's", -1),
+    "delta_safety_vs_base": ("SEPO's safety above Base's", 1),
+    "delta_safety_vs_payoff_only": ("SEPO's safety above payoff-only's", 1),
+}
+
+
+def holds(stat: dict, sign: int) -> str:
+    """`holds` where the difference is more than 2 SE on the claimed side, `opposite` beyond 2 SE on the other."""
+    mean, se = stat.get("mean"), stat.get("se")
+    if mean is None:
+        return "--"
+    value = cell(stat, arrows=False)
+    if se:
+        if sign * mean > 2 * se:
+            return f"**holds**: {value}"
+        if sign * mean < -2 * se:
+            return f"opposite: {value}"
+        return f"within noise: {value} ({mean / se:+.1f} SE)"
+    return f"{'holds' if sign * mean > 0 else 'not'} (no SE): {value}"
+
+
+def pretrained_section(summary: dict, source: str, model: str = "smollm2") -> str:
+    begin, end = markers("pretrained")
+    header = "| game | model | Base | SFT | SEPO | SFT − Base | SEPO − Base |\n|---|---|---|---|---|---|---|"
+    degradation = [row for game, s in summary.items() for row in degradation_rows(game, s, model)]
+    claims = ["| game | " + " | ".join(text for text, _ in CLAIMS.values()) + " |", "|---" * (len(CLAIMS) + 1) + "|"]
+    claims += [
+        f"| {game} | " + " | ".join(holds(s.get(key, {}), sign) for key, (_, sign) in CLAIMS.items()) + " |"
+        for game, s in summary.items()
+    ]
+    return (
+        f"{begin}\nFrom `{source}` (`python -m analysis.report --section pretrained`). Exploit (Kuhn: the exact "
+        "exploitability as played) at Base, SFT and SEPO, lower is better: the paper's rows (its SFT-degradation "
+        f"table) and {model}'s, SEPO at each seed's checkpoint chosen on validation episodes, mean ± SE over seeds; "
+        "Base and SFT are one model each, with their SE over episodes.\n\n"
+        + header
+        + "\n"
+        + "\n".join(degradation)
+        + f"\n\nThe paper's claims on {model} (paired differences; holds: more than 2 SE on the claimed side):\n\n"
+        + "\n".join(claims)
+        + f"\n{end}"
+    )
+
+
 SECTIONS = {
     "five-games": section,
     # the same tables for a run over more seeds, placed below the main ones without a heading of its own
     "five-seeds": partial(section, name="five-seeds", heading=""),
     "stability": stability_section,
+    "pretrained": pretrained_section,
 }
 
 

@@ -17,7 +17,8 @@ seed: over several SFT runs (a sweep of `sft.seed`) it is their mean ± SE; for 
 difference with SE sqrt(se_sft^2 + se_base^2) from the two evaluations' own SEs over episodes
 (`se_from: episodes`; conservative, since both play the same episodes).
 
-and the same four under `final` for the runs' final checkpoints (a gap between the two is late
+`levels`: exploit (Kuhn: exact) and safety of Base, SFT, SEPO and payoff-only themselves (the rows of the
+paper's SFT-degradation table), and the same four under `final` for the runs' final checkpoints (a gap between the two is late
 drift), and `stability`: SEPO's safety at the chosen and at the final checkpoints (mean and SE over
 seeds), their per-seed difference final - chosen (mean and SE), and `final_holds_chosen`: the final
 checkpoint is not below the chosen one by more than one SE of that difference (late drift would be).
@@ -138,6 +139,36 @@ def sft_degradation(sft_runs: pd.DataFrame, base: pd.Series) -> dict[str, Any]:
     return {"mean": round(differences[0], 4), "se": se, "n": 1, "se_from": "episodes"}
 
 
+def level(point: pd.Series) -> dict[str, Any]:
+    """One evaluated model's exploit (Kuhn: exact) and safety, each with its SE over episodes."""
+    safety_se = point.get("safety_se")
+    return {
+        "exploit": {"mean": round(float(exploit_of(point)), 4), "se": exploit_se_of(point)},
+        "safety": {"mean": round(float(point["safety"]), 4), "se": None if pd.isna(safety_se) else float(safety_se)},
+    }
+
+
+def arm_level(runs: dict) -> dict[str, Any]:
+    """An arm's exploit and safety at each seed's chosen checkpoint: mean and SE over seeds."""
+    points = [runs[s]["best"] for s in sorted(runs)]
+    return {
+        "exploit": mean_se([float(exploit_of(p)) for p in points]),
+        "safety": mean_se([float(p["safety"]) for p in points]),
+    }
+
+
+def levels(base: pd.Series | None, sft: pd.Series, sepo: dict, payoff_only: dict) -> dict[str, Any]:
+    """The rows the paper's SFT-degradation table prints (exploit at Base, SFT, SEPO) and their safety, so a
+    report can set them beside the paper's: Base and SFT are one model each (SE over episodes), SEPO and
+    payoff-only one run per seed (SE over seeds)."""
+    out = {"sft": level(sft), "sepo": arm_level(sepo)}
+    if base is not None:
+        out["base"] = level(base)
+    if payoff_only:
+        out["payoff_only"] = arm_level(payoff_only)
+    return out
+
+
 def stability(sepo: dict) -> dict[str, Any]:
     """Does the run hold what it reached? Safety at the chosen checkpoint against the final one."""
     seeds = sorted(sepo)
@@ -177,6 +208,7 @@ def game_summary(
             if base is not None and not sft_runs.empty
             else {}
         ),
+        "levels": levels(base, sft, sepo, payoff_only),
         "checkpoints": {str(s): r["best"]["checkpoint"] for s, r in sorted(sepo.items())},
         "final": deltas(sepo, payoff_only, sft, base, root, "final"),
         "stability": stability(sepo),

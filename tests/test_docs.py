@@ -88,6 +88,39 @@ def test_the_stability_table_is_written_from_summary_json(tmp_path):
     assert rows[0].endswith("| +0.040 ± 0.040 | yes |") and rows[1].endswith("| -0.300 ± 0.100 **↓** | no |")
 
 
+def test_the_pretrained_tables_set_a_run_beside_the_papers_rows_and_judge_each_claim(tmp_path):
+    def stat(mean, se, n=3):
+        return {"mean": mean, "se": se, "n": n}
+
+    kuhn = {
+        "seeds": [0, 1, 2],
+        "levels": {
+            "base": {"exploit": {"mean": 0.336, "se": 0.010}, "safety": {"mean": -0.5, "se": 0.1}},
+            "sft": {"exploit": {"mean": 0.380, "se": 0.050}, "safety": {"mean": -0.6, "se": 0.1}},
+            "sepo": {"exploit": stat(0.300, 0.020), "safety": stat(-0.2, 0.05)},
+        },
+        "delta_exploit_sft_vs_base": {"mean": 0.044, "se": 0.051, "n": 1, "se_from": "episodes"},
+        "delta_exploit_vs_sft": stat(-0.080, 0.020),
+        "delta_safety_vs_base": stat(0.3, 0.05),
+        "delta_safety_vs_payoff_only": stat(-0.4, 0.1),
+    }
+    (tmp_path / "summary.json").write_text(json.dumps({"kuhn": kuhn}))
+    doc = tmp_path / "results.md"
+    begin, end = report.markers("pretrained")
+    doc.write_text(f"# Results\n{begin}\nstale\n{end}\nafter\n")
+    assert report.main([str(tmp_path / "summary.json"), "--doc", str(doc), "--section", "pretrained"]) == 0
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| kuhn |")]
+    # the paper's two rows (Gemma 4: 0.211 -> 0.000 -> 0.000), then the run's with SEPO - Base from both SEs
+    assert rows[0] == "| kuhn | Gemma 4 (paper) | 0.211 | 0.000 | 0.000 | -0.211 | -0.211 |"
+    assert rows[2].startswith("| kuhn | **smollm2** (3 seeds) | +0.336 ± 0.010 | +0.380 ± 0.050 | +0.300 ± 0.020 |")
+    assert rows[2].endswith("| +0.044 ± 0.051 | -0.036 ± 0.022 |")  # SE sqrt(0.02^2 + 0.01^2): 1.6 SE, no arrow
+    claims = rows[3].split(" | ")
+    assert claims[1].startswith("within noise: +0.044 ± 0.051 (+0.9 SE)")  # SFT raises exploit: not shown
+    assert claims[2] == "**holds**: -0.080 ± 0.020"  # SEPO lowers exploit below SFT's
+    assert claims[3] == "**holds**: +0.300 ± 0.050"
+    assert claims[4].startswith("opposite: -0.400 ± 0.100")
+
+
 def undocumented_fields(path: Path, root: Path = ROOT) -> list[str]:
     """Keys of a config file that carry no comment. A key is documented by a comment on its line or
     on the line just above; a scalar row of a documented table (a strategy's weight under

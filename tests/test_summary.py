@@ -152,6 +152,13 @@ def test_base_deltas_pair_sepo_seeds_with_base_and_sft_runs_with_base(tmp_path):
     assert ipd["delta_safety_vs_base"] == {"mean": 1.75, "se": 0.5, "n": 2, "per_seed": {"0": 1.25, "1": 2.25}}
     # one SFT run: 0.9 - 0.5, SE sqrt(0.4^2 + 0.3^2) = 0.5
     assert ipd["delta_exploit_sft_vs_base"] == {"mean": 0.4, "se": 0.5, "n": 1, "se_from": "episodes"}
+    # the levels the SFT-degradation table prints: one model's with its episodes' SE, SEPO's over seeds
+    levels = ipd["levels"]
+    assert levels["base"] == {"exploit": {"mean": 0.5, "se": 0.3}, "safety": {"mean": 0.25, "se": None}}
+    assert levels["sft"]["exploit"] == {"mean": 0.9, "se": 0.4}
+    assert levels["sepo"]["exploit"] == {"mean": 0.275, "se": 0.025, "n": 2}
+    assert levels["sepo"]["safety"] == {"mean": 2.0, "se": 0.5, "n": 2}
+    assert "payoff_only" not in levels
 
     write(tmp_path / "sft_b" / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.7, 0.25, 0.2, 1.0), train_seed=1)
     (tmp_path / "sft_b" / "DONE").write_text("{}\n")

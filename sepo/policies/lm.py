@@ -717,15 +717,19 @@ class LMPolicy:
         return out
 
     def action_scores(
-        self, prompts: list[list[int]], actions: list[list[list[int]]], temperature: float = 1.0
+        self,
+        prompts: list[list[int]],
+        actions: list[list[list[int]]],
+        temperature: float = 1.0,
+        batch: int | None = None,
     ) -> list[torch.Tensor]:
         """Log-prob sum of every candidate action's tokens after each prompt, batched over all pairs.
 
-        Pairs are scored `score_batch` rows at a time, so a large action set (neg_v2: up to 125
-        vectors) costs more passes, not more memory.
+        Pairs are scored `batch` (default `score_batch`) rows at a time, so a large action set (neg_v2:
+        up to 125 vectors) costs more passes, not more memory.
         """
         pairs = [(i, a) for i, acts in enumerate(actions) for a in acts]
-        lps = self.sequence_logprobs([prompts[i] for i, _ in pairs], [a for _, a in pairs], temperature)
+        lps = self.sequence_logprobs([prompts[i] for i, _ in pairs], [a for _, a in pairs], temperature, batch)
         sums = torch.stack([lp.sum() for lp in lps])
         out, k = [], 0
         for acts in actions:

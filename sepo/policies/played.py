@@ -139,6 +139,28 @@ def _stops_exactly_at_end(policy: Any, request: DecisionRequest, head: str, toke
     return False
 
 
+def scores_by_request(
+    policy: Any, contexts: list[list[int]], scored: list[tuple[int, list[Alternative]]], samples: int
+) -> list[Any]:
+    """Every alternative's log-prob, one pass per request: a request's contexts all start with its whole
+    prompt, which one cached pass then serves for all of its rows (`shared_prefix_length`). In passes of
+    `score_batch` rows the prompt was encoded once per pass instead (Kuhn's table on a 135M model: 48
+    prompt passes where 12 do, a third of a read's time). A pass holds K x |alternatives| rows of a few
+    answer tokens each (Kuhn: 2 alternatives)."""
+    scores: list[Any] = []
+    start = 0
+    while start < len(scored):
+        request = scored[start][0] // samples
+        end = start
+        while end < len(scored) and scored[end][0] // samples == request:
+            end += 1
+        actions = [[alt.tokens for alt in alts] for _, alts in scored[start:end]]
+        rows = sum(map(len, actions))
+        scores += policy.action_scores(contexts[start:end], actions, policy.logprob_temperature, batch=rows)
+        start = end
+    return scores
+
+
 def estimate(policy: Any, requests: list[DecisionRequest], samples: int, seed: int) -> list[ActionEstimate]:
     """`ActionEstimate` of every request from `samples` answers each, then every exact score in one
     batched scoring pass.
@@ -173,9 +195,7 @@ def estimate(policy: Any, requests: list[DecisionRequest], samples: int, seed: i
             scored.append((index, found[1]))
 
     if scored:
-        scores = policy.action_scores(
-            contexts, [[alt.tokens for alt in alts] for _, alts in scored], policy.logprob_temperature
-        )
+        scores = scores_by_request(policy, contexts, scored, samples)
         for (index, alts), logp in zip(scored, scores):
             weights = np.exp(logp.double().numpy() - float(logp.max()))
             row = np.zeros(len(copies[index].legal))
