@@ -30,6 +30,7 @@ from sepo.policies.lm import (
     counter_uniforms,
     fallback_question,
     holds_action,
+    score_passes,
 )
 from sepo.training.logprobs import next_token_logits, token_logprobs
 
@@ -255,6 +256,25 @@ def test_neg_v2_fallback_is_always_legal(tiny):
     requests = first_requests("neg_v2", 2)
     decisions = policy(tiny, max_new_tokens=4).act_batch(requests)
     assert all(not d.parsed and d.action in r.legal for d, r in zip(decisions, requests))
+
+
+def test_a_scoring_pass_never_holds_part_of_one_prompts_candidates_beside_anothers():
+    """Small candidate sets share passes; a large one gets passes of its own, whole or split in `batch`s."""
+    assert score_passes([2, 2, 2], 16) == [range(0, 6)]
+    assert score_passes([125, 3, 3], 16)[-3:] == [range(96, 112), range(112, 125), range(125, 131)]
+    assert score_passes([3, 20, 2], 16) == [range(0, 3), range(3, 19), range(19, 23), range(23, 25)]
+    assert score_passes([0, 3, 0, 2], 4) == [range(0, 3), range(3, 5)]
+
+
+def test_action_scores_do_not_depend_on_how_the_pairs_are_passed(tiny):
+    """neg_v2's 125 vectors of two prompts, passed 7 or 300 rows at a time: the same log-probs."""
+    agent = policy(tiny)
+    requests = first_requests("neg_v2", 2)
+    prompts = [agent.render(r.messages, answer_now=True) for r in requests]
+    actions = [[agent.action_ids(a) for a in r.legal] for r in requests]
+    small, large = agent.action_scores(prompts, actions, batch=7), agent.action_scores(prompts, actions, batch=300)
+    for a, b in zip(small, large):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
 # --------------------------------------------------------------------------- log-probs and probabilities
