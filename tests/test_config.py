@@ -126,7 +126,7 @@ PAPER_SETTINGS = {
     "tiny_paper": (40, "constant", 5, 20),
     "tiny_paper_ipd": (80, "cosine", 5, 20),
     "tiny_paper_kuhn": (40, "constant", 1, 20),
-    "smollm2_paper": (30, "cosine", 1, 8),  # conf/model/smollm2.yaml's own sizes
+    "smollm2_paper": (10, "cosine", 1, 8),  # conf/model/smollm2.yaml's own sizes
 }
 
 
