@@ -17,9 +17,9 @@ seed: over several SFT runs (a sweep of `sft.seed`) it is their mean ± SE; for 
 difference with SE sqrt(se_sft^2 + se_base^2) from the two evaluations' own SEs over episodes
 (`se_from: episodes`; conservative, since both play the same episodes).
 
-`levels`: exploit (Kuhn: exact) and safety of Base, SFT, SEPO and payoff-only themselves (the rows of the
-paper's SFT-degradation table), and the same four under `final` for the runs' final checkpoints (a gap between the two is late
-drift), and `stability`: SEPO's safety at the chosen and at the final checkpoints (mean and SE over
+Also: the same deltas under `final` for the runs' final checkpoints (a gap between the two is late
+drift), `levels`: exploit (Kuhn: exact) and safety of Base, SFT, SEPO and payoff-only themselves (the rows of
+the paper's SFT-degradation table), and `stability`: SEPO's safety at the chosen and at the final checkpoints (mean and SE over
 seeds), their per-seed difference final - chosen (mean and SE), and `final_holds_chosen`: the final
 checkpoint is not below the chosen one by more than one SE of that difference (late drift would be).
 SFT is one model per game, evaluated on the same test episodes, so its own noise is common to every

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
+sys.path.insert(0, str(ROOT))
+
+from analysis.collect import GAMES  # noqa: E402  (the five games, in the tables' order)
+
 GIB = 1024**3
 
 
@@ -31,7 +33,7 @@ def step_profile(model: str, game: str, model_path: str | None, threads: int, ov
     """One game's step profile (`sepo.bench step`'s JSON), from a process of its own."""
     command = [sys.executable, "-m", "sepo.bench", "step", "--model", model, "--game", game, "--steps", "1"]
     command += ["--threads", str(threads)] + (["--model-path", model_path] if model_path else []) + overrides
-    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if done.returncode:
         raise SystemExit(f"sepo.bench step failed on {game} (rc {done.returncode}): {' '.join(command)}")
     return json.loads(done.stdout.strip().splitlines()[-1])

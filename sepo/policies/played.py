@@ -27,6 +27,7 @@ whole distribution. With temperature 0 the policy is deterministic: one greedy a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -148,16 +149,11 @@ def scores_by_request(
     prompt passes where 12 do, a third of a read's time). A pass holds K x |alternatives| rows of a few
     answer tokens each (Kuhn: 2 alternatives)."""
     scores: list[Any] = []
-    start = 0
-    while start < len(scored):
-        request = scored[start][0] // samples
-        end = start
-        while end < len(scored) and scored[end][0] // samples == request:
-            end += 1
-        actions = [[alt.tokens for alt in alts] for _, alts in scored[start:end]]
-        rows = sum(map(len, actions))
-        scores += policy.action_scores(contexts[start:end], actions, policy.logprob_temperature, batch=rows)
-        start = end
+    for _, group in groupby(range(len(scored)), key=lambda k: scored[k][0] // samples):
+        rows = list(group)
+        actions = [[alt.tokens for alt in scored[k][1]] for k in rows]
+        batch = sum(map(len, actions))
+        scores += policy.action_scores([contexts[k] for k in rows], actions, policy.logprob_temperature, batch=batch)
     return scores
 
 
