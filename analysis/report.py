@@ -155,13 +155,26 @@ def sepo_minus_base_exploit(s: dict) -> dict:
     return {"mean": sepo["mean"] - base["mean"], "se": sum(x * x for x in ses) ** 0.5 if ses else None}
 
 
-#: the paper's claims about a pretrained model, each with the summary key that tests it and its direction
+#: the paper's claims about a pretrained model: the summary key that tests each, its claimed direction, and the
+#: one-model arm the difference is taken against, if any (Base or SFT: one model, one measurement)
 CLAIMS = {
-    "delta_exploit_sft_vs_base": ("SFT raises exploit over Base", 1),
-    "delta_exploit_vs_sft": ("SEPO lowers exploit below SFT's", -1),
-    "delta_safety_vs_base": ("SEPO's safety above Base's", 1),
-    "delta_safety_vs_payoff_only": ("SEPO's safety above payoff-only's", 1),
+    "delta_exploit_sft_vs_base": ("SFT raises exploit over Base", 1, None),  # its SE is from both arms' episodes
+    "delta_exploit_vs_sft": ("SEPO lowers exploit below SFT's", -1, ("sft", "exploit")),
+    "delta_safety_vs_base": ("SEPO's safety above Base's", 1, ("base", "safety")),
+    "delta_safety_vs_payoff_only": ("SEPO's safety above payoff-only's", 1, None),  # both arms have seeds
 }
+
+
+def claim_stat(s: dict, key: str, reference: tuple[str, str] | None) -> dict:
+    """A claim's difference with the SE it must be judged by. Every seed's difference against a one-model arm
+    shares that arm's single measurement, so the SE over seeds does not see its error: it is added in
+    quadrature (conservative: the arms are read on the same episodes and sampling streams, whose positive
+    correlation would shrink it)."""
+    stat = dict(s.get(key, {}))
+    level = s.get("levels", {}).get(reference[0], {}).get(reference[1], {}) if reference else {}
+    if stat.get("se") is not None and level.get("se") is not None:
+        stat["se"] = (stat["se"] ** 2 + level["se"] ** 2) ** 0.5
+    return stat
 
 
 def holds(stat: dict, sign: int) -> str:
@@ -183,9 +196,11 @@ def pretrained_section(summary: dict, source: str, model: str = "smollm2") -> st
     begin, end = markers("pretrained")
     header = "| game | model | Base | SFT | SEPO | SFT − Base | SEPO − Base |\n|---|---|---|---|---|---|---|"
     degradation = [row for game, s in summary.items() for row in degradation_rows(game, s, model)]
-    claims = ["| game | " + " | ".join(text for text, _ in CLAIMS.values()) + " |", "|---" * (len(CLAIMS) + 1) + "|"]
+    claims = ["| game | " + " | ".join(text for text, *_ in CLAIMS.values()) + " |", "|---" * (len(CLAIMS) + 1) + "|"]
     claims += [
-        f"| {game} | " + " | ".join(holds(s.get(key, {}), sign) for key, (_, sign) in CLAIMS.items()) + " |"
+        f"| {game} | "
+        + " | ".join(holds(claim_stat(s, key, reference), sign) for key, (_, sign, reference) in CLAIMS.items())
+        + " |"
         for game, s in summary.items()
     ]
     return (
@@ -196,7 +211,8 @@ def pretrained_section(summary: dict, source: str, model: str = "smollm2") -> st
         + header
         + "\n"
         + "\n".join(degradation)
-        + f"\n\nThe paper's claims on {model} (paired differences; holds: more than 2 SE on the claimed side):\n\n"
+        + f"\n\nThe paper's claims on {model} (differences paired by seed; against Base or SFT, one model each, the SE "
+        "adds that model's own SE over episodes; holds: more than 2 SE on the claimed side):\n\n"
         + "\n".join(claims)
         + f"\n{end}"
     )
