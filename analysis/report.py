@@ -146,13 +146,18 @@ def degradation_rows(game: str, s: dict, model: str) -> list[str]:
     return rows
 
 
+def quadrature(*ses: float) -> float:
+    """The SE of a sum or difference of independent estimates."""
+    return sum(se * se for se in ses) ** 0.5
+
+
 def sepo_minus_base_exploit(s: dict) -> dict:
     """SEPO - Base exploit: SEPO's mean over seeds minus Base's one model, SE from both (Base's over episodes)."""
     sepo, base = s["levels"]["sepo"]["exploit"], s["levels"]["base"]["exploit"]
     if sepo.get("mean") is None:
         return {}
     ses = [x for x in (sepo.get("se"), base.get("se")) if x is not None]
-    return {"mean": sepo["mean"] - base["mean"], "se": sum(x * x for x in ses) ** 0.5 if ses else None}
+    return {"mean": sepo["mean"] - base["mean"], "se": quadrature(*ses) if ses else None}
 
 
 #: the paper's claims about a pretrained model: the summary key that tests each, its claimed direction, and the
@@ -173,7 +178,7 @@ def claim_stat(s: dict, key: str, reference: tuple[str, str] | None) -> dict:
     stat = dict(s.get(key, {}))
     level = s.get("levels", {}).get(reference[0], {}).get(reference[1], {}) if reference else {}
     if stat.get("se") is not None and level.get("se") is not None:
-        stat["se"] = (stat["se"] ** 2 + level["se"] ** 2) ** 0.5
+        stat["se"] = quadrature(stat["se"], level["se"])
     return stat
 
 
