@@ -12,7 +12,9 @@
 #             eval, SEPO (2 steps, n = 4, the three pools), SEPO eval (2 episodes per opponent), for
 #             qwen then gemma4, on each game of $GAMES (default: kuhn ipd) -> $OUT/results_<model>_<game>.csv
 #   The log of everything: $OUT/session.log. More settings: BENCH_ARGS (e.g. "--override sepo.micro_batch=8")
-#   reaches every benchmark run, RUN_ARGS (e.g. "sepo.micro_batch=8") every main.py run.
+#   reaches every benchmark run, RUN_ARGS (e.g. "sepo.micro_batch=8") every main.py run; PIPELINES
+#   (e.g. "qwen:kuhn gemma4:ipd") names the pipeline runs, in order, each under PIPELINE_S seconds
+#   (default: qwen on kuhn, then every game of $GAMES for every model of $MODELS, 150 s each).
 #
 # Needs: the wheels of benchmarks/gpu_wheels.sh in .whl/ (carried), a CUDA build of torch.
 # Rehearsal on a CPU: WHEELS=none SAVE_ARGS="--tiny --device cpu" bash benchmarks/gpu_session.sh pipeline
@@ -67,6 +69,10 @@ pipeline() {  # pipeline SECONDS MODEL GAME: the main job's every stage, small, 
 # in order of worth: each model's figures, one pass of the main job, the fast-kernel decode, the tests
 has bench && bench 150 gpu-gemma4 --model gemma4 "${SIZES[@]}"
 has bench && bench 130 gpu-qwen --model qwen "${SIZES[@]}"
+if has pipeline && [ -n "${PIPELINES:-}" ]; then
+    for pair in $PIPELINES; do pipeline "${PIPELINE_S:-150}" "${pair%%:*}" "${pair##*:}"; done
+    PARTS=(${PARTS[*]/pipeline/})  # the named runs were the whole pipeline part
+fi
 has pipeline && pipeline 120 qwen kuhn
 has bench && PYTHONPATH="/tmp/site-fla:$PYTHONPATH" bench 60 gpu-qwen-fla --model qwen --parts decode "${SIZES[@]}"
 has tests && step 60 "pytest -m gpu" python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider

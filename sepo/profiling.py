@@ -57,6 +57,16 @@ def reset_peak_rss() -> None:
         pass
 
 
+def gpu_peak_gib_since_last_call() -> float | None:
+    """The CUDA allocator's peak since the previous call (GiB), then a fresh peak; None without a GPU.
+    What a SEPO step needs at most is the figure that decides `sepo.micro_batch` on a given card."""
+    if not torch.cuda.is_available():
+        return None
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return round(peak, 2)
+
+
 class Sections:
     """Exclusive wall-clock seconds per named section, with a call count (and, when asked, the peak
     resident memory reached inside each)."""

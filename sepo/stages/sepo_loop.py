@@ -47,7 +47,7 @@ from sepo.games import Game, make_game
 from sepo.models import attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
-from sepo.profiling import section
+from sepo.profiling import gpu_peak_gib_since_last_call, section
 from sepo.stages.evaluate import evaluate_and_write, evaluation_policy
 from sepo.tracking import NO_TRACKING, NullTracker
 from sepo.training.best_response import BestResponseSchedule
@@ -459,23 +459,27 @@ def refresh_due(
 def log_step(
     tracker: NullTracker, step: int, reuse: int, batch: RolloutBatch, stats: dict, tokens: int, seconds: float
 ):
+    gpu_peak = gpu_peak_gib_since_last_call()
     tracker.log(
         {
             **{f"sepo/{k}": v for k, v in {**batch.stats, **stats}.items()},
             "sepo/reuse": reuse,
             "sepo/tokens_generated": tokens,
             "sepo/seconds_per_step": seconds,
+            **({"sepo/gpu_peak_gib": gpu_peak} if gpu_peak is not None else {}),
         },
         step=step,
     )
     log.info(
-        "step %d  loss %.4f  objective %.3f  kl_ref %.4f  kl_after %s  clip %.3f",
+        "step %d  loss %.4f  objective %.3f  kl_ref %.4f  kl_after %s  clip %.3f  %.1f s%s",
         step,
         stats["loss"],
         batch.stats["objective"],
         stats.get("kl_ref", 0.0),
         f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-",
         stats["clip_fraction"],
+        seconds,
+        f"  gpu peak {gpu_peak:.1f} GiB" if gpu_peak is not None else "",
     )
 
 
