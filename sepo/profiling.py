@@ -181,6 +181,33 @@ def matmul_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return body, (head.weight.numel() if head is not None else 0)
 
 
+@contextmanager
+def positions_fed(model: torch.nn.Module) -> Iterator[dict[str, int]]:
+    """Token positions fed to `model` while the block runs, in training and in evaluation mode (a hook on
+    its input embeddings): with `matmul_parameters`, the floating-point work a loop did, whatever its
+    batching, padding or shared prefixes."""
+    counts = {"train": 0, "eval": 0}
+
+    def count(module: torch.nn.Module, args: tuple) -> None:
+        if args and isinstance(args[0], torch.Tensor):
+            counts["train" if module.training else "eval"] += int(args[0].numel())
+
+    handle = model.get_input_embeddings().register_forward_pre_hook(count)
+    try:
+        yield counts
+    finally:
+        handle.remove()
+
+
+def training_gflop(body_parameters: int, positions: dict[str, int], full_finetune: bool) -> float:
+    """GFLOP of a training loop's decoder matmuls: 2 per weight and position forward, as much again
+    backward for the activations' gradients, and once more for the weights' own when all of them train
+    (an adapter's are negligible); an evaluation pass is forward only. The output head is left out (a
+    loss on the answer positions runs it on a few of them)."""
+    per_train_position = 2 * (3 if full_finetune else 2)
+    return body_parameters * (per_train_position * positions["train"] + 2 * positions["eval"]) / 1e9
+
+
 def matmul_gflops(dtype: torch.dtype, size: int = 2048, seconds: float = 1.0) -> float:
     """The rate this machine multiplies two size x size matrices at, in `dtype`, on the current threads:
     the ceiling a model's forward and backward passes can approach (they are mostly such products)."""

@@ -367,6 +367,8 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
     assert metrics["global_step"] == 2 and metrics["full_finetune"] is False and metrics["valid_loss"] > 0
     speed = metrics["throughput"]  # the training loop's rate, in examples and in their tokens
     assert speed["tokens_per_s"] == pytest.approx(speed["examples_per_s"] * speed["mean_example_tokens"], rel=1e-3)
+    assert 0 < speed["matmul_gflops"] < speed["machine_matmul_gflops"]  # beside the CPU's rate, measured in the run
+    assert speed["matmul_share"] == pytest.approx(speed["matmul_gflops"] / speed["machine_matmul_gflops"], abs=1e-3)
 
     # the Trainer's logs reach the project's tracker at their optimizer step
     assert [step for values, step in tracker.logs if "sft/loss" in values] == [1, 2]
@@ -504,3 +506,22 @@ def test_default_tiny_sft_on_ipd_learns_the_demonstrators(tmp_path):
 
     figures = run_benchmark(tmp_path)
     assert figures["parse_rate"] >= 0.95 and figures["action_agreement"] >= 0.80, figures
+
+
+def test_the_training_loops_matmul_work_counts_every_position_fed_in_its_mode():
+    """Positions fed in training mode carry forward and backward work (x3 with every weight training),
+    those of an evaluation pass the forward's alone: 2 FLOP per decoder weight and position."""
+    from sepo.profiling import positions_fed, training_gflop
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4))
+    model.get_input_embeddings = lambda: model[0]
+    with positions_fed(model) as positions:
+        model.train()
+        model(torch.zeros(3, 7, dtype=torch.long))
+        model.eval()
+        model(torch.zeros(2, 5, dtype=torch.long))
+    assert positions == {"train": 21, "eval": 10}
+    model(torch.zeros(1, 4, dtype=torch.long))  # after the block: not counted
+    assert positions == {"train": 21, "eval": 10}
+    assert training_gflop(10**9, positions, full_finetune=False) == 4 * 21 + 2 * 10
+    assert training_gflop(10**9, positions, full_finetune=True) == 6 * 21 + 2 * 10

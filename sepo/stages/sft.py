@@ -61,6 +61,7 @@ from sepo.builders import load_model_and_tokenizer
 from sepo.errors import ConfigError, one_line
 from sepo.files import write_text_atomically
 from sepo.models import attach_lora, forward_extras, lora_module_names, render_chat
+from sepo.profiling import matmul_gflops, matmul_parameters, positions_fed, training_gflop
 from sepo.tracking import NO_TRACKING, NullTracker, flatten
 from sepo.training.divergence import check_step
 from sepo.training.sft_batching import (
@@ -671,7 +672,7 @@ class SftTraining:
     valid_loss: float | None
     curve: list[dict[str, Any]]  # the loss curve, one row per logged step
     train_loss_mean: float  # the Trainer's mean training loss over the run
-    throughput: dict[str, float | None]  # seconds, examples/s and tokens/s of the training loop (`throughput`)
+    throughput: dict[str, float | None]  # seconds, examples/s, tokens/s and matmul rate of the training loop (`throughput`, `matmul_share`)
 
 
 def load_data(cfg: DictConfig, s: DictConfig) -> SftData:
@@ -758,7 +759,8 @@ def train(
         data_collator=data_collator,
         callbacks=[tracker_callback(tracker), divergence_callback()],
     )
-    train_output = trainer.train(resume_from_checkpoint=last)
+    with positions_fed(model) as positions:
+        train_output = trainer.train(resume_from_checkpoint=last)
     step = int(trainer.state.global_step)
     valid_loss = None
     if data.valid:
@@ -772,7 +774,7 @@ def train(
         valid_loss,
         curve,
         float(train_output.training_loss),
-        throughput(train_output.metrics, train_ds),
+        {**throughput(train_output.metrics, train_ds), **matmul_share(model, positions, train_output.metrics, s)},
     )
 
 
@@ -789,6 +791,24 @@ def throughput(metrics: dict[str, Any], train_ds: Any) -> dict[str, float | None
         "examples_per_s": per_s,
         "mean_example_tokens": None if mean_tokens is None else round(mean_tokens, 1),
         "tokens_per_s": None if per_s is None or mean_tokens is None else round(per_s * mean_tokens, 1),
+    }
+
+
+def matmul_share(model: Any, positions: dict[str, int], metrics: dict[str, Any], s: DictConfig) -> dict[str, Any]:
+    """The loop's matmul rate (GFLOP/s over the Trainer's seconds) beside the rate this CPU multiplies
+    matrices at in the model's dtype, measured now (1 s): how far the loop is from what the machine
+    allows. On a GPU, None (`python -m sepo.bench gpu` has the device's figures)."""
+    seconds = metrics.get("train_runtime")
+    weights = model.get_input_embeddings().weight
+    if not seconds or weights.device.type != "cpu" or not positions["train"]:
+        return {"matmul_gflops": None, "machine_matmul_gflops": None, "matmul_share": None}
+    body, _head = matmul_parameters(model.get_base_model() if hasattr(model, "get_base_model") else model)
+    achieved = training_gflop(body, positions, bool(s.full_finetune)) / seconds
+    machine = matmul_gflops(weights.dtype)
+    return {
+        "matmul_gflops": round(achieved, 1),
+        "machine_matmul_gflops": round(machine, 1),
+        "matmul_share": round(achieved / machine, 3),
     }
 
 
@@ -889,10 +909,14 @@ def report(tracker: NullTracker, metrics: dict[str, Any], out: Path) -> None:
     speed = metrics["throughput"]
     if speed["train_runtime_s"] is not None:
         log.info(
-            "sft: training loop %.0f s, %s examples/s, %s tokens/s",
+            "sft: training loop %.0f s, %s examples/s, %s tokens/s%s",
             speed["train_runtime_s"],
             speed["examples_per_s"],
             speed["tokens_per_s"],
+            f", {speed['matmul_gflops']} GFLOP/s in matmuls = {speed['matmul_share']:.0%} of this CPU's "
+            f"{speed['machine_matmul_gflops']}"
+            if speed.get("matmul_share") is not None
+            else "",
         )
     write_text_atomically(out / "sft_metrics.json", json.dumps(metrics, indent=2) + "\n")
 
