@@ -10,11 +10,10 @@
 #   pipeline  the main job's every stage through main.py at full size, random weights saved once as a
 #             local checkpoint with the tiny tokenizer: datagen, Base eval, SFT (a few steps), SFT
 #             eval, SEPO (2 steps, n = 4, the three pools), SEPO eval (2 episodes per opponent), for
-#             qwen then gemma4, on each game of $GAMES (default: kuhn ipd) -> $OUT/results_<model>_<game>.csv
+#             each model:game of $PIPELINES, in order, each under $PIPELINE_S seconds (default: qwen:kuhn
+#             gemma4:ipd qwen:ipd gemma4:kuhn, 400 s; on an H100 one took 6-7 min) -> $OUT/results_<model>_<game>.csv
 #   The log of everything: $OUT/session.log. More settings: BENCH_ARGS (e.g. "--override sepo.micro_batch=8")
-#   reaches every benchmark run, RUN_ARGS (e.g. "sepo.micro_batch=8") every main.py run; PIPELINES
-#   (e.g. "qwen:kuhn gemma4:ipd") names the pipeline runs, in order, each under PIPELINE_S seconds
-#   (default: qwen on kuhn, then every game of $GAMES for every model of $MODELS, 150 s each).
+#   reaches every benchmark run, RUN_ARGS (e.g. "sepo.micro_batch=4") every main.py run.
 #
 # Needs: the wheels of benchmarks/gpu_wheels.sh in .whl/ (carried), a CUDA build of torch.
 # Rehearsal on a CPU: WHEELS=none SAVE_ARGS="--tiny --device cpu" bash benchmarks/gpu_session.sh pipeline
@@ -22,8 +21,6 @@ set -uo pipefail
 OUT=${OUT:-gpu_session}
 mkdir -p "$OUT"
 LOG="$OUT/session.log"
-GAMES=${GAMES:-kuhn ipd}
-MODELS=${MODELS:-qwen gemma4}
 PARTS=("${@:-bench tests pipeline}")
 PARTS=(${PARTS[*]})
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -66,21 +63,15 @@ pipeline() {  # pipeline SECONDS MODEL GAME: the main job's every stage, small, 
     cp "/tmp/sepo_runs/${model}_$game/tables/results.csv" "$OUT/results_${model}_$game.csv" 2>/dev/null
 }
 
-# in order of worth: each model's figures, one pass of the main job, the fast-kernel decode, the tests
+# in order of worth: the GPU tests (a minute), each model's figures, the main job through main.py (a run cut
+# by its limit is marked FAILED; the same command on the still-warm machine resumes it), the fast-kernel decode
+has tests && step 90 "pytest -m gpu" python3 -m pytest -q -n 0 -m gpu tests/test_gpu.py -p no:cacheprovider
 has bench && bench 150 gpu-gemma4 --model gemma4 "${SIZES[@]}"
 has bench && bench 130 gpu-qwen --model qwen "${SIZES[@]}"
-if has pipeline && [ -n "${PIPELINES:-}" ]; then
-    for pair in $PIPELINES; do pipeline "${PIPELINE_S:-150}" "${pair%%:*}" "${pair##*:}"; done
-    PARTS=(${PARTS[*]/pipeline/})  # the named runs were the whole pipeline part
-fi
-has pipeline && pipeline 120 qwen kuhn
-has bench && PYTHONPATH="/tmp/site-fla:$PYTHONPATH" bench 60 gpu-qwen-fla --model qwen --parts decode "${SIZES[@]}"
-has tests && step 60 "pytest -m gpu" python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
 if has pipeline; then
-    for game in $GAMES; do
-        for model in $MODELS; do
-            [ -f "$OUT/results_${model}_$game.csv" ] || pipeline 150 "$model" "$game"
-        done
+    for pair in ${PIPELINES:-qwen:kuhn gemma4:ipd qwen:ipd gemma4:kuhn}; do
+        pipeline "${PIPELINE_S:-400}" "${pair%%:*}" "${pair##*:}"
     done
 fi
+has bench && PYTHONPATH="/tmp/site-fla:$PYTHONPATH" bench 60 gpu-qwen-fla --model qwen --parts decode "${SIZES[@]}"
 say "session done"
