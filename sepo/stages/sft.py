@@ -672,7 +672,7 @@ class SftTraining:
     valid_loss: float | None
     curve: list[dict[str, Any]]  # the loss curve, one row per logged step
     train_loss_mean: float  # the Trainer's mean training loss over the run
-    throughput: dict[str, float | None]  # seconds, examples/s, tokens/s and matmul rate of the training loop (`throughput`, `matmul_share`)
+    throughput: dict[str, float | None]  # seconds, examples/s, tokens/s, matmul rate (`throughput`, `matmul_share`)
 
 
 def load_data(cfg: DictConfig, s: DictConfig) -> SftData:
