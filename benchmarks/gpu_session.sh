@@ -11,7 +11,7 @@
 #             local checkpoint with the tiny tokenizer: datagen, Base eval, SFT (a few steps), SFT
 #             eval, SEPO (2 steps, n = 4, the three pools), SEPO eval (2 episodes per opponent), for
 #             each model:game of $PIPELINES, in order, each under $PIPELINE_S seconds (default: qwen:kuhn
-#             gemma4:ipd qwen:ipd gemma4:kuhn, 400 s; on an H100 one took 6-7 min) -> $OUT/results_<model>_<game>.csv
+#             gemma4:ipd qwen:ipd gemma4:kuhn, 400 s: the phases measured on an H100 add up to 6-7 min for one) -> $OUT/results_<model>_<game>.csv
 #   The log of everything: $OUT/session.log. More settings: BENCH_ARGS (e.g. "--override sepo.micro_batch=8")
 #   reaches every benchmark run, RUN_ARGS (e.g. "sepo.micro_batch=4") every main.py run.
 #
