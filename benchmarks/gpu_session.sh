@@ -2,10 +2,12 @@
 # One GPU session's checks, in order of worth, each under its own time limit so that one hang
 # cannot eat the session; everything it prints goes to $OUT (or ./gpu_session/ without one).
 #
-#   bash benchmarks/gpu_session.sh [parts...]     parts: bench tests pipeline (default: all three)
+#   bash benchmarks/gpu_session.sh [parts...]     parts: bench tests pipeline static (default: the first three)
 #
 #   bench     python -m sepo.bench gpu, one run per model -> $OUT/gpu-gemma4.json, gpu-qwen.json (Qwen 3.5's
 #             Gated DeltaNet on PyTorch's path) and gpu-qwen-fla.json (decoding with flash-linear-attention)
+#   static    the decode part again on a static KV cache, which generate compiles on a GPU (CUDA graphs), batch
+#             128 -> $OUT/gpu-<model>-static.json (not in the default parts: compiling takes minutes)
 #   tests     pytest -m gpu tests/test_gpu.py
 #   pipeline  the main job's every stage through main.py at full size, random weights saved once as a
 #             local checkpoint with the tiny tokenizer: datagen, Base eval, SFT (a few steps), SFT
@@ -74,4 +76,7 @@ if has pipeline; then
     done
 fi
 has bench && PYTHONPATH="/tmp/site-fla:$PYTHONPATH" bench 60 gpu-qwen-fla --model qwen --parts decode "${SIZES[@]}"
+for model in gemma4 qwen; do  # the decode on a static cache, which generate compiles (CUDA graphs), at batch 128
+    has static && bench 180 "gpu-$model-static" --model "$model" --parts decode --decode-cache static --batch-sizes 128 "${SIZES[@]}"
+done
 say "session done"

@@ -129,6 +129,25 @@ def test_tiny_models_score_tokens_on_cpu(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_the_static_cache_decode_measures_the_same_steps_as_the_dynamic_one(arch):
+    """`--decode-cache static` (the compiled decode of a GPU session) runs the same greedy generate on a
+    preallocated cache: the same tokens as the dynamic cache, and a figure per batch size."""
+    torch.manual_seed(0)
+    model = gpu_bench.build_model(arch, gpu_bench.tiny_config(arch, VOCAB), "cpu", torch.float32)
+    ids, _ = left_padded(VOCAB)
+    extras = forward_extras(model, model_cfg(arch), ids)
+    _, dynamic = gpu_bench._time_generate(model, ids, extras, 4, 0, [2, 0], "cpu")
+    _, static = gpu_bench._time_generate(model, ids, extras, 4, 0, [2, 0], "cpu", cache="static")
+    assert type(static.past_key_values).__name__ == "StaticCache"
+    assert torch.equal(static.sequences, dynamic.sequences)
+    out = gpu_bench.decode_benchmark(
+        model, model_cfg(arch), [2], 8, 2, 1e6, "cpu", pad_id=0, eos_ids=[2, 0], cache="static"
+    )
+    (row,) = out["batches"]
+    assert "steps_per_s" in row or "decode steps took no measurable time" in row["error"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_decode_benchmark_and_cache_size_on_a_tiny_model(arch):
     torch.manual_seed(0)
     model = gpu_bench.build_model(arch, gpu_bench.tiny_config(arch, VOCAB), "cpu", torch.float32)

@@ -492,10 +492,19 @@ def _free(device: str) -> None:
 
 # ------------------------------------------------------------------------------------- decode
 def _time_generate(
-    model: Any, ids: Any, extras: dict, new_tokens: int, pad_id: int, eos_ids: list[int], device: str
+    model: Any,
+    ids: Any,
+    extras: dict,
+    new_tokens: int,
+    pad_id: int,
+    eos_ids: list[int],
+    device: str,
+    cache: str = "dynamic",
 ) -> tuple[float, Any]:
     """Seconds of one greedy `generate` of exactly `new_tokens` tokens (min = max, so an end token
-    drawn by the random weights cannot stop a row early), and its cache."""
+    drawn by the random weights cannot stop a row early), and its cache. `cache="static"`: transformers'
+    preallocated cache, with which `generate` compiles the forward on a GPU (CUDA graphs: one launch
+    per step instead of hundreds, the lever of an overhead-bound decode)."""
     import torch
     from transformers import GenerationConfig
 
@@ -507,6 +516,7 @@ def _time_generate(
         eos_token_id=eos_ids,
         use_cache=True,
         return_dict_in_generate=True,
+        **({"cache_implementation": "static"} if cache == "static" else {}),
     )
     mask = torch.ones_like(ids)
     _sync(device)
@@ -532,9 +542,12 @@ def decode_benchmark(
     pad_id: int,
     eos_ids: list[int],
     seed: int = 0,
+    cache: str = "dynamic",
 ) -> dict[str, Any]:
     """Decode steps/s per batch size: (t(1 + steps tokens) - t(1 token)) / steps, both generate calls
-    on the same random prompt, so prompt processing and setup cancel out and only the steps remain."""
+    on the same random prompt, so prompt processing and setup cancel out and only the steps remain.
+    With `cache="static"` each of the two lengths is generated once untimed first: a compiled forward
+    is built per cache length, and building it is not decode time."""
     import torch
 
     from sepo.models import forward_extras
@@ -553,11 +566,12 @@ def decode_benchmark(
         try:
             ids = torch.randint(3, vocab, (batch, prompt_tokens), generator=generator).to(device)
             extras = forward_extras(model, model_cfg, ids)
-            # warm-up at the measured shapes: kernel selection and allocator growth are not decode time
-            _time_generate(model, ids, extras, 2, pad_id, eos_ids, device)
+            # warm-up at the measured shapes: kernel selection, compilation and allocator growth are not decode time
+            for tokens in (1, 1 + decode_steps) if cache == "static" else (2,):
+                _time_generate(model, ids, extras, tokens, pad_id, eos_ids, device, cache)
             with PeakMemory(device) as peak:
-                first, _ = _time_generate(model, ids, extras, 1, pad_id, eos_ids, device)
-                full, result = _time_generate(model, ids, extras, 1 + decode_steps, pad_id, eos_ids, device)
+                first, _ = _time_generate(model, ids, extras, 1, pad_id, eos_ids, device, cache)
+                full, result = _time_generate(model, ids, extras, 1 + decode_steps, pad_id, eos_ids, device, cache)
             cache = cache_bytes(getattr(result, "past_key_values", None))
             del result
             if full <= first:
@@ -901,6 +915,7 @@ def benchmark_model(
             pad_id,
             [eos_id, pad_id],
             args.seed,
+            args.decode_cache,
         )
     model_intact = True
     if "sft" in args.parts:
@@ -1009,6 +1024,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"timed decode steps per batch size (default {FULL['decode_steps']})",
     )
     p.add_argument(
+        "--decode-cache",
+        choices=("dynamic", "static"),
+        default="dynamic",
+        help="the decode part's KV cache: dynamic (the runs' own) or static (generate then compiles the forward on a GPU)",
+    )
+    p.add_argument(
         "--bandwidth-mib",
         type=int,
         default=None,
@@ -1111,6 +1132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tokenizer": f"tiny ({len(tokenizer)} tokens)",
             "prompts": "random token ids",
             "decode": "greedy generate, min_new_tokens = max_new_tokens",
+            "decode_cache": args.decode_cache,
         },
         "models": {},
     }
