@@ -129,7 +129,7 @@ def test_tiny_models_score_tokens_on_cpu(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_the_static_cache_decode_measures_the_same_steps_as_the_dynamic_one(arch):
+def test_the_static_cache_decode_measures_the_same_steps_as_the_dynamic_one(arch, monkeypatch):
     """`--decode-cache static` (the compiled decode of a GPU session) runs the same greedy generate on a
     preallocated cache: the same tokens as the dynamic cache, and a figure per batch size."""
     torch.manual_seed(0)
@@ -140,11 +140,20 @@ def test_the_static_cache_decode_measures_the_same_steps_as_the_dynamic_one(arch
     _, static = gpu_bench._time_generate(model, ids, extras, 4, 0, [2, 0], "cpu", cache="static")
     assert type(static.past_key_values).__name__ == "StaticCache"
     assert torch.equal(static.sequences, dynamic.sequences)
+    generated = []
+    original = gpu_bench._time_generate
+
+    def recording(*args, **kwargs):
+        generated.append(args[7] if len(args) > 7 else kwargs.get("cache", "dynamic"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_bench, "_time_generate", recording)
     out = gpu_bench.decode_benchmark(
-        model, model_cfg(arch), [2], 8, 2, 1e6, "cpu", pad_id=0, eos_ids=[2, 0], cache="static"
+        model, model_cfg(arch), [2, 3], 8, 2, 1e6, "cpu", pad_id=0, eos_ids=[2, 0], cache="static"
     )
-    (row,) = out["batches"]
-    assert "steps_per_s" in row or "decode steps took no measurable time" in row["error"]
+    assert generated == ["static"] * 8, "every generate of every batch size on the static cache"
+    for row in out["batches"]:
+        assert "steps_per_s" in row or "decode steps took no measurable time" in row["error"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

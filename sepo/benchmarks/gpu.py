@@ -572,7 +572,7 @@ def decode_benchmark(
             with PeakMemory(device) as peak:
                 first, _ = _time_generate(model, ids, extras, 1, pad_id, eos_ids, device, cache)
                 full, result = _time_generate(model, ids, extras, 1 + decode_steps, pad_id, eos_ids, device, cache)
-            cache = cache_bytes(getattr(result, "past_key_values", None))
+            held = cache_bytes(getattr(result, "past_key_values", None))
             del result
             if full <= first:
                 raise _TimingNoise(
@@ -586,8 +586,8 @@ def decode_benchmark(
                 tokens_per_s=round(batch / per_step, 1),
                 prompt_s=round(first, 3),
                 floor_fraction=round(bandwidth_floor_fraction(weight_bytes, bandwidth, per_step), 4),
-                cache_mib=round(cache / MIB, 1),
-                floor_fraction_with_cache=round(bandwidth_floor_fraction(weight_bytes + cache, bandwidth, per_step), 4),
+                cache_mib=round(held / MIB, 1),
+                floor_fraction_with_cache=round(bandwidth_floor_fraction(weight_bytes + held, bandwidth, per_step), 4),
                 peak_mib=peak.mib,
             )
         except _oom_types() as err:
