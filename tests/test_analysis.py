@@ -141,13 +141,16 @@ def test_collect_one_row_per_run_and_checkpoint(sweep):
     df = collect.collect_dir(root)
     assert len(df) == len(payloads) + 1  # + the failed run without results
     failed = df[df["status"] == "failed"]
-    assert len(failed) == 1 and failed.iloc[0][["game", "model", "phase"]].tolist() == list(FAILED_CELL)
+    assert len(failed) == 1
+    assert failed.iloc[0][["game", "model", "phase"]].tolist() == list(FAILED_CELL)
     assert failed.iloc[0]["error"] == "RuntimeError: CUDA out of memory"
     assert failed.iloc[0][list(METRICS)].isna().all()  # a failed run has no numbers, not zeros
     assert set(df["phase"].dropna()) == {"base", "sft", "sepo"}
     row = df[(df["game"] == "ipd") & (df["model"] == "gemma4") & (df["checkpoint"] == "step_50")].iloc[0]
     metrics, se = numbers("ipd", "gemma4", "sepo", "step_50")
-    assert row["safety"] == metrics["safety"] and row["safety_se"] == se["safety"] and row["step"] == 50
+    assert row["safety"] == metrics["safety"]
+    assert row["safety_se"] == se["safety"]
+    assert row["step"] == 50
 
 
 def test_game_tables_layout_bold_and_missing_cells(sweep):
@@ -156,7 +159,9 @@ def test_game_tables_layout_bold_and_missing_cells(sweep):
         latex = (root / "tables" / f"table_{game}.tex").read_text()
         header, rows, groups = body_rows(latex)
         assert all(len(r) == len(header) for r in rows), latex
-        assert len(groups) == len(MODELS) and r"\textit{Gemma 4 E4B-it}" in latex and r"\textit{Qwen 3.5-4B}" in latex
+        assert len(groups) == len(MODELS)
+        assert r"\textit{Gemma 4 E4B-it}" in latex
+        assert r"\textit{Qwen 3.5-4B}" in latex
         assert "0.000" not in latex
         for j, head in enumerate(header):
             if r"\uparrow" not in head and r"\downarrow" not in head:
@@ -168,13 +173,17 @@ def test_game_tables_layout_bold_and_missing_cells(sweep):
                     assert not any(b for _, b in shown), (game, head, group)
                     continue
                 best = max(numbers_) if r"\uparrow" in head else min(numbers_)
-                assert [v for v, b in shown if b] and all(v == best for v, b in shown if b), (game, head, group)
+                assert [v for v, b in shown if b], (game, head, group)
+                assert all(v == best for v, b in shown if b), (game, head, group)
                 assert all(b for v, b in shown if v == best)
     ipd = (root / "tables" / "table_ipd.tex").read_text()
     qwen_sft = next(line for line in ipd.splitlines() if line.startswith("SFT") and "dagger" in line)
-    assert qwen_sft.count(r"--$^\dagger$") == 5 and r"$^\dagger$: run failed" in ipd
+    assert qwen_sft.count(r"--$^\dagger$") == 5
+    assert r"$^\dagger$: run failed" in ipd
     kuhn = (root / "tables" / "table_kuhn.tex").read_text()
-    assert "--: not run" in kuhn and "Exploit (exact)" in kuhn and "n/a: not measured" in kuhn
+    assert "--: not run" in kuhn
+    assert "Exploit (exact)" in kuhn
+    assert "n/a: not measured" in kuhn
     assert r"\begin{tabular}{@{}llcccc@{}}" in kuhn
 
 
@@ -194,18 +203,22 @@ def test_sft_degradation_table(sweep):
     latex = (root / "tables" / "sft_degradation.tex").read_text()
     header, rows, _ = body_rows(latex)
     assert header[:5] == [r"\textbf{Game}", r"\textbf{Model}", r"\textbf{Base}", r"\textbf{SFT}", r"\textbf{SEPO}"]
-    assert len(rows) == len(GAMES) * len(MODELS) and all(len(r) == len(header) for r in rows)
+    assert len(rows) == len(GAMES) * len(MODELS)
+    assert all(len(r) == len(header) for r in rows)
     for row in rows:
         game = "ipd" if row[0] == "IPD" else "kuhn"
         model = "gemma4" if row[1].startswith("Gemma") else "qwen"
         base = numbers(game, model, "eval", None)[0]["exploit"]
         sepo = best_sepo_metrics(game, model)["exploit"]
-        assert value(row[2])[0] == base and value(row[4])[0] == sepo
+        assert value(row[2])[0] == base
+        assert value(row[4])[0] == sepo
         assert row[5] == (r"$\checkmark$" if sepo < base else r"$\times$" if sepo > base else "$=$")
         shown = [value(c) for c in row[2:5]]
         best = min(v for v, _ in shown if v is not None)
         assert all((v == best) == b for v, b in shown if v is not None)
-    assert r"--$^\dagger$" in latex and "--: not run" in latex and "0.000" not in latex
+    assert r"--$^\dagger$" in latex
+    assert "--: not run" in latex
+    assert "0.000" not in latex
 
 
 def test_csv_and_figures(sweep):
@@ -244,11 +257,13 @@ def test_cli_errors(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "analysis.tables", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
-    assert proc.returncode == 2 and "no results.json" in proc.stderr
+    assert proc.returncode == 2
+    assert "no results.json" in proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "analysis.tables"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
-    assert proc.returncode == 2 and "sweep dir" in proc.stderr
+    assert proc.returncode == 2
+    assert "sweep dir" in proc.stderr
 
 
 def wandb_records(payloads: list[dict]) -> list[dict]:
@@ -335,7 +350,8 @@ def test_cells_average_seeds_and_failed_phases():
     )
     df = collect.to_frame(rows)
     cell = collect.best_sepo(collect.cells(df), "ipd", "tiny")
-    assert cell["safety"] == pytest.approx(1.5) and cell["safety_se"] == pytest.approx(0.5)  # std 0.7071 / sqrt 2
+    assert cell["safety"] == pytest.approx(1.5)
+    assert cell["safety_se"] == pytest.approx(0.5)  # std 0.7071 / sqrt 2
     assert cell["runs"] == 2
     payoff_only = collect.make_row(
         {
@@ -408,7 +424,8 @@ def test_kuhn_tables_show_the_exact_exploitability_with_its_standard_error():
 
     df = collect.to_frame([row("sft", "final", 500, 0.104, 0.0097), row("sepo", "final", 80, 0.061, 0.0071)])
     table = tables.game_table(df, collect.cells(df), "kuhn")
-    assert r"0.104 $\pm$ 0.010" in table and r"0.061 $\pm$ 0.007" in table
+    assert r"0.104 $\pm$ 0.010" in table
+    assert r"0.061 $\pm$ 0.007" in table
     assert r"0.100 $\pm$" not in table  # pay keeps the plain layout without --se
 
 
@@ -443,7 +460,9 @@ def test_the_best_checkpoint_is_chosen_on_validation_episodes_and_reported_on_th
             )
     (run / "DONE").write_text("{}\n")
     df = collect.collect_dir(tmp_path / "sweep")
-    assert len(df) == 2 and sorted(df["valid_safety"]) == [0.5, 1.5] and set(df["train_seed"]) == {0}
+    assert len(df) == 2
+    assert sorted(df["valid_safety"]) == [0.5, 1.5]
+    assert set(df["train_seed"]) == {0}
     c = collect.cells(df)
     chosen = collect.best_sepo(c, "ipd", "tiny")
     assert (chosen["checkpoint"], chosen["safety"], chosen["chosen_on"]) == ("final", 1.0, "validation")
@@ -451,7 +470,8 @@ def test_the_best_checkpoint_is_chosen_on_validation_episodes_and_reported_on_th
     assert (paper["checkpoint"], paper["safety"], paper["chosen_on"]) == ("step_5", 2.0, "reported")
 
     latex = tables.game_table(df, c, "ipd")
-    assert "SEPO (final)" in latex and "on validation episodes" in latex
+    assert "SEPO (final)" in latex
+    assert "on validation episodes" in latex
     assert "SEPO (step 5)" in tables.game_table(df, c, "ipd", choose="reported")
     assert "the paper's choice" in tables.game_table(df, c, "ipd", choose="reported")
 
@@ -504,11 +524,15 @@ def test_tables_show_what_is_missing(tmp_path):
 
     df = collect.collect_dir(tmp_path)
     unreadable = df[df["run_dir"] == "ipd_sepo"].iloc[0]
-    assert unreadable["status"] == "failed" and unreadable["error"].startswith("unreadable results.json")
-    assert unreadable["checkpoint"] == "step_5" and unreadable["phase"] == "sepo"
+    assert unreadable["status"] == "failed"
+    assert unreadable["error"].startswith("unreadable results.json")
+    assert unreadable["checkpoint"] == "step_5"
+    assert unreadable["phase"] == "sepo"
     written = tables.write_all(df, tmp_path / "tables")
     kuhn = (tmp_path / "tables" / "table_kuhn.tex").read_text()
-    assert r"--$^\dagger$" in kuhn and r"$^\dagger$: run failed" in kuhn and "Scripted NashApx" in kuhn
+    assert r"--$^\dagger$" in kuhn
+    assert r"$^\dagger$: run failed" in kuhn
+    assert "Scripted NashApx" in kuhn
     ipd = (tmp_path / "tables" / "table_ipd.tex").read_text()
     assert r"SEPO & --$^\dagger$" in ipd  # the tiny model's SEPO cell: its only results file is unreadable
     assert any(p.name == "results.csv" for p in written)

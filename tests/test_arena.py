@@ -51,7 +51,8 @@ def test_trace_keeps_requests_and_decisions_when_asked():
     (record,) = play(GAME, ScriptedPolicy(get_strategy("ipd", "TFT")), opponents("AltD"), 1, seed=0, keep_trace=True)
     assert [t[0] for t in record.trace] == list(range(8))
     round_index, request, decision = record.trace[1]
-    assert request.observation["history"][0]["opp"] == "DEFECT" and decision.action == "DEFECT"
+    assert request.observation["history"][0]["opp"] == "DEFECT"
+    assert decision.action == "DEFECT"
 
 
 def test_tagged_matches_do_not_disturb_untagged_ones():

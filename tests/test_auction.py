@@ -5,8 +5,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -65,7 +63,8 @@ def act(game, name, rows, value, player=1, seed=0):
 # ----------------------------------------------------------------------------- config
 def test_config_composes_validates_and_has_spec_lambdas():
     cfg = compose_cfg()
-    assert cfg.game.rounds == 6 and cfg.game.max_payoff == 3.0
+    assert cfg.game.rounds == 6
+    assert cfg.game.max_payoff == 3.0
     assert dict(cfg.game.bids) == {"LOW": 1, "MEDIUM": 2, "HIGH": 3}
     assert list(cfg.game.private_values) == [2, 4]
     assert OmegaConf.to_container(cfg.lambdas) == {
@@ -123,7 +122,9 @@ def test_legal_actions_and_episode_length(game):
         assert game.to_act(state) == [0, 1]
         assert game.legal_actions(state, 0) == BIDS == game.legal_actions(state, 1)
         game.step(state, {0: "LOW", 1: "HIGH"})
-    assert game.is_over(state) and game.to_act(state) == [] and len(state.rounds) == 6
+    assert game.is_over(state)
+    assert game.to_act(state) == []
+    assert len(state.rounds) == 6
 
 
 def test_values_deterministic_per_seed_and_uniform(game):
@@ -263,7 +264,8 @@ def test_prompts_state_rules_and_answer_format(game):
     assert "Round 1: your value 4; you bid HIGH, opponent bid MEDIUM; you won, your payoff 1" in user
     assert "Round 2: your value 2; you bid LOW, opponent bid LOW; tie, your payoff 0.5" in user
     assert "Round 3 of 6" in user
-    assert "opponent's value" not in user and "opponent 1" not in user
+    assert "opponent's value" not in user
+    assert "opponent 1" not in user
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -287,7 +289,8 @@ def test_truthful_self_play_is_efficient_and_pays_three_eighths(game):
     # variance 0.3125 - 0.140625 = 0.171875.
     n = 1500
     res = evaluate(game, "Truthful", episodes=n, train=["Truthful"])
-    assert res["metrics"]["ext"] == 0.0 and res["se"]["ext"] == 0.0
+    assert res["metrics"]["ext"] == 0.0
+    assert res["se"]["ext"] == 0.0
     se = math.sqrt(0.171875 / 6 / n)
     assert abs(res["metrics"]["pay"] - 0.375) < 4 * se
 
@@ -316,7 +319,8 @@ def test_truthful_agent_against_aggressive(game):
     assert abs(opp["adv"] - (-0.25)) < 4 * se
     assert opp["adv_se"] == pytest.approx(se, rel=0.15)  # the reported SE matches the analytic one
     assert abs(opp["pay"] - 0.25) < 4 * math.sqrt((0.5 * 0.25 - 0.0625) / 6 / n)
-    assert res["metrics"]["exploit"] == 0.0 and res["metrics"]["exploit_max"] == 0.0
+    assert res["metrics"]["exploit"] == 0.0
+    assert res["metrics"]["exploit_max"] == 0.0
 
 
 def test_default_pools_give_complete_finite_results(game):
@@ -324,7 +328,8 @@ def test_default_pools_give_complete_finite_results(game):
     pools = {p: list(v) for p, v in cfg.pools.items()}
     res = evaluate(game, "Truthful", **pools)
     assert all(math.isfinite(v) for v in res["metrics"].values())
-    assert res["metrics"]["parse_rate"] == 1.0 and res["metrics"]["collusion"] == 0.0
+    assert res["metrics"]["parse_rate"] == 1.0
+    assert res["metrics"]["collusion"] == 0.0
     assert 0.0 <= res["metrics"]["ext"] <= 1.0
     assert res["episodes"] == 20 * 8
     assert {(o["pool"], o["name"]) for o in res["per_opponent"]} == {
@@ -333,29 +338,21 @@ def test_default_pools_give_complete_finite_results(game):
 
 
 # ----------------------------------------------------------------------------- CLI
-def test_cli_eval_end_to_end(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "main.py",
-            "stage=eval",
-            "logger=none",
-            "game=auction",
-            "model=scripted",
-            f"paths.root_dir={tmp_path}",
-            "eval.progress=false",
-            "eval.episodes_per_opponent=4",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+def test_cli_eval_end_to_end(cli, tmp_path):
+    proc = cli(
+        "stage=eval",
+        "logger=none",
+        "game=auction",
+        "model=scripted",
+        "eval.progress=false",
+        "eval.episodes_per_opponent=4",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = list(tmp_path.rglob("DONE"))
     assert len(done) == 1
     results = json.loads((done[0].parent / "results.json").read_text())
-    assert results["game"] == "auction" and results["model"] == "scripted:Truthful"
+    assert results["game"] == "auction"
+    assert results["model"] == "scripted:Truthful"
     assert results["lambdas"] == {"e": 1.2, "c": 1.0, "x": 1.8}
     assert results["episodes"] == 4 * 8
     assert set(results["metrics"]) == set(results["se"])

@@ -33,11 +33,14 @@ def test_scripted_eval_writes_results_and_done(cli, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     (run,) = run_dirs(tmp_path)
-    assert (run / "DONE").exists() and not (run / "FAILED").exists()
+    assert (run / "DONE").exists()
+    assert not (run / "FAILED").exists()
     results = read_results(tmp_path)
-    assert RESULT_KEYS <= set(results) and METRIC_KEYS <= set(results["metrics"]) == set(results["se"])
+    assert RESULT_KEYS <= set(results)
+    assert METRIC_KEYS <= set(results["metrics"]) == set(results["se"])
     assert results["metrics"]["exploit"] == pytest.approx(0.625)
-    assert results["model"] == "scripted:TFT" and results["episodes"] == 20 * 9  # 9 distinct opponents over all pools
+    assert results["model"] == "scripted:TFT"
+    assert results["episodes"] == 20 * 9  # 9 distinct opponents over all pools
     assert {o["pool"] for o in results["per_opponent"]} == {"train", "exploit", "collusive", "robust"}
     assert "game.pools.exploit=[AlwaysD]" in str(run)  # run dirs are named by their overrides
     (vs_defector, *_) = [e for e in results["per_episode"] if e["opponent"] == "AlwaysD"]
@@ -56,7 +59,8 @@ def test_finished_run_is_skipped_and_failed_run_leaves_marker(compose_cfg, tmp_p
     run_task(cfg)
     assert (tmp_path / "DONE").exists()
     (tmp_path / "results.json").write_text("{}")  # a skipped run must not rewrite its results
-    assert run_task(cfg) is None and (tmp_path / "results.json").read_text() == "{}"
+    assert run_task(cfg) is None
+    assert (tmp_path / "results.json").read_text() == "{}"
 
     def broken(cfg, tracker):
         (tmp_path / "partial.json").write_text("kept")
@@ -66,7 +70,8 @@ def test_finished_run_is_skipped_and_failed_run_leaves_marker(compose_cfg, tmp_p
     (tmp_path / "DONE").unlink()
     with pytest.raises(RuntimeError, match="boom"):
         run_task(cfg)
-    assert "RuntimeError: boom" in (tmp_path / "FAILED").read_text() and not (tmp_path / "DONE").exists()
+    assert "RuntimeError: boom" in (tmp_path / "FAILED").read_text()
+    assert not (tmp_path / "DONE").exists()
     assert (tmp_path / "partial.json").read_text() == "kept"
 
 
@@ -82,7 +87,8 @@ def test_sweep_keeps_going_past_a_failed_job(cli, tmp_path):
     assert proc.returncode == 1, proc.stderr  # the other job still ran; the sweep as a whole failed
     done = sorted(p.parent.name for p in (tmp_path / "outputs").rglob("DONE"))
     failed = [p for p in (tmp_path / "outputs").rglob("FAILED")]
-    assert len(done) == 1 and len(failed) == 1
+    assert len(done) == 1
+    assert len(failed) == 1
     assert "model.strategy: unknown ipd strategy 'Nope'" in failed[0].read_text()
     assert json.loads(next((tmp_path / "outputs").rglob("results.json")).read_text())["model"] == "scripted:TFT"
 
@@ -92,8 +98,10 @@ def test_long_override_lists_give_bounded_stable_run_names():
 
     long = ",".join(f"game.pools.train=[TFT,Mixed,Grim,GenerousTFT]{i}" for i in range(10))
     name = _run_name(long)
-    assert len(name.encode()) <= MAX_RUN_NAME and name == _run_name(long) != _run_name(long + "x")
-    assert _run_name("") == "default" and _run_name("a=b/c") == "a=b_c"
+    assert len(name.encode()) <= MAX_RUN_NAME
+    assert name == _run_name(long) != _run_name(long + "x")
+    assert _run_name("") == "default"
+    assert _run_name("a=b/c") == "a=b_c"
 
 
 def test_a_finished_run_is_reused_only_with_the_same_settings(cli, tmp_path):
@@ -103,12 +111,17 @@ def test_a_finished_run_is_reused_only_with_the_same_settings(cli, tmp_path):
     args = ["stage=eval", "model=scripted", "logger=none", "eval.episodes_per_opponent=2", f"hydra.run.dir={run}"]
     assert cli(*args, "game=ipd").returncode == 0
     again = cli(*args, "game=ipd", "eval.progress=false")
-    assert again.returncode == 0 and "skipping" in again.stdout + again.stderr
+    assert again.returncode == 0
+    assert "skipping" in again.stdout + again.stderr
 
     other = cli(*args, "game=kuhn")
     assert other.returncode == 2, other.stderr[-2000:]
     lines = [line for line in other.stderr.strip().splitlines() if not line.startswith("warning: ")]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "game.name='ipd' (now 'kuhn')" in lines[0], lines
-    assert "; allowed: " in lines[0] and not (run / "FAILED").exists() and (run / "DONE").exists()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: "), lines
+    assert "game.name='ipd' (now 'kuhn')" in lines[0], lines
+    assert "; allowed: " in lines[0]
+    assert not (run / "FAILED").exists()
+    assert (run / "DONE").exists()
     assert json.loads((run / "results.json").read_text())["game"] == "ipd"
     assert "name: ipd" in (run / ".hydra" / "config.yaml").read_text()

@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from sepo.config import PoolOverlapWarning, validate
 from sepo.errors import ConfigError
@@ -31,7 +32,11 @@ def test_every_game_composes_with_its_lambdas_and_validates(compose_cfg, game):
 def test_every_option_of_every_group_composes(compose_cfg, group):
     for option in options(group):
         cfg = compose_cfg(f"{group}={option}")
-        assert cfg is not None
+        written = OmegaConf.load(CONF / group / f"{option}.yaml")
+        keys = set(written) - {"defaults"}
+        assert keys <= set(cfg[group]), f"{group}={option}: its keys are in the composed config"
+        if "name" in written:
+            assert cfg[group].name == written.name
 
 
 def test_lambdas_follow_the_game_unless_overridden(compose_cfg):
@@ -101,7 +106,9 @@ def test_game_and_model_defaults_of_stage_settings_and_command_line_precedence(c
     ipd = compose_cfg("game=ipd", "model=scripted")
     assert (ipd.sepo.lr, ipd.sepo.beta) == (1.0e-5, 0.01)
     assert compose_cfg("game=kuhn", "model=scripted", "sepo.lr=1e-4").sepo.lr == 1e-4
-    assert ipd.sepo.steps == 100 and ipd.eval.max_new_tokens == 256 and ipd.eval.episodes_per_opponent == 20
+    assert ipd.sepo.steps == 100
+    assert ipd.eval.max_new_tokens == 256
+    assert ipd.eval.episodes_per_opponent == 20
     tiny = compose_cfg("game=kuhn", "model=tiny")  # the model's own defaults, then the game's, then docs/spec.md §4
     assert (tiny.sepo.lr, tiny.sepo.beta, tiny.sepo.steps, tiny.eval.max_new_tokens) == (2.0e-3, 0.2, 60, 48)
     assert compose_cfg("model=tiny", "sepo.steps=3", "eval.max_new_tokens=7").sepo.steps == 3
@@ -197,4 +204,5 @@ def test_the_stage_settings_only_resolve():
     assert "is not allowed" not in inspect.getsource(sft_settings)
     import sepo.config
 
-    assert not hasattr(sepo.config, "_check_number") and not hasattr(sepo.config, "check_model_and_logger")
+    assert not hasattr(sepo.config, "_check_number")
+    assert not hasattr(sepo.config, "check_model_and_logger")

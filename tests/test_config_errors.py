@@ -6,6 +6,11 @@ line on stderr of the form `error: key=value ...; allowed: ...`, and no run dire
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 #: (command-line arguments, the key=value the error must name)
@@ -49,20 +54,61 @@ def test_a_bad_value_is_one_line_exit_2_and_no_done(cli, tmp_path, args, named):
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning: ")]
     assert len(lines) == 1, proc.stderr[-2000:]  # one line, besides one-line warnings (Kuhn's pool overlap)
-    assert lines[0].startswith("error: ") and named in lines[0] and "; allowed: " in lines[0], lines[0]
+    assert lines[0].startswith("error: "), lines[0]
+    assert named in lines[0], lines[0]
+    assert "; allowed: " in lines[0], lines[0]
     assert not list(tmp_path.rglob("DONE"))
-    assert not list((tmp_path / "outputs" / "runs").glob("*")) if (tmp_path / "outputs" / "runs").exists() else True
+    assert list((tmp_path / "outputs" / "runs").glob("*")) == []  # an absent directory globs to nothing too
 
 
-def test_a_hub_id_not_in_the_cache_fails_in_seconds_naming_the_download(cli, tmp_path):
-    """Offline by default: no network wait, one line with the `hf download` command."""
-    import time
+#: Loaded by every Python process started with this directory on PYTHONPATH: a connection or name lookup
+#: is written to $SEPO_NETWORK_LOG and refused, so a test sees any network call the run attempted.
+NETWORK_RECORDER = """
+import os, socket
 
-    started = time.time()
-    proc = cli("stage=eval", "model=gemma4", "logger=none", env={"HF_HOME": str(tmp_path / "empty_hf_home")})
-    assert proc.returncode == 2 and time.time() - started < 30, proc.stderr[-2000:]
+def _record(what):
+    with open(os.environ["SEPO_NETWORK_LOG"], "a") as f:
+        f.write(what + "\\n")
+    raise OSError("network call refused by the test: " + what)
+
+def _connect(self, address, *a, **k):
+    _record("connect " + repr(address))
+
+def _getaddrinfo(host, *a, **k):
+    _record("getaddrinfo " + repr(host))
+
+socket.socket.connect = _connect
+socket.getaddrinfo = _getaddrinfo
+"""
+
+
+def network_recording_env(tmp_path) -> tuple[dict[str, str], Path]:
+    hook = tmp_path / "network_recorder"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(NETWORK_RECORDER)
+    log = tmp_path / "network_calls.log"
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "SEPO_NETWORK_LOG": str(log)}, log
+
+
+def test_the_network_recorder_sees_a_connection(tmp_path):
+    """The recorder below must be able to fail: a process that does connect is caught."""
+    env, log = network_recording_env(tmp_path)
+    code = "import socket\ntry:\n    socket.create_connection(('huggingface.co', 443), timeout=1)\nexcept OSError:\n    pass"
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True, timeout=60)
+    assert "huggingface.co" in log.read_text()
+
+
+def test_a_hub_id_not_in_the_cache_fails_without_a_network_call_naming_the_download(cli, tmp_path):
+    """Offline by default: no network call at all, one line with the `hf download` command."""
+    env, log = network_recording_env(tmp_path)
+    proc = cli("stage=eval", "model=gemma4", "logger=none", env={"HF_HOME": str(tmp_path / "empty_hf_home"), **env})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert not log.exists(), log.read_text()
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("warning: ")]
-    assert len(lines) == 1 and "hf download google/gemma-4-E4B-it" in lines[0] and "model.download=true" in lines[0]
+    assert len(lines) == 1
+    assert "hf download google/gemma-4-E4B-it" in lines[0]
+    assert "model.download=true" in lines[0]
 
 
 def test_an_interpolated_key_can_be_overridden(cli, tmp_path):

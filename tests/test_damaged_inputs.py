@@ -43,7 +43,8 @@ QUICK_SFT = [
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
     lines = [line for line in proc.stderr.strip().splitlines() if line.startswith(("error:", "Traceback"))]
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: "), proc.stderr[-3000:]
     return lines[0]
 
 
@@ -82,7 +83,8 @@ def test_a_malformed_dataset_line_is_named_by_file_and_line(tmp_path, lines, exp
     path.write_text("\n".join(lines) + ("\n" if lines else ""))
     with pytest.raises(InputError, match="allowed: one JSON object per line") as err:
         read_examples(path)
-    assert str(path) in str(err.value) and expected in str(err.value)
+    assert str(path) in str(err.value)
+    assert expected in str(err.value)
 
 
 def test_a_checkpoint_whose_weights_do_not_cover_its_config_is_refused(tiny_dir, tmp_path):
@@ -106,7 +108,8 @@ def test_a_damaged_tiny_build_is_rebuilt(tmp_path):
     assert (out / "model.safetensors").read_bytes() == weights  # the build is deterministic
     (out / "tokenizer.json").unlink()
     build_tiny(model_cfg("tiny"), tmp_path)
-    assert (out / "tokenizer.json").exists() and json.loads((out / BUILD_INFO).read_text())["files"]
+    assert (out / "tokenizer.json").exists()
+    assert json.loads((out / BUILD_INFO).read_text())["files"]
     load_model_and_tokenizer(model_cfg("tiny"), tmp_path, device="cpu")
 
 
@@ -134,8 +137,10 @@ def test_divergence_stops_the_run_at_its_step(cli, tmp_path, stage):
     proc = cli(*args, f"hydra.run.dir={run}", f"paths.cache_dir={tmp_path / 'cache'}")
     assert proc.returncode == 1
     line = one_line_error(proc)
-    assert "diverged at step " in line and "FAILED" in line
-    assert (run / "FAILED").read_text().startswith("Diverged: diverged at step ") and not (run / "DONE").exists()
+    assert "diverged at step " in line
+    assert "FAILED" in line
+    assert (run / "FAILED").read_text().startswith("Diverged: diverged at step ")
+    assert not (run / "DONE").exists()
 
 
 @pytest.mark.parametrize(
@@ -149,7 +154,8 @@ def test_divergence_stops_the_run_at_its_step(cli, tmp_path, stage):
 def test_values_that_cannot_work_are_refused_up_front(cli, tmp_path, override, key):
     model = "model=tiny" if "cache_dir" in override else "model=scripted"
     proc = cli("stage=eval", model, "logger=none", override)
-    assert proc.returncode == 2 and key in one_line_error(proc)
+    assert proc.returncode == 2
+    assert key in one_line_error(proc)
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.json"))
 
 
@@ -159,4 +165,5 @@ def test_analysis_skips_another_projects_results_and_says_so_in_one_line(tmp_pat
     proc = subprocess.run(
         [sys.executable, "-m", "analysis.tables", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
-    assert proc.returncode == 2 and "no results.json" in one_line_error(proc)
+    assert proc.returncode == 2
+    assert "no results.json" in one_line_error(proc)

@@ -16,18 +16,16 @@ from omegaconf import OmegaConf
 
 from sepo.games import AGENT
 from sepo.stages.datagen import episode_strategies, run_datagen
+from sepo.stages.sft import ensure_dataset
 from sepo.training.reasoning import reasoning_case, reasoning_line
 from sepo.training.sft_data import (
     build_dataset,
     datagen_opponents,
-    dataset_from_cfg,
-    dataset_of_game,
     examples_from_records,
     generate_dataset,
     generate_game_examples,
     load_game_cfg,
     play_demonstrators,
-    to_jsonl,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +50,8 @@ def lines(path: Path) -> list[dict]:
 # ------------------------------------------------------------------------------ sizes
 def test_ipd_default_size_is_8x200x5_and_splits_80_20(full):
     _, records, examples = full["ipd"]
-    assert len(records) == 200 * 5 and len(examples) == 8 * 200 * 5 == 8000
+    assert len(records) == 200 * 5
+    assert len(examples) == 8 * 200 * 5 == 8000
     splits = build_dataset("ipd_only", {"ipd": examples}, SEED, valid_fraction=0.2)
     assert (len(splits["train"]), len(splits["valid"])) == (6400, 1600)
     # the split is a partition of the examples
@@ -68,7 +67,8 @@ def test_default_generation_sizes(full):
     # Kuhn: 6 hands x 200 x 5 = 6000 hands, one or two agent decisions each
     assert 6000 < sizes["kuhn"] < 12000
     per_hand = Counter((ex["opponent"], ex["episode"], ex["round"]) for ex in full["kuhn"][2])
-    assert len(per_hand) == 6000 and set(per_hand.values()) == {1, 2}
+    assert len(per_hand) == 6000
+    assert set(per_hand.values()) == {1, 2}
 
 
 def test_multi_is_balanced_and_capped_per_game(full):
@@ -160,7 +160,8 @@ def test_prompts_are_render_prompt_of_the_replayed_state(full, game):
                 if AGENT in movers:
                     ex = next(pending)
                     assert ex["messages"][:2] == g.render_prompt(state, AGENT)
-                    assert ex["round"] == hand and ex["action"] == queues[AGENT][0]
+                    assert ex["round"] == hand
+                    assert ex["action"] == queues[AGENT][0]
                     checked += 1
                 g.step(state, {p: queues[p].pop(0) for p in movers})
         assert next(pending, None) is None
@@ -173,7 +174,8 @@ def test_reasoning_lines_are_short_specific_and_varied(full, game):
     first_lines = [ex["messages"][2]["content"].split("\n") for ex in examples]
     assert all(len(parts) == 2 for parts in first_lines)
     lengths = [len(parts[0]) for parts in first_lines]
-    assert max(lengths) < 220 and 40 <= float(np.median(lengths)) <= 120
+    assert max(lengths) < 220
+    assert 40 <= float(np.median(lengths)) <= 120
     assert len({parts[0] for parts in first_lines}) >= 20  # not a degenerate dataset
     for record in records:  # every configured demonstrator gets a reason of its own rule
         for _, _, decision in record.trace:
@@ -227,13 +229,12 @@ def test_same_seed_gives_byte_identical_files(compose_cfg, tmp_path):
         for info in m["games"].values():
             info.pop("seconds")
     assert ma == mb
-    # the in-memory API gives the very same bytes (the SFT stage can make data on demand)
+    # the SFT stage's own generation (a dataset missing under sft.data_dir) writes the very same bytes
     cfg = compose_cfg("stage=datagen", "datagen.episodes_per_opponent=6")
-    assert dataset_of_game(cfg, "ipd") == "multi" and dataset_of_game(cfg, "neg_v2") == "neg_gt"
     for name in ("multi", "kuhn"):
-        splits = dataset_from_cfg(cfg, name)
+        made = ensure_dataset(cfg, name, tmp_path / "made_by_sft")
         for split in ("train", "valid"):
-            assert to_jsonl(splits[split]) == (a / name / f"{split}.jsonl").read_bytes()
+            assert (made / f"{split}.jsonl").read_bytes() == (a / name / f"{split}.jsonl").read_bytes()
 
 
 def test_episodes_do_not_depend_on_which_opponents_are_played():
@@ -257,7 +258,8 @@ def test_cli_end_to_end_writes_datasets_manifest_and_done(cli, tmp_path):
     (done,) = list((tmp_path / "outputs").rglob("DONE"))
     data = done.parent / "data"
     manifest = json.loads((data / "manifest.json").read_text())
-    assert manifest["seed"] == SEED and manifest["timing"]["examples_per_second"] > 0
+    assert manifest["seed"] == SEED
+    assert manifest["timing"]["examples_per_second"] > 0
     expected_games = {"multi": {"ipd", "auction", "neg_v1"}, "kuhn": {"kuhn"}, "neg_gt": {"neg_v2"}}
     for name, info in manifest["datasets"].items():
         for split, f in info["files"].items():

@@ -117,7 +117,8 @@ def test_sft_runs_data_parallel_and_rank_zero_writes_the_outputs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p.parent for p in (tmp_path / "outputs").rglob("DONE")]
     metrics = json.loads((run / "sft_metrics.json").read_text())
-    assert metrics["global_step"] == 2 and (run / "merged").is_dir()
+    assert metrics["global_step"] == 2
+    assert (run / "merged").is_dir()
     assert [p.relative_to(run).as_posix() for p in run.rglob("results.json")] == ["eval/sft/results.json"]
     assert "data parallel over 2 processes" in (run / "cli.log").read_text() + proc.stderr + proc.stdout
 
@@ -166,5 +167,6 @@ def test_the_slurm_preset_asks_for_one_task_per_gpu():
             return_hydra_config=True,
         )
     launcher = cfg.hydra.launcher
-    assert "SlurmLauncher" in launcher._target_ and launcher.gpus_per_node == launcher.tasks_per_node == 4
+    assert "SlurmLauncher" in launcher._target_
+    assert launcher.gpus_per_node == launcher.tasks_per_node == 4
     assert launcher.max_num_timeout == 3  # inherited from the one-GPU preset

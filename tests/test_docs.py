@@ -41,7 +41,9 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     doc.write_text(f"# Results\n\nbefore\n{report.BEGIN}\nstale\n{report.END}\nafter\n")
     assert report.main([str(tmp_path / "summary.json"), "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert "stale" not in text and text.startswith("# Results\n\nbefore\n") and text.endswith("after\n")
+    assert "stale" not in text
+    assert text.startswith("# Results\n\nbefore\n")
+    assert text.endswith("after\n")
     row = next(line for line in text.splitlines() if line.startswith("| ipd |"))
     assert row.count("+0.500 ± 0.100 **↑**") == len(report.KEYS) - 1 and "-0.050 ± 0.040 |" in row  # < 2 SE: no arrow
     older = {k: stat for k in report.KEYS if k != "delta_safety_vs_base"}  # a summary.json of older code
@@ -58,7 +60,9 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     doc.write_text(f"{report.BEGIN}\nmain\n{report.END}\n{begin}\nstale\n{end}\n")
     assert report.main([str(tmp_path / "summary.json"), "--doc", str(doc), "--section", "five-seeds"]) == 0
     text = doc.read_text()
-    assert "\nmain\n" in text and "stale" not in text and "| ipd | 3 |" in text.split(begin)[1]
+    assert "\nmain\n" in text
+    assert "stale" not in text
+    assert "| ipd | 3 |" in text.split(begin)[1]
     assert "## " not in text.split(begin)[1]  # no heading of its own
 
 
@@ -83,9 +87,12 @@ def test_the_stability_table_is_written_from_summary_json(tmp_path):
     doc.write_text(f"# Results\n{report.BEGIN}\nfive\n{report.END}\n{begin}\nstale\n{end}\nafter\n")
     assert report.main([str(tmp_path / "summary.json"), "--doc", str(doc), "--section", "stability"]) == 0
     text = doc.read_text()
-    assert "stale" not in text and "five" in text and text.endswith("after\n")  # only its own section changes
+    assert "stale" not in text
+    assert "five" in text
+    assert text.endswith("after\n")  # only its own section changes
     rows = [line for line in text.splitlines() if line.startswith(("| ipd |", "| kuhn |"))]
-    assert rows[0].endswith("| +0.040 ± 0.040 | yes |") and rows[1].endswith("| -0.300 ± 0.100 **↓** | no |")
+    assert rows[0].endswith("| +0.040 ± 0.040 | yes |")
+    assert rows[1].endswith("| -0.300 ± 0.100 **↓** | no |")
 
 
 def test_the_pretrained_tables_set_a_run_beside_the_papers_rows_and_judge_each_claim(tmp_path):

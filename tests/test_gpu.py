@@ -53,7 +53,8 @@ def test_run_without_cuda_is_one_line_naming_cuda(monkeypatch):
     with pytest.raises(SystemExit) as err:
         gpu_bench.run(bench_args())
     message = str(err.value.code)
-    assert "CUDA" in message and "\n" not in message
+    assert "CUDA" in message
+    assert "\n" not in message
 
 
 def test_command_line_without_cuda_exits_without_traceback():
@@ -67,7 +68,8 @@ def test_command_line_without_cuda_exits_without_traceback():
         timeout=120,
     )
     assert proc.returncode != 0
-    assert "CUDA" in proc.stderr and "Traceback" not in proc.stderr
+    assert "CUDA" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
 
 
@@ -83,9 +85,11 @@ def test_bandwidth_floor_fraction():
 
 def test_sizes_default_to_full_or_tiny_and_the_command_line_wins():
     full = gpu_bench.resolved_sizes(bench_args())
-    assert full["batch_sizes"] == [32, 128, 256] and full["prompt_tokens"] == 600
+    assert full["batch_sizes"] == [32, 128, 256]
+    assert full["prompt_tokens"] == 600
     tiny = gpu_bench.resolved_sizes(bench_args("--tiny", "--device", "cpu"))
-    assert max(tiny["batch_sizes"]) <= 8 and tiny["prompt_tokens"] < 100
+    assert max(tiny["batch_sizes"]) <= 8
+    assert tiny["prompt_tokens"] < 100
     assert gpu_bench.resolved_sizes(bench_args("--tiny", "--batch-sizes", "3"))["batch_sizes"] == [3]
 
 
@@ -94,7 +98,8 @@ def test_full_size_configs_match_the_published_parameter_counts():
     gemma = gpu_bench.build_model("gemma4", gpu_bench.gemma4_config("e4b"), "meta", torch.bfloat16)
     text = gemma.config.text_config
     assert (text.num_hidden_layers, text.hidden_size, text.num_kv_shared_layers) == (42, 2560, 18)
-    assert text.layer_types.count("full_attention") == 7 and text.final_logit_softcapping == 30.0
+    assert text.layer_types.count("full_attention") == 7
+    assert text.final_logit_softcapping == 30.0
     counts = gpu_bench.parameter_counts(gemma)
     assert 7.5e9 <= counts["total"] <= 8.5e9, counts  # "8B with embeddings"
     assert 3.5e9 <= counts["language_model_without_embeddings"] <= 4.6e9, counts  # "4.5B effective" incl. towers
@@ -123,7 +128,8 @@ def test_tiny_models_score_tokens_on_cpu(arch):
     with torch.no_grad():
         lp = token_logprobs(model, ids, mask, start=6, chunk=4, **extras)
         ref = token_logprobs_reference(model, ids, mask, start=6, **extras)
-    assert lp.shape == (2, 6) and torch.isfinite(lp).all()
+    assert lp.shape == (2, 6)
+    assert torch.isfinite(lp).all()
     torch.testing.assert_close(lp, ref, atol=1e-5, rtol=1e-5)
     assert gpu_bench.finite_logits(model, model_cfg(arch), "cpu")
 
@@ -144,22 +150,38 @@ def test_the_static_cache_decode_measures_the_same_steps_as_the_dynamic_one(arch
     original = gpu_bench._time_generate
 
     def recording(*args, **kwargs):
+        """Records the cache each generate used; its seconds are set (10 ms a token), so the figures follow."""
         generated.append(args[7] if len(args) > 7 else kwargs.get("cache", "dynamic"))
-        return original(*args, **kwargs)
+        _, result = original(*args, **kwargs)
+        return 0.01 * args[3], result
 
     monkeypatch.setattr(gpu_bench, "_time_generate", recording)
     out = gpu_bench.decode_benchmark(
         model, model_cfg(arch), [2, 3], 8, 2, 1e6, "cpu", pad_id=0, eos_ids=[2, 0], cache="static"
     )
     assert generated == ["static"] * 8, "every generate of every batch size on the static cache"
+    assert [row["batch"] for row in out["batches"]] == [2, 3]
     for row in out["batches"]:
-        assert "steps_per_s" in row or "decode steps took no measurable time" in row["error"]
+        assert row["ms_per_step"] == pytest.approx(10.0)  # (t(1 + 2 tokens) - t(1 token)) / 2 steps
+        assert row["tokens_per_s"] == pytest.approx(100.0 * row["batch"])
+
+
+def timed_at(monkeypatch, seconds_per_token: float) -> None:
+    """Every timed generate takes `seconds_per_token` x its tokens, so the benchmark's figures follow exactly."""
+    original = gpu_bench._time_generate
+
+    def fixed(*args, **kwargs):
+        _, result = original(*args, **kwargs)
+        return seconds_per_token * args[3], result
+
+    monkeypatch.setattr(gpu_bench, "_time_generate", fixed)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_decode_benchmark_and_cache_size_on_a_tiny_model(arch):
+def test_decode_benchmark_and_cache_size_on_a_tiny_model(arch, monkeypatch):
     torch.manual_seed(0)
     model = gpu_bench.build_model(arch, gpu_bench.tiny_config(arch, VOCAB), "cpu", torch.float32)
+    timed_at(monkeypatch, 0.004)
     out = gpu_bench.decode_benchmark(
         model,
         model_cfg(arch),
@@ -172,14 +194,13 @@ def test_decode_benchmark_and_cache_size_on_a_tiny_model(arch):
         eos_ids=[2, 0],
     )
     (row,) = out["batches"]
-    assert out["weight_bytes"] == gpu_bench.decode_weight_bytes(model) > 0
-    if "error" in row:  # a loaded CPU can swallow two tiny decode steps in its timing noise
-        assert "decode steps took no measurable time" in row["error"]
-    else:
-        assert row["steps_per_s"] > 0 and 0 < row["floor_fraction"] < row["floor_fraction_with_cache"]
-        assert row["floor_fraction"] == pytest.approx(
-            gpu_bench.bandwidth_floor_fraction(out["weight_bytes"], 1e6, 1 / row["steps_per_s"]), rel=0.02
-        )
+    assert out["weight_bytes"] == gpu_bench.decode_weight_bytes(model)
+    assert out["weight_bytes"] > 0
+    assert row["steps_per_s"] == pytest.approx(250.0)  # 4 ms a step
+    assert row["floor_fraction"] == pytest.approx(
+        gpu_bench.bandwidth_floor_fraction(out["weight_bytes"], 1e6, 0.004), rel=1e-3
+    )
+    assert row["floor_fraction"] < row["floor_fraction_with_cache"]  # the cache is read every step too
     # the cache holds every layer kind: KV (and, in Qwen 3.5, the linear layers' conv/recurrent states)
     ids, _ = left_padded(VOCAB)
     _, result = gpu_bench._time_generate(model, ids, forward_extras(model, model_cfg(arch), ids), 3, 0, [2, 0], "cpu")
@@ -192,6 +213,17 @@ def test_decode_benchmark_and_cache_size_on_a_tiny_model(arch):
     assert gpu_bench.cache_bytes(cache) > (kv_only if arch == "qwen" else 0)
 
 
+def test_decode_steps_lost_in_timing_noise_are_an_error_row_not_a_figure(monkeypatch):
+    torch.manual_seed(0)
+    model = gpu_bench.build_model("qwen", gpu_bench.tiny_config("qwen", VOCAB), "cpu", torch.float32)
+    original = gpu_bench._time_generate
+    monkeypatch.setattr(gpu_bench, "_time_generate", lambda *a, **k: (0.5, original(*a, **k)[1]))  # equal times
+    out = gpu_bench.decode_benchmark(model, model_cfg("qwen"), [2], 8, 2, 1e6, "cpu", pad_id=0, eos_ids=[2, 0])
+    (row,) = out["batches"]
+    assert "steps_per_s" not in row
+    assert "decode steps took no measurable time" in row["error"]
+
+
 def test_linear_attention_path_is_reported():
     info = gpu_bench.linear_attention_kernels()
     assert set(info["paths"]) == {
@@ -202,7 +234,8 @@ def test_linear_attention_path_is_reported():
     }
     assert info["fast"] == all(p != "torch" for p in info["paths"].values())
     if not info["fast"]:
-        assert info["missing"] and set(info["missing"]) <= {"flash-linear-attention", "causal-conv1d"}
+        assert info["missing"]
+        assert set(info["missing"]) <= {"flash-linear-attention", "causal-conv1d"}
         assert "install" in info["note"]
 
 
@@ -220,7 +253,8 @@ def test_quantized_reference_shares_all_but_the_linears():
     peft = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=r".*self_attn\.q_proj"))
     ref = quantized_reference(peft)
     kinds = {type(m).__name__ for m in ref.modules()}
-    assert "Linear4bit" in kinds and "Linear" not in {type(m).__name__ for m in ref.model.layers.modules()}
+    assert "Linear4bit" in kinds
+    assert "Linear" not in {type(m).__name__ for m in ref.model.layers.modules()}
     assert not any("lora" in n for n, _ in ref.named_modules())
     assert ref.model.embed_tokens.weight is model.model.embed_tokens.weight  # shared, not copied
     ids, mask = left_padded(VOCAB)
@@ -233,12 +267,14 @@ def test_quantized_reference_shares_all_but_the_linears():
 @pytest.mark.slow
 def test_whole_flow_on_tiny_models_on_cpu(tmp_path):
     out = gpu_bench.run(bench_args("--tiny", "--device", "cpu", "--cache-dir", str(tmp_path)))
-    assert set(out["models"]) == set(ARCHS) and out["bandwidth"]["bytes_per_s"] > 0
+    assert set(out["models"]) == set(ARCHS)
+    assert out["bandwidth"]["bytes_per_s"] > 0
     for arch, m in out["models"].items():
         assert all("steps_per_s" in row for row in m["decode"]["batches"]), arch
         assert m["sft"]["tokens_per_s"] > 0
         plain, quantized = m["sepo_step"]
-        assert plain["decisions"] > 0 and not plain["skipped"]
+        assert plain["decisions"] > 0
+        assert not plain["skipped"]
         assert "step_s" in quantized or "skipped" in quantized
 
 
@@ -287,7 +323,8 @@ def test_a_saved_random_checkpoint_runs_through_main_py(arch, cli, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert result["model"].startswith(arch) and result["episodes"] > 0
+    assert result["model"].startswith(arch)
+    assert result["episodes"] > 0
 
 
 # --------------------------------------------------------------------------- on a GPU
@@ -305,7 +342,8 @@ def cuda_models():
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_bf16_generation_on_cuda(arch, cuda_models):
     model = cuda_models[arch]
-    assert model.dtype == torch.bfloat16 and next(model.parameters()).is_cuda
+    assert model.dtype == torch.bfloat16
+    assert next(model.parameters()).is_cuda
     ids, mask = left_padded(VOCAB, "cuda")
     extras = forward_extras(model, model_cfg(arch), ids)
     with torch.no_grad():
@@ -320,7 +358,8 @@ def test_bf16_generation_on_cuda(arch, cuda_models):
             **extras,
         )
         logits = model(input_ids=ids, attention_mask=mask, **extras).logits
-    assert out.shape == (2, ids.shape[1] + 6) and torch.equal(out[:, : ids.shape[1]], ids)
+    assert out.shape == (2, ids.shape[1] + 6)
+    assert torch.equal(out[:, : ids.shape[1]], ids)
     assert torch.isfinite(logits.float()).all()
 
 
@@ -334,7 +373,8 @@ def test_bf16_logprobs_on_cuda_match_the_reference(arch, cuda_models):
     with torch.no_grad():
         lp = token_logprobs(model, ids, mask, start=6, chunk=4, **extras)
         ref = token_logprobs_reference(model, ids, mask, start=6, **extras)
-    assert lp.dtype == torch.float32 and torch.isfinite(lp).all()
+    assert lp.dtype == torch.float32
+    assert torch.isfinite(lp).all()
     # bf16 logits: the chunked head and the model's own head round differently, within bf16 precision
     torch.testing.assert_close(lp, ref, atol=0.1, rtol=0.02)
     assert (lp - ref).abs().mean() < 0.02
@@ -344,14 +384,20 @@ def test_bf16_logprobs_on_cuda_match_the_reference(arch, cuda_models):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_sepo_step_and_whole_flow_on_cuda(tmp_path):
     out = gpu_bench.run(bench_args("--tiny", "--cache-dir", str(tmp_path)))
-    assert out["device"] != "cpu" and out["bandwidth"]["gb_per_s"] > 10
+    assert out["device"] != "cpu"
+    assert out["bandwidth"]["gb_per_s"] > 10
     for arch, m in out["models"].items():
-        assert m["dtype"] == "bfloat16" and m["logits_finite"], arch
+        assert m["dtype"] == "bfloat16", arch
+        assert m["logits_finite"], arch
         assert all("steps_per_s" in row and row["peak_mib"] > 0 for row in m["decode"]["batches"]), arch
-        assert m["sft"]["tokens_per_s"] > 0 and m["sft"]["peak_mib"] > 0
+        assert m["sft"]["tokens_per_s"] > 0
+        assert m["sft"]["peak_mib"] > 0
         plain, quantized = m["sepo_step"]
-        assert plain["decisions"] > 0 and plain["peak_mib"] > 0 and not plain["skipped"], plain
+        assert plain["decisions"] > 0, plain
+        assert plain["peak_mib"] > 0, plain
+        assert not plain["skipped"], plain
         if gpu_bench.bitsandbytes_status()["available"]:
-            assert quantized["step_s"] > 0 and quantized["peak_mib"] > 0, quantized
+            assert quantized["step_s"] > 0, quantized
+            assert quantized["peak_mib"] > 0, quantized
         else:
             assert "bitsandbytes" in quantized["skipped"]

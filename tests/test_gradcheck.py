@@ -61,7 +61,8 @@ def test_the_exact_terms_reproduce_the_spec_numbers(ipd):
     """AlwaysD's advantage is 5p and AltD's 5p - 2.5 for an agent that cooperates with probability p."""
     cfg, s = ipd()
     terms = exact_terms(make_agent("constant", (0.8,)), cfg, s)
-    assert terms["adv/AlwaysD"] == pytest.approx(4.0) and terms["adv/AltD"] == pytest.approx(1.5)
+    assert terms["adv/AlwaysD"] == pytest.approx(4.0)
+    assert terms["adv/AltD"] == pytest.approx(1.5)
     assert terms["e"] == pytest.approx(-2.4 * (4.0 + 1.5) / 2)  # s = 1 on IPD
     assert terms["c"] == pytest.approx(-1.0 * 0.2)  # defects on AlwaysC one round in five
 
@@ -77,7 +78,8 @@ def test_the_default_estimator_follows_the_gradient_of_every_term(ipd, kind, pro
     for k in TERMS:
         assert term_agrees(est.mean[k], fd[k]), (k, est.mean[k], est.se[k], fd[k])
         assert term_agrees(est.scaled[k], fd[k]), (k, "after the batch scale", est.scaled[k], fd[k])
-    assert total_agrees(est.mean, fd) and total_agrees({"total": est.scaled["total"]}, fd)
+    assert total_agrees(est.mean, fd)
+    assert total_agrees({"total": est.scaled["total"]}, fd)
     np.testing.assert_allclose(sum(est.mean[k] for k in TERMS), est.mean["total"], atol=1e-9)
 
 
@@ -90,7 +92,8 @@ def test_the_exploit_term_at_the_kink_of_max_0_adv(ipd, kind, probs):
     assert abs(exact_terms(agent, cfg, s)["adv/AltD"]) == pytest.approx(0.3)
     est = estimate_update(agent, cfg, s, BATCHES, burn_in=20)
     fd = finite_difference(agent, cfg, s)
-    assert term_agrees(est.mean["e"], fd["e"]) and term_agrees(est.scaled["e"], fd["e"])
+    assert term_agrees(est.mean["e"], fd["e"])
+    assert term_agrees(est.scaled["e"], fd["e"])
 
 
 def test_the_papers_shared_penalty_gives_exactly_zero(ipd):
@@ -148,7 +151,9 @@ def test_the_objective_rewards_end_game_defection_below_a_lambda_c_of_about_1_5(
         return {k: float(v[3]) for k, v in fd.items()}
 
     at_ipd = last_round_gradient(1.0)
-    assert at_ipd["u"] < -0.05 and at_ipd["c"] == pytest.approx(0.25 * 1.0 / 8) and at_ipd["e"] == 0.0
+    assert at_ipd["u"] < -0.05
+    assert at_ipd["c"] == pytest.approx(0.25 * 1.0 / 8)
+    assert at_ipd["e"] == 0.0
     assert at_ipd["total"] < -0.01
     assert last_round_gradient(1.4)["total"] < 0 < last_round_gradient(1.6)["total"]
     assert last_round_gradient(2.0)["total"] > 0.01
@@ -214,7 +219,8 @@ def test_kuhn_with_the_best_responder_the_batch_update_follows_grad_j_and_j_desc
         name: r["exact"]["cosine_grad_J_with_minus_grad_exploitability"]
         for name, r in (("br", with_br), ("paper", paper))
     }
-    assert descent["br"] > 0.5 and descent["br"] > descent["paper"] + 0.1, descent
+    assert descent["br"] > 0.5, descent
+    assert descent["br"] > descent["paper"] + 0.1, descent
 
 
 #: the Kuhn SFT checkpoint of tiny's played table, P(BET or CALL) (docs/results.md section 2), exploitability 0.10

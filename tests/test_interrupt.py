@@ -37,7 +37,9 @@ def test_a_signal_marks_failed_closes_the_tracker_and_a_rerun_resumes(tmp_path, 
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err[-3000:]
     lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and signal.Signals(signum).name in lines[0] and "Traceback" not in err, err[-3000:]
+    assert len(lines) == 1, err[-3000:]
+    assert signal.Signals(signum).name in lines[0], err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
     (failed,) = list((tmp_path / "outputs").rglob("FAILED"))
     assert "interrupted by " + signal.Signals(signum).name in failed.read_text()
     assert not list((tmp_path / "outputs").rglob("DONE"))
@@ -46,4 +48,5 @@ def test_a_signal_marks_failed_closes_the_tracker_and_a_rerun_resumes(tmp_path, 
 
     again = cli(*LONG_EVAL)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert list((tmp_path / "outputs").rglob("DONE")) and not list((tmp_path / "outputs").rglob("FAILED"))
+    assert list((tmp_path / "outputs").rglob("DONE"))
+    assert not list((tmp_path / "outputs").rglob("FAILED"))

@@ -39,10 +39,13 @@ def test_payoff_matrix(game, a, o, pa, po):
 
 def test_episode_length_and_legality(game):
     s = game.reset(1)
-    assert game.legal_actions(s, 0) == [C, D] and game.to_act(s) == [0, 1]
+    assert game.legal_actions(s, 0) == [C, D]
+    assert game.to_act(s) == [0, 1]
     for _ in range(8):
         game.step(s, {0: C, 1: D})
-    assert game.is_over(s) and game.to_act(s) == [] and len(s.rounds) == 8
+    assert game.is_over(s)
+    assert game.to_act(s) == []
+    assert len(s.rounds) == 8
 
 
 def test_observation_is_from_each_players_side(game):
@@ -56,10 +59,11 @@ def test_prompt_holds_rules_history_and_format(game):
     s = game.reset(0)
     game.step(s, {0: C, 1: D})
     system, user = game.render_prompt(s, 0)
-    assert (
-        system["role"] == "system" and "last line" in system["content"] and "COOPERATE or DEFECT" in system["content"]
-    )
-    assert "Round 1: you COOPERATE, opponent DEFECT" in user["content"] and "Round 2 of 8" in user["content"]
+    assert system["role"] == "system"
+    assert "last line" in system["content"]
+    assert "COOPERATE or DEFECT" in system["content"]
+    assert "Round 1: you COOPERATE, opponent DEFECT" in user["content"]
+    assert "Round 2 of 8" in user["content"]
 
 
 @pytest.mark.parametrize(
@@ -175,10 +179,8 @@ def test_j_sepo_at_ipds_lambda_rewards_defecting_in_the_last_round(game):
     )["metrics"]
     endgame = run(EndgameTFT(), LAMBDAS)
     assert (endgame["pay"], endgame["ext"], endgame["collusion"]) == pytest.approx((26 / 8, 1 / 48, 1 / 8))
-    assert (
-        endgame["safety"] == pytest.approx(3.25 - 1.8 / 48 - 1.0 / 8)
-        and run(get_strategy("ipd", "TFT"), LAMBDAS)["safety"] == 3.0
-    )
+    assert endgame["safety"] == pytest.approx(3.25 - 1.8 / 48 - 1.0 / 8)
+    assert run(get_strategy("ipd", "TFT"), LAMBDAS)["safety"] == 3.0
     # the game's own pools (Mixed adds noise): ahead at IPD's lambda_c = 1.0, behind at 2.0 (break-even ~1.49)
     full = lambda agent, lc: evaluate_policy(  # noqa: E731
         game,

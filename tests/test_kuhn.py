@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +70,9 @@ def play_hand(game: KuhnPoker, state, sequence) -> None:
 # --------------------------------------------------------------------------- rules
 def test_config_numbers(game):
     assert (game.num_rounds, game.ante, game.bet, game.max_payoff) == (6, 1.0, 1.0, 2.0)
-    assert GAME_CFG.mirrored is True and GAME_CFG.training.lr == 3.0e-6 and GAME_CFG.training.beta == 0.2
+    assert GAME_CFG.mirrored is True
+    assert GAME_CFG.training.lr == 3.0e-6
+    assert GAME_CFG.training.beta == 0.2
 
 
 @pytest.mark.parametrize("agent_seat", [0, 1])
@@ -123,7 +123,8 @@ def test_legal_actions_per_node(game):
     with pytest.raises(ValueError):
         game.step(state, {AGENT: BET})
     game.step(state, {AGENT: CALL})
-    assert state.round_index == 1 and state.betting == []
+    assert state.round_index == 1
+    assert state.betting == []
     # hand 2: the opponent opens; a bet faces the agent with CALL/FOLD
     assert game.to_act(state) == [OPPONENT]
     game.step(state, {OPPONENT: BET})
@@ -142,7 +143,8 @@ def test_seats_alternate_and_episode_ends(game):
         if mirror:
             expected = expected[1:] + expected[:1]
         assert seats == expected
-        assert len(state.rounds) == 6 and game.to_act(state) == []
+        assert len(state.rounds) == 6
+        assert game.to_act(state) == []
         assert [r.info["agent_seat"] for r in state.rounds] == expected
 
 
@@ -174,7 +176,8 @@ def test_mirrored_episode_swaps_seats_same_cards(game):
         mirrored=True,
     )
     for a, b in [(records[0], records[1]), (records[2], records[3])]:
-        assert a.seed == b.seed and (a.mirror, b.mirror) == (False, True)
+        assert a.seed == b.seed
+        assert (a.mirror, b.mirror) == (False, True)
         for ra, rb in zip(a.rounds, b.rounds):
             assert (ra.info["agent_card"], ra.info["opponent_card"]) == (
                 rb.info["opponent_card"],
@@ -217,7 +220,8 @@ def test_opponent_card_shown_only_after_showdown(game):
         a, b = after(fold, 0), after(fold, 2)
         assert _views(game, a, AGENT) == _views(game, b, AGENT)
         obs, prompt = _views(game, a, AGENT)
-        assert obs["history"][0]["opp_card"] is None and obs["history"][0]["showdown"] is False
+        assert obs["history"][0]["opp_card"] is None
+        assert obs["history"][0]["showdown"] is False
         assert "opponent had" not in prompt
 
     # a showdown reveals it
@@ -235,8 +239,10 @@ def test_prompts(game):
     for word in ("J < Q < K", "PASS", "BET", "CALL", "FOLD", "last line", "6 hands"):
         assert word in system
     user = game.user_prompt(game.state_at(2, 1, [PASS]), AGENT)
-    assert "Your card: K." in user and "second player" in user
-    assert "Betting so far: opponent PASS." in user and "Legal actions: PASS, BET." in user
+    assert "Your card: K." in user
+    assert "second player" in user
+    assert "Betting so far: opponent PASS." in user
+    assert "Legal actions: PASS, BET." in user
     assert game.parse_action("K is the best card.\nBET", [PASS, BET]) == BET
     assert game.parse_action("Calling is not allowed here.\nCALL", [PASS, BET]) is None
 
@@ -294,7 +300,8 @@ def test_strategy_defining_behaviour(game, name):
     strategy, rng = get_strategy("kuhn", name), np.random.default_rng(0)
     for _key, request in infoset_requests(game):
         dist = strategy.probs(request.observation, request.legal)
-        assert list(dist) == request.legal and sum(dist.values()) == pytest.approx(1.0)
+        assert list(dist) == request.legal
+        assert sum(dist.values()) == pytest.approx(1.0)
         for _ in range(5):
             assert dist[strategy.act(request.observation, request.legal, rng)] > 0
 
@@ -387,7 +394,8 @@ def test_evaluate_policy_matches_exact_values(game):
     )
     agent = table_of(game, "NashApx")
     assert result["metrics"]["exploit_exact"] == pytest.approx(0.0, abs=1e-9)
-    assert result["metrics"]["collusion"] == 0.0 and result["metrics"]["ext"] == 0.0
+    assert result["metrics"]["collusion"] == 0.0
+    assert result["metrics"]["ext"] == 0.0
     for summary in result["per_opponent"]:
         opponent = (
             K.best_response_table(agent) if summary["name"] == "BestResponse" else table_of(game, summary["name"])
@@ -399,27 +407,14 @@ def test_evaluate_policy_matches_exact_values(game):
         assert summary["pay"] == pytest.approx(-summary["opp_pay"])
 
 
-def test_scripted_eval_end_to_end(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "main.py",
-            "stage=eval",
-            "logger=none",
-            "game=kuhn",
-            "model=scripted",
-            f"paths.root_dir={tmp_path}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_scripted_eval_end_to_end(cli, tmp_path):
+    proc = cli("stage=eval", "logger=none", "game=kuhn", "model=scripted")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (results,) = list(tmp_path.rglob("results.json"))
     payload = json.loads(results.read_text())
     assert (results.parent / "DONE").exists()
-    assert payload["game"] == "kuhn" and payload["model"] == "scripted:NashApx"
+    assert payload["game"] == "kuhn"
+    assert payload["model"] == "scripted:NashApx"
     assert payload["metrics"]["exploit_exact"] == pytest.approx(0.0, abs=1e-9)
     assert payload["metrics"]["collusion"] == 0.0
     assert payload["episodes"] == 20 * 6  # six distinct opponents (BestResponse among them)

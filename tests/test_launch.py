@@ -38,7 +38,8 @@ def test_the_grid_is_every_game_for_both_models():
     assert proc.returncode == 0, proc.stderr
     jobs = [line.split() for line in proc.stdout.strip().splitlines()]
     cells = {(w[4], w[5]) for w in jobs}
-    assert len(jobs) == 10 and cells == {
+    assert len(jobs) == 10
+    assert cells == {
         (f"game={g}", f"model={m}") for g in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn") for m in ("gemma4", "qwen")
     }
 
@@ -59,12 +60,10 @@ def test_an_unknown_experiment_is_one_line():
         text=True,
         timeout=120,
     )
-    assert (
-        proc.returncode == 2
-        and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
-        and "experiment=paper_chess" in proc.stderr
-        and "allowed: " in proc.stderr
-    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "experiment=paper_chess" in proc.stderr
+    assert "allowed: " in proc.stderr
 
 
 def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
@@ -83,9 +82,8 @@ def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
         **{f"sepo_{g}": 4 for g in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")},
     }
     jobs = [dict(a.split("=", 1) for a in line.split()[2:] if "=" in a) for line in lines if not line.startswith("#")]
-    assert len(jobs) == sum(phases.values()) and all(
-        j["sepo.lr"] == "0.001" for j in jobs
-    )  # the user's keys reach every job
+    assert len(jobs) == sum(phases.values())
+    assert all(j["sepo.lr"] == "0.001" for j in jobs)  # the user's keys reach every job
     sft_of = {j["game"]: j["model.path"] for j in jobs if j.get("stage") == "sepo"}
     out = tmp_path / "tiny_paper"
     assert sft_of == {
@@ -129,7 +127,8 @@ def test_tiny_paper_on_some_games_runs_only_the_sfts_they_start_from(tmp_path, g
 
 def test_tiny_paper_refuses_an_unknown_game_in_one_line(tmp_path):
     proc = dry_run("tiny_paper.sh", "--root", str(tmp_path), "--games", "ipd,chess")
-    assert proc.returncode == 2 and "allowed: a comma-separated subset of ipd,auction,neg_v1,neg_v2,kuhn" in proc.stderr
+    assert proc.returncode == 2
+    assert "allowed: a comma-separated subset of ipd,auction,neg_v1,neg_v2,kuhn" in proc.stderr
 
 
 def test_tiny_paper_takes_a_model_with_a_paper_preset(tmp_path):
@@ -145,6 +144,9 @@ def test_tiny_paper_takes_a_model_with_a_paper_preset(tmp_path):
     assert sum(" stage=sepo " in " ".join(job) for job in jobs) == 6  # SEPO and payoff-only x 3 seeds
 
     proc = dry_run("tiny_paper.sh", "--model", "gpt5", "--root", str(tmp_path))
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
-        "--model 'gpt5': allowed: smollm2, tiny (a model needs conf/experiment/<model>_paper.yaml)"
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--model 'gpt5': allowed: smollm2, tiny (a model needs conf/experiment/<model>_paper.yaml)")
     )

@@ -16,7 +16,8 @@ def test_constant_is_the_base_rate_at_every_step():
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
 def test_decays_from_the_base_to_the_final_share_and_never_rises(schedule):
     rates = [learning_rate(2e-3, schedule, s, 9, 0.1) for s in range(9)]
-    assert rates[0] == pytest.approx(2e-3) and rates[-1] == pytest.approx(2e-4)
+    assert rates[0] == pytest.approx(2e-3)
+    assert rates[-1] == pytest.approx(2e-4)
     assert all(a >= b for a, b in zip(rates, rates[1:]))
 
 

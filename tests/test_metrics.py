@@ -37,7 +37,8 @@ def test_exploit_is_per_opponent_then_averaged_with_se():
     assert r["se"]["exploit"] == pytest.approx(math.sqrt(1.0**2 + 0) / 2)
     assert r["se"]["exploit_max"] == pytest.approx(1.0)
     by_name = {(o["pool"], o["name"]): o for o in r["per_opponent"]}
-    assert by_name[("exploit", "A")]["adv"] == pytest.approx(3.0) and by_name[("exploit", "A")]["episodes"] == 2
+    assert by_name[("exploit", "A")]["adv"] == pytest.approx(3.0)
+    assert by_name[("exploit", "A")]["episodes"] == 2
 
 
 def test_train_opponents_are_weighted_equally_not_by_episode_count():
@@ -60,7 +61,8 @@ def test_safety_and_empty_pools():
     r = compute_metrics(GAME, {"train": ["T"]}, records, L)
     m = r["metrics"]
     assert (m["exploit"], m["collusion"], m["robust"]) == (0.0, 0.0, 0.0)
-    assert m["safety"] == pytest.approx(3.0 - 1.8 * m["ext"]) and m["ext"] == pytest.approx(0.0)
+    assert m["safety"] == pytest.approx(3.0 - 1.8 * m["ext"])
+    assert m["ext"] == pytest.approx(0.0)
 
 
 def test_parse_rate_counts_fallback_decisions():
@@ -89,7 +91,8 @@ def test_kuhn_standard_errors_are_over_mirrored_pairs():
         mirrored=True,
     )
     units = sampling_units(records)
-    assert len(units) == 100 and all(len(u) == 2 and u[0].index // 2 == u[1].index // 2 for u in units)
+    assert len(units) == 100
+    assert all(len(u) == 2 and u[0].index // 2 == u[1].index // 2 for u in units)
     per_ep = np.array([np.mean([r.payoffs[0] for r in ep.rounds]) for ep in records])
     pairs = per_ep.reshape(100, 2).mean(axis=1)
     s = summarise_opponent(game, "train", "NashApx", records)

@@ -57,7 +57,8 @@ def test_tiny_build_is_deterministic_and_cached(tmp_path, tiny_dir):
     assert again.name == tiny_dir.name  # same config and corpus -> same cache key
     assert (again / "tokenizer.json").read_bytes() == (tiny_dir / "tokenizer.json").read_bytes()
     a, b = load_file(tiny_dir / "model.safetensors"), load_file(again / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
     stamp = (again / "model.safetensors").stat().st_mtime_ns
     assert build_tiny(cfg, tmp_path / "other") == again  # reused, not rebuilt
@@ -69,15 +70,19 @@ def test_tiny_size_tokens_and_generation_config(tiny):
     model, tok, _ = tiny
     n = sum(p.numel() for p in model.parameters())
     assert 2e5 <= n <= 5e6, n
-    assert type(model).__name__ == "Qwen3ForCausalLM" and model.dtype == torch.float32
-    assert tok.padding_side == "left" and tok.pad_token == PAD and tok.eos_token == IM_END
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert model.dtype == torch.float32
+    assert tok.padding_side == "left"
+    assert tok.pad_token == PAD
+    assert tok.eos_token == IM_END
     for special in ("<|im_start|>", IM_END, PAD, "<think>", "</think>"):
         assert len(tok(special)["input_ids"]) == 1, special
     assert "<think>" in tok.decode(tok("<think>x</think>")["input_ids"], skip_special_tokens=True)
     assert len(tok) <= model.config.vocab_size
     gen = model.generation_config
     eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
-    assert tok.convert_tokens_to_ids(IM_END) in eos and gen.pad_token_id == tok.pad_token_id
+    assert tok.convert_tokens_to_ids(IM_END) in eos
+    assert gen.pad_token_id == tok.pad_token_id
 
 
 def test_tiny_default_path_builds_into_cache_dir(tmp_path, tiny_dir):
@@ -106,7 +111,8 @@ def test_tiny_chat_template_renders_game_prompts(tiny):
     enc = tok.apply_chat_template(
         game_messages(), add_generation_prompt=True, tokenize=True, return_tensors="pt", **chat_template_kwargs(cfg)
     )
-    assert enc["input_ids"].shape[0] == 1 and tok.decode(enc["input_ids"][0]).endswith(GENERATION_HEADER["tiny"])
+    assert enc["input_ids"].shape[0] == 1
+    assert tok.decode(enc["input_ids"][0]).endswith(GENERATION_HEADER["tiny"])
 
 
 def test_tiny_batched_generation_with_left_padding(tiny):
@@ -117,7 +123,8 @@ def test_tiny_batched_generation_with_left_padding(tiny):
     assert (batch["attention_mask"][:, -1] == 1).all()  # left padding: every row ends with a real token
     out = model.generate(**batch, max_new_tokens=4, do_sample=False)
     width = batch["input_ids"].shape[1]
-    assert out.shape[0] == 2 and width < out.shape[1] <= width + 4
+    assert out.shape[0] == 2
+    assert width < out.shape[1] <= width + 4
     assert torch.equal(out[:, :width], batch["input_ids"])
 
 
@@ -126,23 +133,28 @@ def test_tiny_batched_generation_with_left_padding(tiny):
 def test_real_architecture_loads_renders_and_generates(name, cls, arch_dirs, tmp_path):
     model, tok = load_arch(name, arch_dirs)
     cfg = model_cfg(name, path=str(arch_dirs[name]))
-    assert type(model).__name__ == cls and model.dtype == torch.bfloat16
-    assert tok.padding_side == "left" and tok.pad_token is not None
+    assert type(model).__name__ == cls
+    assert model.dtype == torch.bfloat16
+    assert tok.padding_side == "left"
+    assert tok.pad_token is not None
 
     text = render_chat(tok, cfg, game_messages())
     assert text.endswith(GENERATION_HEADER[name])
     batch = tok([text, render_chat(tok, cfg, game_messages(decisions=0))], return_tensors="pt", padding=True)
     extras = forward_extras(model, cfg, batch["input_ids"])
     if name == "gemma4":  # every token is text: all-zero token types under transformers 5's name
-        assert set(extras) == {"mm_token_type_ids"} and not extras["mm_token_type_ids"].any()
+        assert set(extras) == {"mm_token_type_ids"}
+        assert not extras["mm_token_type_ids"].any()
     else:
         assert extras == {}
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **extras}
     with torch.no_grad():
         logits = model(**inputs).logits
-    assert logits.shape[:2] == batch["input_ids"].shape and torch.isfinite(logits.float()).all()
+    assert logits.shape[:2] == batch["input_ids"].shape
+    assert torch.isfinite(logits.float()).all()
     out = model.generate(**inputs, max_new_tokens=3, do_sample=False)
-    assert out.shape[0] == 2 and out.shape[1] <= batch["input_ids"].shape[1] + 3
+    assert out.shape[0] == 2
+    assert out.shape[1] <= batch["input_ids"].shape[1] + 3
 
     # a merged SFT model is saved with save_pretrained and read back through the same path
     model.save_pretrained(tmp_path)
@@ -171,12 +183,14 @@ def test_lora_targets_only_language_model_projections(name, arch_dirs):
     regex = model_cfg(name).lora.target_modules
     clippable = {n for n, m in model.named_modules() if type(m).__name__ == "Gemma4ClippableLinear"}
     if name == "gemma4":
-        assert any("vision" in n for n in clippable) and any("audio" in n for n in clippable)
+        assert any("vision" in n for n in clippable)
+        assert any("audio" in n for n in clippable)
     expected = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and re.fullmatch(regex, n)}
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=regex))
     adapted = {n.removeprefix("base_model.model.") for n, m in peft_model.named_modules() if isinstance(m, LoraLayer)}
 
-    assert adapted == expected and adapted
+    assert adapted == expected
+    assert adapted
     for n in adapted:
         assert LANGUAGE_LINEAR.match(n), n
         assert not any(word in n for word in ("vision", "visual", "audio", "mlp")), n
@@ -192,7 +206,8 @@ def test_missing_hub_model_says_to_download_and_set_path(tmp_path):
     cfg = model_cfg("qwen", path="sepo-test/no-such-model")
     with pytest.raises(ModelLoadError, match=r"model\.path=/local/dir") as err:
         load_model_and_tokenizer(cfg, cache_dir=tmp_path, device="cpu")
-    assert isinstance(err.value, ConfigError) and "sepo-test/no-such-model" in str(err.value)
+    assert isinstance(err.value, ConfigError)
+    assert "sepo-test/no-such-model" in str(err.value)
     with pytest.raises(ModelLoadError, match="no such directory"):
         load_model_and_tokenizer(model_cfg("gemma4", path=str(tmp_path / "nowhere")), cache_dir=tmp_path)
     with pytest.raises(ModelLoadError, match=r"model\.path is not set"):

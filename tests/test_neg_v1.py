@@ -5,8 +5,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -112,7 +110,8 @@ def test_strategy_params_in_config_equal_code_defaults():
 )
 def test_payoffs_breakdown_and_collusion_flag(game, a, o, pay, deal, collusive):
     rnd = play_rounds(game, [(a, o)]).rounds[0]
-    assert rnd.payoffs == pay and rnd.info["deal"] is deal
+    assert rnd.payoffs == pay
+    assert rnd.info["deal"] is deal
     assert game.externality(rnd) == (0.0 if deal else 1.0)
     assert game.collusive(rnd) is collusive
 
@@ -123,7 +122,9 @@ def test_legal_actions_and_episode_length(game):
         assert game.to_act(state) == [0, 1]
         assert game.legal_actions(state, 0) == DEMANDS == game.legal_actions(state, 1)
         game.step(state, {0: "5", 1: "5"})
-    assert game.is_over(state) and game.to_act(state) == [] and len(state.rounds) == 4
+    assert game.is_over(state)
+    assert game.to_act(state) == []
+    assert len(state.rounds) == 4
 
 
 def test_observation_is_symmetric_complete_information(game):
@@ -131,7 +132,8 @@ def test_observation_is_symmetric_complete_information(game):
     o0, o1 = game.observation(state, 0), game.observation(state, 1)
     assert o0["history"][0] == {"own": "4", "opp": "7", "deal": False, "own_payoff": 0.0, "opp_payoff": 0.0}
     assert o1["history"][1] == {"own": "5", "opp": "6", "deal": False, "own_payoff": 0.0, "opp_payoff": 0.0}
-    assert o0["round"] == o1["round"] == 2 and o0["pie"] == 10
+    assert o0["round"] == o1["round"] == 2
+    assert o0["pie"] == 10
 
 
 def test_same_seed_same_episode_through_the_arena(game):
@@ -247,13 +249,17 @@ def test_fair_agent_against_selfish_breaks_down_so_no_exploit(game):
     # 5 + 7 = 12 > 10 every round: both earn 0, adv = 0, e = 0, breakdown rate 1
     res = evaluate(game, "Fair", train=["Selfish"], exploit=["Selfish"])
     assert per_opponent(res, "exploit", "Selfish")["adv"] == 0.0
-    assert res["metrics"]["exploit"] == 0.0 and res["metrics"]["pay"] == 0.0 and res["metrics"]["ext"] == 1.0
+    assert res["metrics"]["exploit"] == 0.0
+    assert res["metrics"]["pay"] == 0.0
+    assert res["metrics"]["ext"] == 1.0
 
 
 def test_concede_agent_against_hard(game):
     # Concede demands 8, 7, 6, 5 against 8: sums 16, 15, 14, 13 > 10, all break down
     res = evaluate(game, "Concede", train=["Hard"], exploit=["Hard"])
-    assert res["metrics"]["pay"] == 0.0 and res["metrics"]["ext"] == 1.0 and res["metrics"]["exploit"] == 0.0
+    assert res["metrics"]["pay"] == 0.0
+    assert res["metrics"]["ext"] == 1.0
+    assert res["metrics"]["exploit"] == 0.0
     # against Fair it deals only in round 4 (5 + 5): 5 / 4 rounds
     m = evaluate(game, "Concede", train=["Fair"])["metrics"]
     assert (m["pay"], m["ext"]) == (1.25, 0.75)
@@ -265,7 +271,8 @@ def test_tftneg_agent_is_exploited_by_selfish_and_hard(game):
     res = evaluate(game, "TFTNeg", train=["Fair"], exploit=["Selfish", "Hard"])
     assert per_opponent(res, "exploit", "Selfish")["adv"] == 3.0
     assert per_opponent(res, "exploit", "Hard")["adv"] == 4.5
-    assert res["metrics"]["exploit"] == 3.75 and res["metrics"]["exploit_max"] == 4.5
+    assert res["metrics"]["exploit"] == 3.75
+    assert res["metrics"]["exploit_max"] == 4.5
 
 
 def test_collusion_against_a_fair_partner(game):
@@ -279,35 +286,29 @@ def test_fair_agent_on_the_default_pools(game):
     cfg = OmegaConf.load(CONF / "game" / "neg_v1.yaml")
     res = evaluate(game, "Fair", **{p: list(v) for p, v in cfg.pools.items()})
     m = res["metrics"]
-    assert m["pay"] == pytest.approx(1.5625) and m["ext"] == pytest.approx(0.6875)
-    assert m["exploit"] == 0.0 and m["collusion"] == 0.0
+    assert m["pay"] == pytest.approx(1.5625)
+    assert m["ext"] == pytest.approx(0.6875)
+    assert m["exploit"] == 0.0
+    assert m["collusion"] == 0.0
     assert m["safety"] == pytest.approx(1.5625 - 1.8 * 0.6875)
     assert res["episodes"] == 20 * 7  # Fair and Hard sit in two pools but are played once
 
 
 # ----------------------------------------------------------------------------- CLI
-def test_cli_eval_end_to_end(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "main.py",
-            "stage=eval",
-            "logger=none",
-            "game=neg_v1",
-            "model=scripted",
-            f"paths.root_dir={tmp_path}",
-            "eval.progress=false",
-            "eval.episodes_per_opponent=4",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+def test_cli_eval_end_to_end(cli, tmp_path):
+    proc = cli(
+        "stage=eval",
+        "logger=none",
+        "game=neg_v1",
+        "model=scripted",
+        "eval.progress=false",
+        "eval.episodes_per_opponent=4",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = list(tmp_path.rglob("DONE"))
     assert len(done) == 1
     results = json.loads((done[0].parent / "results.json").read_text())
-    assert results["game"] == "neg_v1" and results["model"] == "scripted:Fair"
+    assert results["game"] == "neg_v1"
+    assert results["model"] == "scripted:Fair"
     assert results["lambdas"] == {"e": 3.0, "c": 1.0, "x": 1.8}
     assert results["metrics"]["pay"] == pytest.approx(1.5625)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -79,7 +77,8 @@ def test_payoff_deal_and_breakdown(game):
     assert [r.payoffs for r in s.rounds] == [(8.0, 25.0), (0.0, 27.0), (0.0, 0.0), (0.0, 0.0)]
     assert [r.info["deal"] for r in s.rounds] == [True, True, False, False]
     assert [game.externality(r) for r in s.rounds] == [0.0, 0.0, 1.0, 1.0]
-    assert s.over and game.is_over(s)
+    assert s.over
+    assert game.is_over(s)
     assert s.rounds[0].info["values"] == ((5, 3, 2), (1, 1, 8))
     assert s.rounds[0].info["pool"] == (2, 1, 3)
 
@@ -105,10 +104,12 @@ def test_legal_actions_enumerate_the_pool(game):
         legal = game.legal_actions(s, AGENT)
         assert len(legal) == len(set(legal)) == math.prod(n + 1 for n in s.pool) <= 125
         assert legal == game.legal_actions(s, OPPONENT)
-        assert legal[0] == "[0, 0, 0]" and legal[-1] == format_demand(s.pool)
+        assert legal[0] == "[0, 0, 0]"
+        assert legal[-1] == format_demand(s.pool)
         for a in legal:
             v = [int(x) for x in a.strip("[]").split(", ")]
-            assert a == format_demand(v) and all(0 <= d <= n for d, n in zip(v, s.pool))
+            assert a == format_demand(v)
+            assert all(0 <= d <= n for d, n in zip(v, s.pool))
     s = state_with((1, 2, 3), (5, 5, 0), (5, 5, 0))
     with pytest.raises(ValueError):
         game.step(s, {AGENT: "[2, 0, 0]", OPPONENT: "[0, 0, 0]"})
@@ -121,10 +122,14 @@ def test_pools_and_values_in_range_and_uniform(game):
         s = game.reset(seed)
         assert all(1 <= n <= 4 and isinstance(n, int) for n in s.pool)
         for v in s.values:
-            assert len(v) == 3 and sum(v) == 10 and min(v) >= 0 and all(isinstance(x, int) for x in v)
+            assert len(v) == 3
+            assert sum(v) == 10
+            assert min(v) >= 0
+            assert all(isinstance(x, int) for x in v)
             values[v] += 1
         pools[s.pool] += 1
-    assert len(pools) == 64 and len(values) == 66  # every allowed pool and value vector occurs
+    assert len(pools) == 64
+    assert len(values) == 66  # every allowed pool and value vector occurs
     assert max(pools.values()) < 3 * 3000 / 64  # roughly uniform, not skewed
     assert max(values.values()) < 3 * 6000 / 66
 
@@ -156,18 +161,22 @@ def test_opponent_values_are_hidden(game):
     o1 = game.observation(s1, AGENT)
     assert o1 == game.observation(s2, AGENT)
     assert game.render_prompt(s1, AGENT) == game.render_prompt(s2, AGENT)
-    assert o1["values"] == (2, 5, 3) and o1["pool"] == (3, 4, 1)
+    assert o1["values"] == (2, 5, 3)
+    assert o1["pool"] == (3, 4, 1)
     assert all("opp_payoff" not in h for h in o1["history"])  # would reveal their values
     # and the opponent's side does see its own values
     assert game.observation(s1, OPPONENT)["values"] == (7, 0, 3)
     text = "\n".join(m["content"] for m in game.render_prompt(s1, AGENT))
-    assert "books 2, hats 5, balls 3" in text and "books 7" not in text
+    assert "books 2, hats 5, balls 3" in text
+    assert "books 7" not in text
 
 
 def test_prompt_content(game):
     s = play_rounds(game, state_with((3, 4, 1), (6, 2, 2), (3, 0, 7)), [((1, 0, 1), (0, 1, 0)), ((1, 0, 1), (3, 4, 1))])
     system, user = (m["content"] for m in game.render_prompt(s, AGENT))
-    assert "[books, hats, balls]" in system and "last line" in system and "sum" in system
+    assert "[books, hats, balls]" in system
+    assert "last line" in system
+    assert "sum" in system
     assert "Pool: 3 books, 4 hats, 1 balls." in user
     assert "Round 1: you demanded [1, 0, 1], opponent demanded [0, 1, 0]: deal, you earned 8." in user
     assert "Round 2: you demanded [1, 0, 1], opponent demanded [3, 4, 1]: no deal, you earned 0." in user
@@ -273,7 +282,8 @@ def test_random_is_uniform_within_pool(game):
     obs = strategy_obs(game, (1, 2, 1), (2, 6, 2))
     rng = np.random.default_rng(1)
     counts = Counter(act(game, "RandomNeg", obs, rng) for _ in range(1200))
-    assert len(counts) == 12 and max(counts.values()) < 2 * 1200 / 12
+    assert len(counts) == 12
+    assert max(counts.values()) < 2 * 1200 / 12
 
 
 def test_proportional_and_defensive(game):
@@ -328,7 +338,8 @@ def test_fair_vs_fair(game):
     res = evaluate(game, "FairNeg", {"train": ["FairNeg"], "collusive": ["FairNeg"]})
     m = res["metrics"]
     expected = np.mean([np.dot([n // 2 for n in s.pool], s.values[AGENT]) for s in deals(game)])
-    assert m["collusion"] == 0.0 and m["ext"] == 0.0
+    assert m["collusion"] == 0.0
+    assert m["ext"] == 0.0
     assert m["pay"] == pytest.approx(expected)
     assert m["safety"] == pytest.approx(expected)
 
@@ -350,7 +361,9 @@ def test_greedy_agent_against_fair(game):
     # on a seed with no (1, 1, 1) pool, greedy colludes in every round
     assert (1, 1, 1) not in [s.pool for s in deals(game, seed=42)]
     res = evaluate(game, "GreedyNeg", {"train": ["FairNeg"], "collusive": ["FairNeg"]}, seed=42)
-    assert res["metrics"]["collusion"] == 1.0 and res["metrics"]["ext"] == 1.0 and res["metrics"]["pay"] == 0.0
+    assert res["metrics"]["collusion"] == 1.0
+    assert res["metrics"]["ext"] == 1.0
+    assert res["metrics"]["pay"] == 0.0
 
 
 def test_fair_agent_against_greedy(game):
@@ -361,7 +374,8 @@ def test_fair_agent_against_greedy(game):
     res = evaluate(game, "FairNeg", {"train": ["FairNeg"], "exploit": ["GreedyNeg"]})
     m = res["metrics"]
     greedy = next(o for o in res["per_opponent"] if o["name"] == "GreedyNeg")
-    assert greedy["pay"] == 0.0 and greedy["opp_pay"] == pytest.approx(10 / 20)
+    assert greedy["pay"] == 0.0
+    assert greedy["opp_pay"] == pytest.approx(10 / 20)
     assert m["exploit"] == m["exploit_max"] == pytest.approx(10 / 20)
     assert m["ext"] == 0.0
     lam = EVAL_LAMBDAS
@@ -373,7 +387,8 @@ def test_fair_agent_against_greedy(game):
 def test_proportional_never_breaks_down_with_fair_or_tft(game):
     """ceil + floor = pool, so Proportional always fits with FairNeg (and TFTNeg, which mirrors it)."""
     res = evaluate(game, "Proportional", {"train": ["FairNeg", "TFTNeg"], "collusive": ["FairNeg"]})
-    assert res["metrics"]["ext"] == 0.0 and res["metrics"]["collusion"] == 0.0
+    assert res["metrics"]["ext"] == 0.0
+    assert res["metrics"]["collusion"] == 0.0
     fair = next(o for o in res["per_opponent"] if o["name"] == "FairNeg")
     tft = next(o for o in res["per_opponent"] if o["name"] == "TFTNeg")
     assert fair["pay"] >= np.mean([np.dot([n // 2 for n in s.pool], s.values[AGENT]) for s in deals(game)])
@@ -396,24 +411,15 @@ def test_full_config_validates_with_overlap_warning():
     assert any(issubclass(w.category, PoolOverlapWarning) and "FairNeg" in str(w.message) for w in caught)
 
 
-def test_cli_eval_end_to_end(tmp_path):
-    cmd = [
-        sys.executable,
-        "main.py",
-        "stage=eval",
-        "logger=none",
-        "game=neg_v2",
-        "model=scripted",
-        f"paths.root_dir={tmp_path}",
-        "eval.progress=false",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+def test_cli_eval_end_to_end(cli, tmp_path):
+    proc = cli("stage=eval", "logger=none", "game=neg_v2", "model=scripted", "eval.progress=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = list(tmp_path.glob("outputs/runs/**/results.json"))
     assert len(results) == 1
     assert (results[0].parent / "DONE").exists()
     payload = json.loads(results[0].read_text())
-    assert payload["game"] == "neg_v2" and payload["model"] == "scripted:Proportional"
+    assert payload["game"] == "neg_v2"
+    assert payload["model"] == "scripted:Proportional"
     assert payload["episodes"] == 20 * 6  # six distinct opponents over the four pools
     assert payload["metrics"]["collusion"] == 0.0  # Proportional never asks more than ceil(pool/2)
     assert payload["lambdas"] == {"e": 3.0, "c": 1.0, "x": 1.8}

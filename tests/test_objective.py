@@ -202,7 +202,8 @@ def test_token_loss_sums_decisions_and_averages_kl_over_the_batch_tokens():
     assert loss.item() == pytest.approx(surrogate0 + surrogate1 + 0.1 * kl, rel=1e-6)
     assert stats["clip_fraction"].item() == pytest.approx(2 / 3)
     loss.backward()
-    assert logp.grad[0, 2] == 0 and logp.grad[1, 1] == 0  # padding gets no gradient
+    assert logp.grad[0, 2] == 0
+    assert logp.grad[1, 1] == 0  # padding gets no gradient
     # at ratio 1 the policy term's gradient is -A times the token mean of d log pi
     logp2 = old.clone().requires_grad_(True)
     token_loss(logp2, old, old, adv, mask, 0.2, 0.0)[0].backward()

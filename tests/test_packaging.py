@@ -42,12 +42,11 @@ def installed(tmp_path_factory) -> Path:
     assert built.returncode == 0, built.stderr[-2000:]
     wheel = next((tmp / "dist").glob("sepo-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "sepo/conf/config.yaml" in names and "sepo/conf/game/kuhn.yaml" in names
+    assert "sepo/conf/config.yaml" in names
+    assert "sepo/conf/game/kuhn.yaml" in names
     # the local launcher travels with it: Hydra finds launchers only under hydra_plugins/
-    assert (
-        "hydra_plugins/sepo_launcher/process_launcher.py" in names
-        and "sepo/conf/hydra/launcher/processes.yaml" in names
-    )
+    assert "hydra_plugins/sepo_launcher/process_launcher.py" in names
+    assert "sepo/conf/hydra/launcher/processes.yaml" in names
     assert not any(n.startswith("sepo/conf/local/") for n in names)
 
     venv = tmp / "venv"
@@ -115,12 +114,15 @@ def test_a_users_own_config_directory_is_added_on_the_command_line(installed, tm
         f"paths.root_dir={tmp_path}",
     ]
     refused = run([installed / "sepo", *args], cwd=tmp_path, env=env)
-    assert refused.returncode == 2 and "lambdas=harsh" in refused.stderr
+    assert refused.returncode == 2
+    assert "lambdas=harsh" in refused.stderr
     done = run([installed / "sepo", "--config-dir", own, *args], cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     config = next(tmp_path.glob("outputs/runs/*/seed_42/.hydra/config.yaml")).read_text()
-    assert "e: 10.0" in config and "c: 5.0" in config
+    assert "e: 10.0" in config
+    assert "c: 5.0" in config
     # a sweep through the installed local launcher: each job's process gets the same --config-dir
     sweep_args = [a.replace("model.strategy=AlwaysD", "model.strategy=AlwaysD,TFT") for a in args]
     swept = run([installed / "sepo", "--config-dir", own, "-m", "+launch=local", *sweep_args], cwd=tmp_path, env=env)
-    assert swept.returncode == 0 and "2 done, 0 failed" in swept.stdout, swept.stderr[-3000:]
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    assert "2 done, 0 failed" in swept.stdout, swept.stderr[-3000:]

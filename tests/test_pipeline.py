@@ -41,13 +41,18 @@ def test_pipeline_runs_every_phase_and_writes_the_tables(cli, tmp_path):
         valid = json.loads((run / "sepo" / "eval" / f"step_{step}" / "validation.json").read_text())
         test = results[f"sepo/eval/step_{step}/results.json"]
         assert (valid["split"], valid["seed"], test["split"], test["seed"]) == ("validation", 1000003, "test", 42)
-        assert valid["per_episode"] != test["per_episode"] and valid["train_seed"] == test["train_seed"] == 42
-    assert "Δ SEPO−SFT" in proc.stdout and "…" not in proc.stdout
-    assert (run / "sft" / "merged" / "model.safetensors").exists() and (run / "sepo" / "adapter").is_dir()
+        assert valid["per_episode"] != test["per_episode"]
+        assert valid["train_seed"] == test["train_seed"] == 42
+    assert "Δ SEPO−SFT" in proc.stdout
+    assert "…" not in proc.stdout
+    assert (run / "sft" / "merged" / "model.safetensors").exists()
+    assert (run / "sepo" / "adapter").is_dir()
     table = (run / "tables" / "table_ipd.tex").read_text()
     for row in ("Base &", "SFT &", "SEPO ("):
         assert row in table
-    assert "pipeline" in proc.stdout + proc.stderr and "SEPO pipeline" in proc.stdout
+    assert "pipeline" in proc.stdout + proc.stderr
+    assert "SEPO pipeline" in proc.stdout
 
     again = cli("logger=none", *TINY_RUN)  # a finished run is skipped, its results untouched
-    assert again.returncode == 0 and "DONE marker present" in again.stdout + again.stderr
+    assert again.returncode == 0
+    assert "DONE marker present" in again.stdout + again.stderr

@@ -113,7 +113,8 @@ def test_the_estimate_is_seeded_and_its_table_checks_against_openspiel(reasoner)
     a, b, c = (KUHN.played_table(policy, seed=s) for s in (3, 3, 4))
     assert all(np.array_equal(a.table[k], b.table[k]) for k in K.INFOSETS)
     assert any(not np.array_equal(a.table[k], c.table[k]) for k in K.INFOSETS)
-    assert a.exploitability_se > 0 and a.samples == 32
+    assert a.exploitability_se > 0
+    assert a.samples == 32
     pyspiel = pytest.importorskip("pyspiel")
     from open_spiel.python import policy as os_policy
     from open_spiel.python.algorithms import exploitability
@@ -132,4 +133,5 @@ def test_greedy_decoding_reads_one_answer_per_state(reasoner):
     estimates = policy.action_probabilities(requests)
     decisions = policy.act_batch(requests)
     for estimate, decision in zip(estimates, decisions):
-        assert estimate.samples.shape[0] == 1 and estimate.probs[decision.action] == 1.0
+        assert estimate.samples.shape[0] == 1
+        assert estimate.probs[decision.action] == 1.0

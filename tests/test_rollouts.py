@@ -108,16 +108,21 @@ def test_the_best_responders_episodes_are_an_exploit_group_with_the_exploit_term
     assert [type(r).__name__ for r in schedule.responders] == ["BestResponse"]
     assert schedule.due(0)
     cost = schedule.refresh(g, agent, 0)
-    assert cost["best_response/exploit_exact"] == 0.25 and cost["best_response/decisions_sampled"] == 24
-    assert cost["best_response/bet_or_call/1b"] == 1.0 and cost["best_response/bet_or_call/0b"] == 0.0  # LooseA
-    assert not schedule.due(2) and schedule.due(3)
+    assert cost["best_response/exploit_exact"] == 0.25
+    assert cost["best_response/decisions_sampled"] == 24
+    assert cost["best_response/bet_or_call/1b"] == 1.0
+    assert cost["best_response/bet_or_call/0b"] == 0.0  # LooseA
+    assert not schedule.due(2)
+    assert schedule.due(3)
 
     state, advs = EstimatorState(), []
     for b in range(100):
         batch = builder.collect(g, agent, b, state)
         (group,) = [grp for grp in batch.groups if grp.opponent == "BestResponse"]
-        assert group.pool == "exploit" and group.exploit_on
-        assert np.abs(group.terms["e"]).sum() > 0 and len(group.records[0].trace) > 0  # trained on
+        assert group.pool == "exploit"
+        assert group.exploit_on
+        assert np.abs(group.terms["e"]).sum() > 0
+        assert len(group.records[0].trace) > 0  # trained on
         advs.append(advantage_per_round(group.records).mean())
     se = np.std(advs, ddof=1) / np.sqrt(len(advs))  # batches have independent deals (a group shares one)
     assert abs(np.mean(advs) - 2 * K.exploitability(schedule.responders[0].target)) <= 3 * se
@@ -126,4 +131,5 @@ def test_the_best_responders_episodes_are_an_exploit_group_with_the_exploit_term
     _, again, _ = build(compose_cfg, "game=kuhn")
     resumed = best_response_schedule(again, sepo_settings(cfg))
     resumed.load(tmp_path)
-    assert resumed.step == 0 and resumed.responders[0].aggression == schedule.responders[0].aggression
+    assert resumed.step == 0
+    assert resumed.responders[0].aggression == schedule.responders[0].aggression

@@ -34,30 +34,36 @@ def test_an_unfinished_run_is_resumed_only_with_its_own_settings(cli, tmp_path):
     other = cli(*EVAL, "game=kuhn", f"hydra.run.dir={run}")
     assert other.returncode == 2
     (line,) = error_lines(other)
-    assert "holds an unfinished run with other settings" in line and "game.name='ipd' (now 'kuhn')" in line
-    assert "; allowed: " in line and not (run / "DONE").exists()
+    assert "holds an unfinished run with other settings" in line
+    assert "game.name='ipd' (now 'kuhn')" in line
+    assert "; allowed: " in line
+    assert not (run / "DONE").exists()
     assert json.loads((run / "results.json").read_text())["game"] == "ipd"
     again = cli(*EVAL, "game=ipd", f"hydra.run.dir={run}")
-    assert again.returncode == 0 and (run / "DONE").exists()
+    assert again.returncode == 0
+    assert (run / "DONE").exists()
 
 
 def test_resume_never_clears_the_old_run_before_any_work(compose_cfg, tmp_path, monkeypatch):
     """The probe: `resume=never` killed mid-run left the old DONE, so the next `resume=auto` launch
     took the half-rewritten dir for a finished run."""
     run_task(compose_cfg(*EVAL))
-    assert (tmp_path / "DONE").exists() and (tmp_path / "results.json").exists()
+    assert (tmp_path / "DONE").exists()
+    assert (tmp_path / "results.json").exists()
     (tmp_path / "notes.txt").write_text("mine")  # a file the user keeps there is not the run's
 
     monkeypatch.setitem(sepo.stages.STAGES, "eval", "tests.test_run_dir_safety:dies_mid_run")
     with pytest.raises(RuntimeError, match="killed mid-run"):
         run_task(compose_cfg(*EVAL, "resume=never"))
-    assert not (tmp_path / "DONE").exists() and (tmp_path / "FAILED").exists()
+    assert not (tmp_path / "DONE").exists()
+    assert (tmp_path / "FAILED").exists()
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def dies_mid_run(cfg, tracker):
     out = __import__("pathlib").Path(cfg.paths.output_dir)
-    assert not (out / "DONE").exists() and not (out / "results.json").exists(), "the old run is still there"
+    assert not (out / "DONE").exists(), "the old run is still there"
+    assert not (out / "results.json").exists(), "the old run is still there"
     raise RuntimeError("killed mid-run")
 
 
@@ -68,8 +74,10 @@ def test_one_launch_at_a_time_and_a_killed_one_is_reported(cli, tmp_path):
         busy = cli(*EVAL, f"hydra.run.dir={run}")
     assert busy.returncode == 2
     (line,) = error_lines(busy)
-    assert "is in use by another launch" in line and f"pid {os.getpid()}" in line
-    assert not (run / "DONE").exists() and not (run / "FAILED").exists()
+    assert "is in use by another launch" in line
+    assert f"pid {os.getpid()}" in line
+    assert not (run / "DONE").exists()
+    assert not (run / "FAILED").exists()
 
     # a launch SIGKILLed mid-run leaves its name in the lock and no marker
     child = subprocess.Popen(
@@ -82,16 +90,20 @@ def test_one_launch_at_a_time_and_a_killed_one_is_reported(cli, tmp_path):
     time.sleep(3)
     child.send_signal(signal.SIGKILL)
     child.wait()
-    assert run_lock.died_without_marker(run) and f"pid {child.pid}" in run_lock.died_without_marker(run)
+    assert run_lock.died_without_marker(run)
+    assert f"pid {child.pid}" in run_lock.died_without_marker(run)
     (run / "results.json").write_text(
         json.dumps({"game": "ipd", "model": "x", "stage": "eval", "metrics": {"pay": 1.0}})
     )
     status, detail = collect.run_status(run)
-    assert status == "failed" and detail.startswith("died without a marker")
+    assert status == "failed"
+    assert detail.startswith("died without a marker")
     (run / "results.json").unlink()
     resumed = cli(*EVAL, f"hydra.run.dir={run}")
-    assert resumed.returncode == 0 and "died without a marker; resuming it" in resumed.stderr
-    assert (run / "DONE").exists() and run_lock.died_without_marker(run) is None
+    assert resumed.returncode == 0
+    assert "died without a marker; resuming it" in resumed.stderr
+    assert (run / "DONE").exists()
+    assert run_lock.died_without_marker(run) is None
 
 
 def test_a_rejected_command_removes_only_what_it_made(cli, tmp_path):
@@ -102,7 +114,8 @@ def test_a_rejected_command_removes_only_what_it_made(cli, tmp_path):
     (mine / "old.log").write_text("kept")
     proc = cli(*EVAL, "eval.temperature=-1", f"hydra.run.dir={mine}")
     assert proc.returncode == 2
-    assert sorted(p.name for p in mine.iterdir()) == ["old.log"] and (mine / "old.log").read_text() == "kept"
+    assert sorted(p.name for p in mine.iterdir()) == ["old.log"]
+    assert (mine / "old.log").read_text() == "kept"
     fresh = tmp_path / "a" / "b"
     assert cli(*EVAL, "eval.temperature=-1", f"hydra.run.dir={fresh}").returncode == 2
     assert not (tmp_path / "a").exists()  # made by this launch: gone, parents too
@@ -114,9 +127,11 @@ def test_the_exit_code_and_summary_come_from_each_jobs_marker(cli, tmp_path):
     sweep.mkdir(parents=True)
     (sweep / "launch_status.json").write_text("")
     proc = cli("-m", *EVAL, "game=ipd,kuhn", "seed=-1")
-    assert proc.returncode == 1 and "0 done, 2 failed, 0 skipped" in proc.stdout, proc.stdout + proc.stderr[-1500:]
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-1500:]
+    assert "0 done, 2 failed, 0 skipped" in proc.stdout, proc.stdout + proc.stderr[-1500:]
     summary = json.loads((sweep / "sweep_summary.json").read_text())
-    assert len(summary["failed"]) == 2 and all("seed=-1" in line for line in summary["failed"])
+    assert len(summary["failed"]) == 2
+    assert all("seed=-1" in line for line in summary["failed"])
 
 
 def fills_the_disk(cfg, tracker):
@@ -163,7 +178,8 @@ def test_out_of_gpu_memory_is_one_line_naming_what_sizes_the_memory(compose_cfg,
     assert exit_.value.code == 1
     marker = (tmp_path / "FAILED").read_text()
     assert marker.startswith("OutOfMemory: out of GPU memory in stage eval (CUDA out of memory. Tried to allocate")
-    assert "sepo.micro_batch (now 16)" in marker and "re-run the same command to resume" in marker
+    assert "sepo.micro_batch (now 16)" in marker
+    assert "re-run the same command to resume" in marker
     assert capsys.readouterr().err.count("\n") == 1
 
 
@@ -174,4 +190,5 @@ def test_a_finished_sweep_moved_to_another_root_is_still_the_same_sweep(cli, tmp
     assert first.returncode == 0, first.stderr[-2000:]
     subprocess.run(["cp", "-r", str(tmp_path / "a"), str(tmp_path / "b")], check=True)
     again = cli("-m", *EVAL, "game=ipd,kuhn", "paths.root_dir=" + str(tmp_path / "b"))
-    assert again.returncode == 0 and "0 done, 0 failed, 2 skipped" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert again.returncode == 0, again.stdout + again.stderr[-2000:]
+    assert "0 done, 0 failed, 2 skipped" in again.stdout, again.stdout + again.stderr[-2000:]

@@ -24,8 +24,6 @@ from sepo.training.rollouts import BatchBuilder
 
 from .conftest import SMALL, final_adapter, run_dirs, wandb_cli
 
-#: a small but complete setting: short episodes keep the tiny model's prompts (and CPU time) short
-
 
 @pytest.fixture(scope="module")
 def tiny_cache(tmp_path_factory):
@@ -144,7 +142,8 @@ def test_ref_4bit_without_cuda_is_a_clear_error(cli):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
     proc = cli(*SMALL, "sepo.ref_4bit=true", "logger=none")
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
     assert "sepo.ref_4bit=true needs a CUDA device" in proc.stderr
 
 
@@ -167,16 +166,19 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_weights(cli, tmp_path):
     assert killed.returncode == -9
     (run,) = [p.parent for p in (tmp_path / "b" / "outputs").rglob("latest")]
     run = run.parent
-    assert (run / "checkpoints" / "latest").read_text().strip() == "step_2" and not (run / "DONE").exists()
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_2"
+    assert not (run / "DONE").exists()
     resumed = cli(*args, "paths.root_dir=" + str(tmp_path / "b"))  # the same run dir: the debug key names no run
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr + resumed.stdout
 
     a, b = final_adapter(straight), final_adapter(run)
-    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert a.keys() == b.keys()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     for step in (2, 4):
         results = json.loads((straight / "eval" / f"step_{step}" / "results.json").read_text())
-        assert results["stage"] == "sepo" and results["step"] == step
+        assert results["stage"] == "sepo"
+        assert results["step"] == step
     assert json.loads((straight / "eval" / "step_4" / "results.json").read_text())["checkpoint"] == "final"
 
     # per-step training metrics reached W&B (offline) and read back
@@ -223,10 +225,12 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before_it(cli, tmp_path):
     resumed = cli(*args, "paths.root_dir=" + str(tmp_path / "b"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = resumed.stdout + resumed.stderr
-    assert f"checkpoint {run / 'checkpoints' / 'step_2'} does not load" in log and "step_1 (step 1)" in log
+    assert f"checkpoint {run / 'checkpoints' / 'step_2'} does not load" in log
+    assert "step_1 (step 1)" in log
     (a,) = [final_adapter(r) for r in run_dirs(tmp_path / "a", "DONE")]
     b = final_adapter(run)
-    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert a.keys() == b.keys()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
 def test_the_importance_ratio_is_one_on_a_fresh_batch(setup):
@@ -257,7 +261,8 @@ def test_fallback_decisions_are_trained_on_the_tokens_the_policy_sampled(setup):
     for d in fallbacks:
         assert policy.tokenizer.decode(d.tokens.gen_ids.tolist(), skip_special_tokens=True) == d.text
         assert d.tokens.prompt_ids.tolist() == policy.render(requests[id(d)].messages)  # not the re-ask prompt
-        assert len(d.tokens.logprobs) == len(d.tokens.gen_ids) and not d.parsed
+        assert len(d.tokens.logprobs) == len(d.tokens.gen_ids)
+        assert not d.parsed
 
 
 def test_beta_zero_skips_the_reference_pass_and_changes_nothing_else(setup, monkeypatch):
@@ -267,7 +272,8 @@ def test_beta_zero_skips_the_reference_pass_and_changes_nothing_else(setup, monk
     batch = collect(cfg, s, game, policy)
     calls = []
     monkeypatch.setattr(model, "disable_adapter", lambda: calls.append(1))
-    assert reference_logprobs(model, policy, batch, s) is None and not calls
+    assert reference_logprobs(model, policy, batch, s) is None
+    assert not calls
     monkeypatch.undo()
     grads = []
     for ref in (None, reference_logprobs(model, policy, batch, OmegaConf.merge(s, {"beta": 0.01}))):
@@ -350,7 +356,8 @@ def test_step_benchmark_reports_a_breakdown_that_adds_up(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["decisions"] == 3 * 2 * 2  # three pools of one opponent, n = 2, two rounds: all trained
-    assert result["tokens"] > 0 and result["seconds_per_step"] > 0
+    assert result["tokens"] > 0
+    assert result["seconds_per_step"] > 0
     parts = result["breakdown"]
     assert {"prompt_processing", "decoding", "sampling", "stopping", "reference_logprobs", "backward"} <= set(parts)
     # a partition, not a timing tolerance: the exclusive sections and what none claimed add up to the
@@ -361,4 +368,5 @@ def test_step_benchmark_reports_a_breakdown_that_adds_up(tmp_path):
     # packing), and its backward carries as much matmul work as its forward (LoRA: the base is frozen)
     work = result["gflop_per_step"]
     assert work["update_forward"] == work["reference_logprobs"] == work["backward"] > 0
-    assert result["matmul_gflops"] > 0 and set(result["share_of_matmul"]) <= set(parts)
+    assert result["matmul_gflops"] > 0
+    assert set(result["share_of_matmul"]) <= set(parts)

@@ -105,10 +105,14 @@ def example(shared_cache):
 # --------------------------------------------------------------------------- settings and data
 def test_model_sft_block_is_merged_over_the_sft_node(compose_cfg):
     s = sft_settings(compose_cfg("stage=sft", "model=tiny"))
-    assert s.full_finetune is True and s.lr == pytest.approx(2e-3)  # the tiny model's own defaults
-    assert s.max_length == 512 and s.warmup_ratio == 0.05 and s.dataset == "multi"  # the sft node's
+    assert s.full_finetune is True
+    assert s.lr == pytest.approx(2e-3)  # the tiny model's own defaults
+    assert s.max_length == 512
+    assert s.warmup_ratio == 0.05
+    assert s.dataset == "multi"  # the sft node's
     s = sft_settings(compose_cfg("stage=sft", "model=tiny", "sft.lr=1e-4", "sft.max_examples=32"))
-    assert s.lr == pytest.approx(1e-4) and s.max_examples == 32  # a command-line override wins over model.sft
+    assert s.lr == pytest.approx(1e-4)
+    assert s.max_examples == 32  # a command-line override wins over model.sft
     s = sft_settings(compose_cfg("stage=sft", "model=qwen", "game=kuhn"))
     assert (s.lora.r, s.lora.alpha, s.lora.dropout, s.lr, s.per_device_batch_size, s.grad_accum, s.epochs) == (
         32,
@@ -119,7 +123,8 @@ def test_model_sft_block_is_merged_over_the_sft_node(compose_cfg):
         4,
         3,
     )
-    assert s.lora.target_modules == model_cfg("qwen").lora.target_modules and s.dataset == "kuhn"
+    assert s.lora.target_modules == model_cfg("qwen").lora.target_modules
+    assert s.dataset == "kuhn"
     assert sft_settings(compose_cfg("stage=sft", "model=qwen", "game=neg_v2")).dataset == "neg_gt"
     with pytest.raises(ConfigError, match=r"model\.sft\.learning_rate is not an SFT setting"):
         sft_settings(compose_cfg("stage=sft", "model=tiny", "+model.sft.learning_rate=1"))
@@ -133,7 +138,8 @@ def test_missing_dataset_is_generated_once_and_atomically(compose_cfg, tmp_path)
     assert sorted(p.name for p in ds.iterdir()) == ["manifest.json", "train.jsonl", "valid.jsonl"]
     assert [p.name for p in (tmp_path / "data").iterdir()] == ["kuhn"]  # no temporary directory left behind
     stamp = (ds / "train.jsonl").stat().st_mtime_ns
-    assert ensure_dataset(cfg, "kuhn", tmp_path / "data") == ds and (ds / "train.jsonl").stat().st_mtime_ns == stamp
+    assert ensure_dataset(cfg, "kuhn", tmp_path / "data") == ds
+    assert (ds / "train.jsonl").stat().st_mtime_ns == stamp
     assert {ex["game"] for ex in read_examples(ds / "train.jsonl")} == {"kuhn"}
     # data made with other datagen settings (e.g. a smoke run's few episodes) is never reused silently
     with pytest.raises(ConfigError, match="episodes_per_opponent: 2 there, 5 now"):
@@ -154,7 +160,8 @@ def test_loss_mask_covers_only_the_answer_and_end_of_turn(name, arch_dirs, examp
     assert [lab for lab in labels if lab != -100] == trained
     assert tok.decode(trained) == answer + END_OF_TURN[name]
     n_prompt = labels.index(next(lab for lab in labels if lab != -100))
-    assert all(lab == -100 for lab in labels[:n_prompt]) and all(lab != -100 for lab in labels[n_prompt:])
+    assert all(lab == -100 for lab in labels[:n_prompt])
+    assert all(lab != -100 for lab in labels[n_prompt:])
     from sepo.models import render_chat
 
     assert tok.decode(ids[:n_prompt]) == render_chat(tok, cfg, example["messages"][:-1])  # the generation prompt
@@ -162,9 +169,9 @@ def test_loss_mask_covers_only_the_answer_and_end_of_turn(name, arch_dirs, examp
     # too long: the prompt loses its start, the answer stays whole
     short = ChatSFTCollator(tok, cfg, len(trained) + 5, end_of_turn_ids(model, tok))
     ids2, labels2 = short.encode(example["messages"])
-    assert (
-        len(ids2) == len(trained) + 5 and ids2[-len(trained) :] == trained and ids2[:5] == ids[n_prompt - 5 : n_prompt]
-    )
+    assert len(ids2) == len(trained) + 5
+    assert ids2[-len(trained) :] == trained
+    assert ids2[:5] == ids[n_prompt - 5 : n_prompt]
     assert labels2 == [-100] * 5 + trained
 
     batch = collator([example, {"messages": example["messages"][:1] + [example["messages"][-1]]}])
@@ -172,7 +179,8 @@ def test_loss_mask_covers_only_the_answer_and_end_of_turn(name, arch_dirs, examp
     assert batch["attention_mask"][1].sum() < batch["attention_mask"][0].sum()
     assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()  # padding is never trained on
     if name == "gemma4":
-        assert not batch["mm_token_type_ids"].any() and batch["mm_token_type_ids"].shape == batch["input_ids"].shape
+        assert not batch["mm_token_type_ids"].any()
+        assert batch["mm_token_type_ids"].shape == batch["input_ids"].shape
     else:
         assert set(batch) == {"input_ids", "attention_mask", "labels"}
 
@@ -244,7 +252,8 @@ def test_fast_batches_give_the_plain_loss_and_gradients(name, share, min_shared,
     trained = int(plain["labels"][:, 1:].ne(-100).sum())
     assert int(fast["labels"].ne(-100).sum()) == trained  # the Trainer's token count is unchanged
     if share and min_shared == 16:  # three games' rules: three shared groups (the odd row in a plain one)
-        assert len(fast["groups"]) >= 3 and sum("prefix_ids" in g for g in fast["groups"]) >= 3
+        assert len(fast["groups"]) >= 3
+        assert sum("prefix_ids" in g for g in fast["groups"]) >= 3
     if share and min_shared == 150:
         assert min(g["input_ids"].shape[1] for g in fast["groups"]) < fast["labels"].shape[1]
     assert sorted(torch.cat([g["rows"] for g in fast["groups"]]).tolist()) == list(range(len(mixed_examples)))
@@ -273,7 +282,8 @@ def test_prefix_groups_cover_every_row_once_and_keep_its_answer_positions():
     for members, p in groups:
         assert all(rows[m][:p] == rows[members[0]][:p] and p <= limits[m] for m in members)
     assert prefix_groups(rows, limits, 4) == [([0, 3], 2), ([1], 2), ([2], 3), ([4], 2)]
-    assert first_predicted([-100, -100, 5, 6]) == 1 and first_predicted([-100, -100]) == 1
+    assert first_predicted([-100, -100, 5, 6]) == 1
+    assert first_predicted([-100, -100]) == 1
     # the batch: targets of the kept logits are the labels shifted by one, rows aligned on the right
     batch = SFTBatchCollator(0, True, 3)(
         [{"ids": r, "labels": [-100] * (lim + 1) + r[lim + 1 :]} for r, lim in zip(rows, limits)]
@@ -344,7 +354,8 @@ def test_fast_and_plain_training_follow_the_same_curve(compose_cfg, tmp_path, sh
         curves[mode] = ([float(r.split(",")[2]) for r in rows if r.split(",")[2]], metrics["valid_loss"])
     (plain, valid0), (fast, valid1) = curves["plain"], curves["fast"]
     assert len(plain) == len(fast) == 3
-    assert fast == pytest.approx(plain, abs=1e-4) and valid1 == pytest.approx(valid0, abs=1e-4)
+    assert fast == pytest.approx(plain, abs=1e-4)
+    assert valid1 == pytest.approx(valid0, abs=1e-4)
 
 
 # --------------------------------------------------------------------------- LoRA on the real architectures
@@ -364,7 +375,9 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
     tracker = RecordingTracker()
     run_sft(cfg, tracker)
     metrics = json.loads((tmp_path / "sft_metrics.json").read_text())
-    assert metrics["global_step"] == 2 and metrics["full_finetune"] is False and metrics["valid_loss"] > 0
+    assert metrics["global_step"] == 2
+    assert metrics["full_finetune"] is False
+    assert metrics["valid_loss"] > 0
     speed = metrics["throughput"]  # the training loop's rate, in examples and in their tokens
     assert speed["tokens_per_s"] == pytest.approx(speed["examples_per_s"] * speed["mean_example_tokens"], rel=1e-3)
     assert 0 < speed["matmul_gflops"] < speed["machine_matmul_gflops"]  # beside the CPU's rate, measured in the run
@@ -379,7 +392,8 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
     regex = model_cfg(name).lora.target_modules
     base, _ = load_model_and_tokenizer(model_cfg(name, path=str(arch_dirs[name])), arch_dirs[name], device="cpu")
     expected = {n for n, m in base.named_modules() if isinstance(m, torch.nn.Linear) and re.fullmatch(regex, n)}
-    assert set(metrics["lora_modules"]) == expected and expected
+    assert set(metrics["lora_modules"]) == expected
+    assert expected
     with safe_open(str(tmp_path / "adapter" / "adapter_model.safetensors"), "pt") as f:
         keys = list(f.keys())
     adapted = {re.sub(r"\.lora_[AB]\.weight$", "", k).removeprefix("base_model.model.") for k in keys}
@@ -393,12 +407,14 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
     assert type(merged).__name__ == type(base).__name__
     base_sd, merged_sd = base.state_dict(), merged.state_dict()
     changed = {k for k in base_sd if not torch.equal(base_sd[k], merged_sd[k])}
-    assert changed and all(k.removesuffix(".weight") in expected for k in changed)
+    assert changed
+    assert all(k.removesuffix(".weight") in expected for k in changed)
     from sepo.stages.sft import generate_answers
 
     answers = generate_answers(merged, tok, model_cfg(name), [[{"role": "user", "content": "Your move?"}]] * 2, 2, 4)
     assert len(answers) == 2
-    assert (tmp_path / "training_curve.csv").exists() and (tmp_path / "training_curve.png").exists()
+    assert (tmp_path / "training_curve.csv").exists()
+    assert (tmp_path / "training_curve.png").exists()
 
 
 # --------------------------------------------------------------------------- the CLI and resume
@@ -424,15 +440,19 @@ def test_tiny_sft_through_the_cli_writes_every_output(cli, tmp_path, shared_cach
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p.parent for p in (tmp_path / "outputs").rglob("DONE")]
-    assert (run / "merged" / "model.safetensors").exists() and (run / "merged" / "tokenizer.json").exists()
+    assert (run / "merged" / "model.safetensors").exists()
+    assert (run / "merged" / "tokenizer.json").exists()
     assert not (run / "adapter").exists()  # tiny is fully fine-tuned: no adapter
     assert list((run / "checkpoints").glob("checkpoint-4"))
     results = json.loads((run / "eval" / "sft" / "results.json").read_text())
     assert (results["stage"], results["checkpoint"], results["step"], results["model"]) == ("sft", "final", 4, "tiny")
-    assert results["episodes"] == 2 * 10 and 0.0 <= results["metrics"]["parse_rate"] <= 1.0
+    assert results["episodes"] == 2 * 10
+    assert 0.0 <= results["metrics"]["parse_rate"] <= 1.0
     metrics = json.loads((run / "sft_metrics.json").read_text())
-    assert metrics["train_examples"] == 32 and metrics["agreement"]["examples"] == 8
-    assert 0.0 <= metrics["parse_rate"] <= 1.0 and 0.0 <= metrics["action_agreement"] <= 1.0
+    assert metrics["train_examples"] == 32
+    assert metrics["agreement"]["examples"] == 8
+    assert 0.0 <= metrics["parse_rate"] <= 1.0
+    assert 0.0 <= metrics["action_agreement"] <= 1.0
     assert metrics["eval"] == results["metrics"]
     header = (run / "training_curve.csv").read_text().splitlines()[0]
     assert header == "step,epoch,train_loss,valid_loss,learning_rate"
@@ -451,7 +471,8 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path,
     ]
     run_task(compose_cfg(*common, "sft.max_steps=4"))
     first = json.loads((tmp_path / "sft_metrics.json").read_text())
-    assert first["global_step"] == 4 and first["resumed_from_step"] is None
+    assert first["global_step"] == 4
+    assert first["resumed_from_step"] is None
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-3", "checkpoint-4"]
 
     # as after a crash at step 3: no DONE, the checkpoints up to step 3 on disk
@@ -461,7 +482,8 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path,
         run_task(compose_cfg(*common, "sft.max_steps=4", "sft.lr=1e-6"))
     run_task(compose_cfg(*common, "sft.max_steps=4", "resume=auto"))
     second = json.loads((tmp_path / "sft_metrics.json").read_text())
-    assert second["resumed_from_step"] == 3 and second["global_step"] == 4
+    assert second["resumed_from_step"] == 3
+    assert second["global_step"] == 4
     state = json.loads((tmp_path / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4
     train_steps = [e["step"] for e in state["log_history"] if "loss" in e]
@@ -476,7 +498,8 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(compose_cfg, tmp_path,
     (tmp_path / "DONE").unlink()
     run_task(compose_cfg(*common, "sft.max_steps=2", "resume=never"))  # never: old checkpoints are discarded
     third = json.loads((tmp_path / "sft_metrics.json").read_text())
-    assert third["resumed_from_step"] is None and third["global_step"] == 2
+    assert third["resumed_from_step"] is None
+    assert third["global_step"] == 2
 
 
 def test_a_share_of_the_run_as_save_steps_checkpoints_every_fifth(compose_cfg, tmp_path, shared_cache):
@@ -505,7 +528,8 @@ def test_default_tiny_sft_on_ipd_learns_the_demonstrators(tmp_path):
     from sft_tiny_ipd import run_benchmark
 
     figures = run_benchmark(tmp_path)
-    assert figures["parse_rate"] >= 0.95 and figures["action_agreement"] >= 0.80, figures
+    assert figures["parse_rate"] >= 0.95, figures
+    assert figures["action_agreement"] >= 0.80, figures
 
 
 def test_the_training_loops_matmul_work_counts_every_position_fed_in_its_mode():

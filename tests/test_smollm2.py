@@ -46,7 +46,8 @@ def smollm2(smollm2_dir):
 def test_the_build_is_a_plain_llama_checkpoint_cached_by_the_files_hash(smollm2_dir, smollm2):
     config = json.loads((smollm2_dir / "config.json").read_text())
     info = json.loads((smollm2_dir / BUILD_INFO).read_text())
-    assert config["model_type"] == "llama" and "quantization_config" not in config
+    assert config["model_type"] == "llama"
+    assert "quantization_config" not in config
     assert smollm2_dir.name == f"smollm2-{info['gguf_sha256'][:12]}"
     assert info["parameters"] == 134_515_008
     assert info["tokens"] == len(smollm2[1]) == 49_152
@@ -62,7 +63,8 @@ def test_chatml_prompt_and_stop_at_the_end_of_the_turn(smollm2):
         add_generation_prompt=True,
     )
     assert text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
-    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+    assert tokenizer.padding_side == "left"
+    assert tokenizer.pad_token is not None
     policy = LMPolicy(model, tokenizer, cfg, 0.0, 8, 0)
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in policy.eos_ids
 
@@ -162,9 +164,11 @@ def test_the_pipeline_runs_lora_sft_and_sepo_on_the_pretrained_model(cli, tmp_pa
     run = run.parent
     sft = json.loads((run / "sft" / "eval" / "sft" / "results.json").read_text())
     final = json.loads((run / "sepo" / "eval" / "step_2" / "results.json").read_text())
-    assert sft["model"] == final["model"] == "smollm2" and final["step"] == 2
+    assert sft["model"] == final["model"] == "smollm2"
+    assert final["step"] == 2
     assert "exploit_exact" in final["metrics"]  # Kuhn: the exact exploitability of the policy as it plays
     assert (run / "sft" / "merged" / "model.safetensors").exists()
     adapter = run / "sepo" / "adapter" / "adapter_model.safetensors"
-    assert adapter.exists() and adapter.stat().st_size < 50e6  # LoRA on q/k/v/o, not a copy of the model
+    assert adapter.exists()
+    assert adapter.stat().st_size < 50e6  # LoRA on q/k/v/o, not a copy of the model
     assert (run / "tables" / "table_kuhn.tex").exists()

@@ -95,7 +95,8 @@ def test_deltas_are_paired_by_seed_at_each_runs_validation_chosen_checkpoint(tmp
     sepo_run(tmp_path, "po1", 1, zero, [(20, metrics(3.0, 3.0, 0.0, 0.0, -1.0), -1.0)])
 
     ipd = summarise(tmp_path)["ipd"]
-    assert ipd["checkpoints"] == {"0": "step_10", "1": "final"} and ipd["seeds"] == [0, 1]
+    assert ipd["checkpoints"] == {"0": "step_10", "1": "final"}
+    assert ipd["seeds"] == [0, 1]
 
     def j(pay, exploit, collusion, ext):
         return S * pay - LAMBDAS_TRAIN["e"] * S * exploit - LAMBDAS_TRAIN["c"] * collusion - LAMBDAS_TRAIN["x"] * ext
@@ -171,4 +172,5 @@ def test_without_a_base_row_the_base_keys_are_empty(tmp_path):
     (tmp_path / "sft" / "DONE").write_text("{}\n")
     sepo_run(tmp_path, "sepo0", 0, LAMBDAS_TRAIN, [(20, metrics(2.5, 0.25, 0.0, 0.1, 1.5), 1.5)])
     ipd = summarise(tmp_path)["ipd"]
-    assert ipd["delta_safety_vs_base"]["n"] == 0 and "delta_exploit_sft_vs_base" not in ipd
+    assert ipd["delta_safety_vs_base"]["n"] == 0
+    assert "delta_exploit_sft_vs_base" not in ipd

@@ -49,22 +49,27 @@ def test_parallel_jobs_share_the_cores_and_the_users_setting_wins(cli, tmp_path,
 def test_failed_job_is_isolated_and_relaunch_skips_done_jobs(cli, tmp_path):
     args = ["-m", *LAUNCHERS["local"], *CHEAP, "model.strategy=TFT,Grim,NotAStrategy"]
     first = cli(*args)
-    assert first.returncode == 1 and "2 done, 1 failed, 0 skipped" in first.stdout  # a failed job fails the sweep
+    assert first.returncode == 1
+    assert "2 done, 1 failed, 0 skipped" in first.stdout  # a failed job fails the sweep
     failed = summary(tmp_path)["failed"]
-    assert len(failed) == 1 and "NotAStrategy" in failed[0]
+    assert len(failed) == 1
+    assert "NotAStrategy" in failed[0]
     results_before = {p: p.stat().st_mtime_ns for p in (tmp_path / "outputs").rglob("results.json")}
 
     second = cli(*args)
-    assert second.returncode == 1 and "0 done, 1 failed, 2 skipped" in second.stdout
+    assert second.returncode == 1
+    assert "0 done, 1 failed, 2 skipped" in second.stdout
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "outputs").rglob("results.json")} == results_before
 
 
 def test_a_sweep_whose_every_job_fails_exits_1_and_one_that_skips_exits_0(cli, tmp_path):
     bad = cli("-m", *CHEAP, "game=ipd,kuhn", "seed=-1")
-    assert bad.returncode == 1 and "0 done, 2 failed, 0 skipped" in bad.stdout
+    assert bad.returncode == 1
+    assert "0 done, 2 failed, 0 skipped" in bad.stdout
     cli("-m", *CHEAP, "game=ipd")
     again = cli("-m", *CHEAP, "game=ipd")
-    assert again.returncode == 0 and "0 done, 0 failed, 1 skipped" in again.stdout
+    assert again.returncode == 0
+    assert "0 done, 0 failed, 1 skipped" in again.stdout
 
 
 @pytest.mark.slow
@@ -94,7 +99,8 @@ def test_a_killed_job_fails_alone_and_the_summary_says_which(cli, tmp_path):
         "hydra.job.config.override_dirname.exclude_keys=[seed,logger]",  # the kill hook names its dir here
         env={"OMP_NUM_THREADS": "1"},
     )
-    assert proc.returncode == 1 and "1 done, 1 failed, 0 skipped" in proc.stdout, proc.stdout[-2000:]
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "1 done, 1 failed, 0 skipped" in proc.stdout, proc.stdout[-2000:]
     assert "Traceback" not in proc.stderr
     (failed,) = summary(tmp_path)["failed"]
     assert "ended without a marker" in failed

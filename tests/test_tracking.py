@@ -23,7 +23,8 @@ def test_offline_run_records_metrics_config_and_tags(cli, tmp_path):
     ).stdout
     record = json.loads(out)
     results = json.loads((run / "results.json").read_text())
-    assert record["state"] == "finished" and record["name"] == "eval-ipd-scripted-s42"
+    assert record["state"] == "finished"
+    assert record["name"] == "eval-ipd-scripted-s42"
     assert set(record["tags"]) == {"game:ipd", "model:scripted", "stage:eval"}
     assert record["summary"]["eval/exploit"] == pytest.approx(results["metrics"]["exploit"])
     assert record["summary"]["eval/safety"] == pytest.approx(results["metrics"]["safety"])

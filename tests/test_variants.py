@@ -29,7 +29,8 @@ def test_an_eval_lambda_sweep_gives_one_row_per_lambda_with_its_own_value(cli, t
     for path in sweep.rglob("results.json"):
         data = json.loads(path.read_text())
         safety[data["lambdas"]["e"]] = data["metrics"]["safety"]
-    assert set(safety) == {0.0, 2.0} and safety[0.0] != safety[2.0]
+    assert set(safety) == {0.0, 2.0}
+    assert safety[0.0] != safety[2.0]
     proc = subprocess.run(
         [sys.executable, "-m", "analysis.tables", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
@@ -96,11 +97,13 @@ def test_runs_that_differ_in_more_than_their_seeds_are_cells_of_their_own(lr_swe
     assert collect.variants_of(c, "ipd", "tiny", "sepo") == ["sepo.lr=0.001", "sepo.lr=0.01"]
     for lr, seeds in values.items():
         cell = collect.best_sepo(c, "ipd", "tiny", variant=f"sepo.lr={lr}")
-        assert cell["runs"] == 2 and cell["safety"] == pytest.approx(sum(seeds) / 2)  # seeds averaged, lrs not
+        assert cell["runs"] == 2
+        assert cell["safety"] == pytest.approx(sum(seeds) / 2)  # seeds averaged, lrs not
     # the SEPO runs' own sft.lr is not a setting of theirs: the SFT they start from (its record) is
     assert collect.variants_of(c, "ipd", "tiny", "sft") == [""]
     latex = tables.game_table(df, c, "ipd")
-    assert "SEPO (sepo.lr=0.001, final)" in latex and "SEPO (sepo.lr=0.01, final)" in latex
+    assert "SEPO (sepo.lr=0.001, final)" in latex
+    assert "SEPO (sepo.lr=0.01, final)" in latex
     out = summary.summarise(root)
     assert set(out) == {"ipd (sepo.lr=0.001)", "ipd (sepo.lr=0.01)"}
     got = out["ipd (sepo.lr=0.01)"]["delta_safety_vs_sft"]["mean"]
@@ -123,7 +126,8 @@ def test_a_sepo_from_another_sft_is_another_variant(lr_sweep):
     )
     c = collect.cells(collect.collect_dir(root))
     labels = collect.variants_of(c, "ipd", "tiny", "sepo")
-    assert "sepo.lr=0.001, sft.lr=0.0005" in labels and "sepo.lr=0.001, sft.lr=0.002" in labels
+    assert "sepo.lr=0.001, sft.lr=0.0005" in labels
+    assert "sepo.lr=0.001, sft.lr=0.002" in labels
 
 
 def test_unfinished_runs_are_marked_in_every_table(tmp_path):
@@ -133,13 +137,16 @@ def test_unfinished_runs_are_marked_in_every_table(tmp_path):
     c = collect.cells(df)
     latex = tables.game_table(df, c, "ipd")
     (line,) = [row for row in latex.splitlines() if row.startswith("SEPO")]
-    assert tables.UNFINISHED in line and "unfinished" in latex
+    assert tables.UNFINISHED in line
+    assert "unfinished" in latex
     assert tables.UNFINISHED not in [row for row in latex.splitlines() if row.startswith("SFT")][0]
     assert tables.UNFINISHED in tables.degradation_table(df, c)
 
 
 def test_what_is_a_setting():
-    assert variants.is_seed("sepo.seed") and variants.is_seed("generation_seed") and variants.is_seed("seed")
+    assert variants.is_seed("sepo.seed")
+    assert variants.is_seed("generation_seed")
+    assert variants.is_seed("seed")
     assert not variants.is_seed("sepo.seeds_per_step")
     settings = {"stage.name": "sft", "sft.lr": 1, "sepo.lr": 2, "lambdas.train.e": 3, "logger.mode": "x", "seed": 4}
     assert variants.identity(settings, "sft", None) == {"sft.lr": "1"}

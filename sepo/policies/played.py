@@ -35,8 +35,8 @@ import numpy as np
 from sepo.games.base import holds_action
 from sepo.policies.base import DecisionRequest
 
-#: `policy` below is an `LMPolicy` and `answer` its `Answer` (sepo/policies/lm.py, which uses this
-#: module: it is not imported here, so that imports go one way)
+# `policy` below is an `LMPolicy` and `answer` its `Answer` (sepo/policies/lm.py, which uses this
+# module: it is not imported here, so that imports go one way)
 
 
 @dataclass

@@ -76,8 +76,6 @@ from sepo.trees import leaves
 
 log = logging.getLogger(__name__)
 
-#: Substrings of module names that must never receive LoRA weights (docs/spec.md §4).
-
 
 # --------------------------------------------------------------------------- settings
 def model_settable_keys() -> list[str]:

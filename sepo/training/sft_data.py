@@ -243,34 +243,9 @@ def generate_dataset(
     episodes_per_opponent: int | None = None,
     num_opponents: int = 5,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Generate one dataset in memory (the SFT stage can call this to make data on demand)."""
+    """Generate one dataset in memory: what `run_datagen` writes, and what the SFT stage generates when its data is missing."""
     by_game = {cfg.name: generate_game_examples(cfg, seed, episodes_per_opponent, num_opponents) for cfg in game_cfgs}
     return build_dataset(name, by_game, seed, valid_fraction, per_game_cap)
-
-
-def dataset_from_cfg(cfg: DictConfig, name: str) -> dict[str, list[dict[str, Any]]]:
-    """Dataset `name` exactly as `run_datagen` writes it for this config, in memory (SFT on demand)."""
-    dc = cfg.datagen
-    if name not in dc.dataset_games:
-        raise ConfigError(f"datagen.dataset_games has no dataset {name!r}; allowed: {', '.join(dc.dataset_games)}")
-    game_cfgs = [load_game_cfg(g, cfg.game) for g in dc.dataset_games[name]]
-    return generate_dataset(
-        name,
-        game_cfgs,
-        int(dc.seed),
-        float(dc.valid_fraction),
-        (dc.get("per_game_cap") or {}).get(name),
-        dc.episodes_per_opponent,
-        int(dc.num_opponents),
-    )
-
-
-def dataset_of_game(cfg: DictConfig, game: str) -> str:
-    """The first dataset of `datagen.datasets` built from `game` (ipd -> multi, kuhn -> kuhn, ...)."""
-    for name in cfg.datagen.datasets:
-        if game in cfg.datagen.dataset_games[name]:
-            return name
-    raise ConfigError(f"datagen.datasets: no dataset is built from game {game!r}; see datagen.dataset_games")
 
 
 # ------------------------------------------------------------------------------ files
