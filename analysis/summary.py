@@ -39,6 +39,7 @@ import pandas as pd
 
 from analysis import collect, variants
 from analysis.collect import GAMES, PAYOFF_ONLY, ordered
+from sepo.metrics import mean_se
 
 KEYS = (
     "delta_j_train_vs_sft",
@@ -49,14 +50,14 @@ KEYS = (
 )
 
 
-def mean_se(values: list[float]) -> dict[str, float | int | None]:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    n = len(values)
-    if n == 0:
-        return {"mean": None, "se": None, "n": 0}
-    mean = sum(values) / n
-    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else None
-    return {"mean": round(mean, 4), "se": None if se is None else round(se, 4), "n": n}
+def over_seeds(values: list[float | None]) -> dict[str, float | int | None]:
+    """`sepo.metrics.mean_se` as a summary.json entry: mean, SE (None for one seed) and n, to 4 places."""
+    m = mean_se(values)
+    return {"mean": _round(m.mean), "se": _round(m.se), "n": m.n}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def objective(run_dir: Path) -> dict[str, float]:
@@ -118,7 +119,7 @@ def deltas(
         if base is not None:
             rows["delta_safety_vs_base"][seed] = point["safety"] - base["safety"]
     return {
-        k: {**mean_se(list(v.values())), "per_seed": {str(s): round(float(x), 4) for s, x in v.items()}}
+        k: {**over_seeds(list(v.values())), "per_seed": {str(s): round(float(x), 4) for s, x in v.items()}}
         for k, v in rows.items()
     } | {"seeds": sorted(sepo)}
 
@@ -133,7 +134,7 @@ def sft_degradation(sft_runs: pd.DataFrame, base: pd.Series) -> dict[str, Any]:
     """exploit, SFT - Base: over SFT runs where there are several, else one run's with its episodes' SE."""
     differences = [float(exploit_of(run) - exploit_of(base)) for _, run in sft_runs.iterrows()]
     if len(differences) > 1:
-        return {**mean_se(differences), "se_from": "runs"}
+        return {**over_seeds(differences), "se_from": "runs"}
     ses = [exploit_se_of(sft_runs.iloc[0]), exploit_se_of(base)]
     se = None if None in ses else round(math.sqrt(ses[0] ** 2 + ses[1] ** 2), 4)
     return {"mean": round(differences[0], 4), "se": se, "n": 1, "se_from": "episodes"}
@@ -152,8 +153,8 @@ def arm_level(runs: dict) -> dict[str, Any]:
     """An arm's exploit and safety at each seed's chosen checkpoint: mean and SE over seeds."""
     points = [runs[s]["best"] for s in sorted(runs)]
     return {
-        "exploit": mean_se([float(exploit_of(p)) for p in points]),
-        "safety": mean_se([float(p["safety"]) for p in points]),
+        "exploit": over_seeds([float(exploit_of(p)) for p in points]),
+        "safety": over_seeds([float(p["safety"]) for p in points]),
     }
 
 
@@ -172,9 +173,9 @@ def levels(base: pd.Series | None, sft: pd.Series, sepo: dict, payoff_only: dict
 def stability(sepo: dict) -> dict[str, Any]:
     """Does the run hold what it reached? Safety at the chosen checkpoint against the final one."""
     seeds = sorted(sepo)
-    chosen = mean_se([float(sepo[s]["best"]["safety"]) for s in seeds])
-    final = mean_se([float(sepo[s]["final"]["safety"]) for s in seeds])
-    gap = mean_se([float(sepo[s]["final"]["safety"] - sepo[s]["best"]["safety"]) for s in seeds])
+    chosen = over_seeds([float(sepo[s]["best"]["safety"]) for s in seeds])
+    final = over_seeds([float(sepo[s]["final"]["safety"]) for s in seeds])
+    gap = over_seeds([float(sepo[s]["final"]["safety"] - sepo[s]["best"]["safety"]) for s in seeds])
     held = None if gap["se"] is None else bool(gap["mean"] >= -gap["se"])
     return {"chosen_safety": chosen, "final_safety": final, "final_minus_chosen": gap, "final_holds_chosen": held}
 

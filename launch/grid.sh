@@ -3,4 +3,4 @@
 # every table. See launch/README.md. Usage: launch/grid.sh [--dry-run] [hydra overrides]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-exec "${PYTHON:-python}" launch/run_experiment.py paper_grid "$@"
+exec "${PYTHON:-python}" -m launch.run_experiment paper_grid "$@"

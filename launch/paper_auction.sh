@@ -2,4 +2,4 @@
 # The paper's auction table(s): see launch/README.md. Usage: launch/paper_auction.sh [--dry-run] [hydra overrides]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-exec "${PYTHON:-python}" launch/run_experiment.py paper_auction "$@"
+exec "${PYTHON:-python}" -m launch.run_experiment paper_auction "$@"

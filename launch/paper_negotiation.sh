@@ -4,5 +4,5 @@
 # Usage: launch/paper_negotiation.sh [--dry-run] [hydra overrides]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-"${PYTHON:-python}" launch/run_experiment.py paper_negotiation "$@"
-exec "${PYTHON:-python}" launch/run_experiment.py paper_negotiation model=qwen game=neg_v1 "$@"
+"${PYTHON:-python}" -m launch.run_experiment paper_negotiation "$@"
+exec "${PYTHON:-python}" -m launch.run_experiment paper_negotiation model=qwen game=neg_v1 "$@"

@@ -1,6 +1,6 @@
 """Run paper experiments as sweeps: `python main.py -m +experiment=<name> +launch=slurm`, then the tables.
 
-    python launch/run_experiment.py paper_ipd [paper_kuhn ...] [--dry-run] [--launch slurm|submitit_local|local]
+    python -m launch.run_experiment paper_ipd [paper_kuhn ...] [--dry-run] [--launch slurm|submitit_local|local]
                                     [--no-tables] [hydra overrides, e.g. hydra.launcher.partition=gpu]
 
 The shell scripts beside this file are one-line wrappers (one per paper table, `grid.sh` for all).
@@ -22,24 +22,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def experiment_jobs(experiment: str, launch: str, overrides: list[str]) -> tuple[str, list[list[str]]]:
     """(sweep_name, one override list per job) exactly as Hydra's basic sweeper expands them."""
-    from hydra import compose, initialize_config_dir
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    import sepo.cli  # noqa: F401  (registers the run_name resolver)
-    from sepo.paths import CONF_DIR
+    from sepo.compose import compose_config
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            config_name="config",
-            overrides=[f"+experiment={experiment}", f"+launch={launch}", *overrides],
-            return_hydra_config=True,
-        )
+    cfg = compose_config([f"+experiment={experiment}", f"+launch={launch}", *overrides], with_hydra=True)
     params = dict(cfg.hydra.sweeper.get("params") or {})
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
     swept = [f"{k}={v}" for k, v in params.items() if k not in given]

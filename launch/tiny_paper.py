@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
 #: game -> the game whose SFT run it starts from (the paper trains `multi` once for IPD, auction, neg_v1)

@@ -4,4 +4,4 @@
 # [--seeds 0,1,2] [--jobs 2] [--tables-anyway] [hydra overrides]. See launch/tiny_paper.py.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-exec "${PYTHON:-python}" launch/tiny_paper.py "$@"
+exec "${PYTHON:-python}" -m launch.tiny_paper "$@"

@@ -7,7 +7,6 @@ multi-line report.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import warnings
@@ -16,28 +15,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from sepo.compose import compose_config
 from sepo.paths import CONF_DIR, can_hold_outputs
 from sepo.trees import dotted_keys
-
-#: longest run-dir name kept verbatim; file systems allow 255 bytes per path component
-MAX_RUN_NAME = 150
-
-
-def _run_name(override_dirname: str) -> str:
-    """Run-dir name from the overrides: `default` when there are none, `/` made path-safe.
-
-    Long override lists are cut and suffixed with a hash of the whole list, so the name stays
-    unique, stable across re-launches, and within the file system's limit.
-    """
-    name = override_dirname.replace("/", "_") or "default"
-    if len(name.encode()) <= MAX_RUN_NAME:
-        return name
-    digest = hashlib.sha1(name.encode()).hexdigest()[:12]
-    return name.encode()[: MAX_RUN_NAME - 13].decode(errors="ignore") + "-" + digest
-
-
-if not OmegaConf.has_resolver("run_name"):
-    OmegaConf.register_new_resolver("run_name", _run_name)
 
 
 def user_config_dirs(argv: list[str]) -> list[Path]:
@@ -122,8 +102,6 @@ def check_keys(argv: list[str]) -> str | None:
     the keys are those of the game, model, ... asked for. Hydra's own keys are left to Hydra."""
     import difflib
 
-    from hydra import compose, initialize_config_dir
-
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
     choices, keys = [], []
     for arg in argv:
@@ -135,8 +113,7 @@ def check_keys(argv: list[str]) -> str | None:
         else:
             keys.append(key)
     try:
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=choices)
+        cfg = compose_config(choices)
     except Exception:  # noqa: BLE001 (a composition problem of its own: Hydra reports it)
         return None
     known = dotted_keys(OmegaConf.to_container(cfg, resolve=False))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,12 +43,32 @@ class OpponentSummary:
     ext_se: float
 
 
-def _mean_se(values: Iterable[float]) -> tuple[float, float]:
-    v = np.asarray(list(values), dtype=float)
+class MeanSE(NamedTuple):
+    mean: float | None
+    se: float | None
+    n: int
+
+
+def mean_se(values: Iterable[float | None]) -> MeanSE:
+    """Mean and standard error (sample SD, ddof 1, over sqrt n) of the values that are numbers, and their n.
+
+    The one mean +- SE of the project: metrics over episodes, summaries over seeds, benchmarks over
+    repeats. None and NaN are dropped (a run that did not measure the key). `mean` is None for no values
+    and `se` None for one: a single value has no spread to estimate an error from, and an SE of 0 would
+    read as certainty."""
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    v = v[~np.isnan(v)]
     if v.size == 0:
-        return 0.0, 0.0
-    se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else 0.0
-    return float(v.mean()), se
+        return MeanSE(None, None, 0)
+    se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else None
+    return MeanSE(float(v.mean()), se, int(v.size))
+
+
+def _over_units(values: list[float]) -> tuple[float, float]:
+    """An opponent's mean and SE over its sampling units; 0 where there is nothing to measure them from
+    (results.json keeps numbers in every field)."""
+    m = mean_se(values)
+    return (m.mean if m.n else 0.0), (m.se or 0.0)
 
 
 def sampling_units(records: list[EpisodeRecord]) -> list[list[EpisodeRecord]]:
@@ -82,7 +102,7 @@ def summarise_opponent(game: Game, pool: str, name: str, records: list[EpisodeRe
         "ext": per_unit(game.externality),
     }
     (pay, pay_se), (opp, _), (adv, adv_se), (col, col_se), (ext, ext_se) = (
-        _mean_se(per_ep[k]) for k in ("pay", "opp", "adv", "col", "ext")
+        _over_units(per_ep[k]) for k in ("pay", "opp", "adv", "col", "ext")
     )
     return OpponentSummary(pool, name, pay, opp, adv, col, ext, len(records), pay_se, adv_se, col_se, ext_se)
 

@@ -1,4 +1,4 @@
-"""Where the seconds of a SEPO step go, for `python -m sepo.bench step` (sepo/benchmarks/step_profile.py) (issue: profile first).
+"""Where the seconds of a SEPO step go, for `python -m benchmarks step` (benchmarks/speed/step_profile.py) (issue: profile first).
 
 The training and acting code marks its phases with `section("name")`. Timing is off unless a
 benchmark switches it on (`profiled()`), so the marks cost one attribute check in normal runs.

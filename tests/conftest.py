@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-import sepo.cli  # noqa: F401  (registers the run_name resolver)
-from sepo.benchmarks.gpu import chat_tokenizer
+from benchmarks.gpu.full_size import chat_tokenizer
 from sepo.builders import load_model_and_tokenizer
 from sepo.builders.tiny import IM_END, build_tiny, padded_vocab
+from sepo.compose import compose_config
 from sepo.policies.lm import LMPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,11 +35,7 @@ def compose_cfg(tmp_path):
     """compose_cfg(*overrides) -> the composed DictConfig, writing into tmp_path."""
 
     def _compose(*overrides: str):
-        with initialize_config_dir(str(CONF), version_base="1.3"):
-            return compose(
-                "config",
-                overrides=[f"paths.output_dir={tmp_path}", f"paths.root_dir={tmp_path}", "logger=none", *overrides],
-            )
+        return compose_config([f"paths.output_dir={tmp_path}", f"paths.root_dir={tmp_path}", "logger=none", *overrides])
 
     return _compose
 

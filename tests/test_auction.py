@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from sepo.arena import play
+from sepo.compose import compose_config
 from sepo.config import PoolOverlapWarning, validate
 from sepo.games import make_game
 from sepo.games.auction import Auction
@@ -32,8 +32,7 @@ def game() -> Auction:
 
 
 def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=["game=auction", "logger=none", *overrides])
+    return compose_config(["game=auction", "logger=none", *overrides])
 
 
 def play_rounds(game, rows):

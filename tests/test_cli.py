@@ -94,14 +94,14 @@ def test_sweep_keeps_going_past_a_failed_job(cli, tmp_path):
 
 
 def test_long_override_lists_give_bounded_stable_run_names():
-    from sepo.cli import MAX_RUN_NAME, _run_name
+    from sepo.compose import MAX_RUN_NAME, run_name
 
     long = ",".join(f"game.pools.train=[TFT,Mixed,Grim,GenerousTFT]{i}" for i in range(10))
-    name = _run_name(long)
+    name = run_name(long)
     assert len(name.encode()) <= MAX_RUN_NAME
-    assert name == _run_name(long) != _run_name(long + "x")
-    assert _run_name("") == "default"
-    assert _run_name("a=b/c") == "a=b_c"
+    assert name == run_name(long) != run_name(long + "x")
+    assert run_name("") == "default"
+    assert run_name("a=b/c") == "a=b_c"
 
 
 def test_a_finished_run_is_reused_only_with_the_same_settings(cli, tmp_path):

@@ -139,12 +139,9 @@ PAPER_SETTINGS = {
 
 @pytest.mark.parametrize("preset", options("experiment"))
 def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
-    from hydra import compose, initialize_config_dir
+    from sepo.compose import compose_config
 
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose(
-            "config", overrides=[f"+experiment={preset}", f"paths.output_dir={tmp_path}"], return_hydra_config=True
-        )
+    cfg = compose_config([f"+experiment={preset}", f"paths.output_dir={tmp_path}"], with_hydra=True)
     choices = cfg.hydra.runtime.choices
     for group, option in EXPECTED_CHOICES[preset].items():
         assert choices[group] == option, (preset, group)

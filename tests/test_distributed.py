@@ -156,16 +156,11 @@ def test_a_submitit_job_of_two_tasks_is_one_data_parallel_run(tmp_path):
 
 
 def test_the_slurm_preset_asks_for_one_task_per_gpu():
-    from hydra import compose, initialize_config_dir
+    from sepo.compose import compose_config
 
-    from .conftest import CONF
-
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=["+launch=slurm_ddp", "hydra.launcher.gpus_per_node=4", "hydra.launcher.tasks_per_node=4"],
-            return_hydra_config=True,
-        )
+    cfg = compose_config(
+        ["+launch=slurm_ddp", "hydra.launcher.gpus_per_node=4", "hydra.launcher.tasks_per_node=4"], with_hydra=True
+    )
     launcher = cfg.hydra.launcher
     assert "SlurmLauncher" in launcher._target_
     assert launcher.gpus_per_node == launcher.tasks_per_node == 4

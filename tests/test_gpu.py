@@ -1,4 +1,4 @@
-"""The GPU benchmark (sepo/benchmarks/gpu.py) and the real architectures in bfloat16 on CUDA.
+"""The GPU benchmark (benchmarks/gpu/full_size.py) and the real architectures in bfloat16 on CUDA.
 
 Without a GPU the benchmark cannot run, so the CPU tests check what does not need one: the
 one-line refusal, the bandwidth-floor arithmetic, the full-size configs against the published
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from sepo.benchmarks import gpu as gpu_bench
+from benchmarks.gpu import full_size as gpu_bench
 from sepo.models import forward_extras, quantized_reference
 from sepo.training.logprobs import token_logprobs, token_logprobs_reference
 
@@ -60,7 +60,7 @@ def test_run_without_cuda_is_one_line_naming_cuda(monkeypatch):
 def test_command_line_without_cuda_exits_without_traceback():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no device visible, even on a GPU machine
     proc = subprocess.run(
-        [sys.executable, "-m", "sepo.bench", "gpu", "--model", "qwen"],
+        [sys.executable, "-m", "benchmarks", "gpu", "--model", "qwen"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -299,7 +299,7 @@ def test_a_part_that_breaks_leaves_the_others_figures(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_saved_random_checkpoint_runs_through_main_py(arch, cli, tmp_path):
-    """What a GPU session without downloads does at full size (benchmarks/gpu_session.sh), on the tiny shapes:
+    """What a GPU session without downloads does at full size (benchmarks/gpu/session.sh), on the tiny shapes:
     the real class saved with the tiny tokenizer in the model's own chat format, then a stage of main.py on it."""
     saved = gpu_bench.run(
         bench_args(

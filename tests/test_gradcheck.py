@@ -2,7 +2,7 @@
 
 A parametric scripted IPD agent runs through the same batch-building code as training
 (`BatchBuilder`); its mean estimated update is compared with central finite differences of the
-exact J (dynamic programming). `python -m sepo.bench gradcheck` runs the same check with more
+exact J (dynamic programming). `python -m benchmarks gradcheck` runs the same check with more
 batches and prints the table.
 """
 
@@ -11,10 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sepo.arena import play
-from sepo.games import make_game
-from sepo.strategies import make_strategy
-from sepo.training.gradcheck import (
+from benchmarks.estimator.finite_differences import (
     DEFAULT_POINTS,
     KINK_POINTS,
     estimate_update,
@@ -25,6 +22,9 @@ from sepo.training.gradcheck import (
     term_agrees,
     total_agrees,
 )
+from sepo.arena import play
+from sepo.games import make_game
+from sepo.strategies import make_strategy
 from sepo.training.objective import TERMS, sepo_settings
 
 from .conftest import ROOT
@@ -172,15 +172,15 @@ def test_the_first_round_trades_exploit_against_collusion(ipd, p0):
     assert -terms["c"] / 1.0 == pytest.approx((1 - p0) / 8, abs=1e-9)
 
 
-def last_json_line(benchmark: str, *args: str) -> dict:
-    """Runs benchmarks/<benchmark> on one thread; its last line of output, a JSON object."""
+def last_json_line(module: str, *args: str) -> dict:
+    """Runs `python -m <module>` (a benchmark) on one thread; its last line of output, a JSON object."""
     import json
     import os
     import subprocess
     import sys
 
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / benchmark), *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -192,7 +192,7 @@ def last_json_line(benchmark: str, *args: str) -> dict:
 
 
 def test_kuhn_with_the_best_responder_the_batch_update_follows_grad_j_and_j_descends_exploitability(tmp_path):
-    """benchmarks/kuhn_gradient.py at a generic table (seeded, probabilities in [0.15, 0.85]: the best
+    """benchmarks/kuhn/kuhn_gradient.py at a generic table (seeded, probabilities in [0.15, 0.85]: the best
     response is unique and no exploit opponent sits at its kink): the mean update over 300 batches
     agrees with the exact gradient of J coordinate by coordinate, and that gradient points down the
     exploitability, more so than without the best responder (0.72 against 0.51 here)."""
@@ -207,7 +207,14 @@ def test_kuhn_with_the_best_responder_the_batch_update_follows_grad_j_and_j_desc
 
     def run(*extra):
         return last_json_line(
-            "kuhn_gradient.py", "--results", str(results), *extra, "--batches", "300", "--variants", "return_to_go:4"
+            "benchmarks.kuhn.kuhn_gradient",
+            "--results",
+            str(results),
+            *extra,
+            "--batches",
+            "300",
+            "--variants",
+            "return_to_go:4",
         )
 
     with_br = run()
@@ -228,7 +235,7 @@ SFT_LIKE_TABLE = (0.15, 0.06, 0.09, 0.05, 0.05, 0.02, 0.53, 0.59, 0.98, 0.95, 0.
 
 
 def test_kuhn_descent_lowers_exploitability_through_the_batch_code(tmp_path):
-    """benchmarks/kuhn_descent.py: the 12-parameter table agent trained on fresh SEPO batches from an SFT-like
+    """benchmarks/kuhn/kuhn_descent.py: the 12-parameter table agent trained on fresh SEPO batches from an SFT-like
     table. With the best responder as the only exploit opponent, 80 batches at lr 0.1 take every seed below
     half the start (exploitability descent: Danskin, the response re-solved every 5 steps); with Kuhn's whole
     default pool 40 batches raise the exact J of every seed."""
@@ -241,7 +248,7 @@ def test_kuhn_descent_lowers_exploitability_through_the_batch_code(tmp_path):
 
     def run(steps, *extra):
         return last_json_line(
-            "kuhn_descent.py",
+            "benchmarks.kuhn.kuhn_descent",
             "--results",
             str(results),
             *extra,

@@ -12,8 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_LAYER = {"sepo.cli", "sepo.task", "sepo.config", "sepo.sweep", "sepo.tracking"}
-#: tools built on top of everything: `python -m sepo.bench` and the benchmarks it runs (sepo/benchmarks/)
-TOOLS = {"sepo.bench", "sepo.benchmarks"}
+#: research tools built on top of everything, outside the package: the benchmarks and studies (`python -m
+#: benchmarks ...`, `python -m benchmarks.<topic>.<script>`) and the launch scripts
+TOOLS = {"benchmarks", "launch"}
 
 
 def is_tool(module: str) -> bool:
@@ -28,7 +29,7 @@ def module_name(path: Path) -> str:
 
 
 def project_modules() -> dict[str, Path]:
-    return {module_name(p): p for top in ("sepo", "analysis") for p in (ROOT / top).rglob("*.py")}
+    return {module_name(p): p for top in ("sepo", "analysis", *TOOLS) for p in (ROOT / top).rglob("*.py")}
 
 
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
@@ -110,14 +111,15 @@ def test_the_sepo_loop_has_a_name_that_says_what_it_is():
 
 
 def test_nothing_but_the_tools_imports_the_benchmarks():
-    """The benchmarks sit beside the library: `sepo.bench` runs them, and no library, stage, run-layer or
-    analysis module imports them (deleting sepo/benchmarks/ leaves every run working)."""
+    """The benchmarks sit beside the package, not in it: no library, stage, run-layer or analysis module
+    imports them or the launch scripts (deleting benchmarks/ leaves every run working), and an installed
+    wheel carries none of them."""
     g = graph()
     users = sorted((m, n) for m, deps in g.items() for n in deps if is_tool(n) and not is_tool(m))
-    assert not users, f"imports of the benchmarks from outside them: {users}"
-    assert "sepo.benchmarks.gpu" in g
-    assert "sepo.gpu_bench" not in g
-    assert len((ROOT / "sepo" / "bench.py").read_text().splitlines()) <= 60, "sepo/bench.py is only a command line"
+    assert not users, f"imports of the tools from outside them: {users}"
+    assert "benchmarks.gpu.full_size" in g
+    assert not [m for m in g if m.startswith("sepo.") and "bench" in m], "no benchmark inside the package"
+    assert len((ROOT / "benchmarks" / "__main__.py").read_text().splitlines()) <= 60, "only a command line"
 
 
 def test_test_modules_share_fixtures_through_conftest_only():

@@ -519,7 +519,7 @@ def test_lm_eval_end_to_end_through_the_cli_on_every_game(cli, tmp_path, monkeyp
 def test_rollout_benchmark_runs_and_reports_json(tmp_path):
     env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [sys.executable, "-m", "sepo.bench", "rollout", "--episodes", "4", "--max-new-tokens", "4"],
+        [sys.executable, "-m", "benchmarks", "rollout", "--episodes", "4", "--max-new-tokens", "4"],
         cwd=ROOT,
         env=env,
         capture_output=True,

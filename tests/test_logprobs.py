@@ -143,7 +143,7 @@ def test_logprob_benchmark_chunked_uses_a_tenth_of_the_memory():
         [
             sys.executable,
             "-m",
-            "sepo.bench",
+            "benchmarks",
             "logprob",
             "--vocab",
             "65536",

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from sepo.arena import EpisodeRecord
 from sepo.games import Round, make_game
-from sepo.metrics import compute_metrics, nra_for
+from sepo.metrics import compute_metrics, mean_se, nra_for
 
 GAME = make_game(OmegaConf.load("conf/game/ipd.yaml"))
 L = {"e": 2.4, "c": 1.0, "x": 1.8}
@@ -104,3 +104,10 @@ def test_kuhn_standard_errors_are_over_mirrored_pairs():
     assert naive / s.pay_se > 1.6
     # unpaired games: each episode its own unit
     assert all(len(u) == 1 for u in sampling_units([ep("A", [(1, 1)]), ep("A", [(1, 1)], 1)]))
+
+
+def test_mean_se_is_the_sample_sd_over_root_n_and_says_when_it_has_no_spread():
+    assert mean_se([1.0, 2.0, 6.0]) == (3.0, pytest.approx(math.sqrt(7 / 3)), 3)  # SD sqrt(7), over sqrt(3)
+    assert mean_se([None, 2.0, float("nan"), 4.0]) == (3.0, 1.0, 2)  # what was not measured is left out
+    assert mean_se([5.0]) == (5.0, None, 1)  # one value: no error estimate, not an error of 0
+    assert mean_se([]) == (None, None, 0)

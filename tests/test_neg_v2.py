@@ -397,12 +397,10 @@ def test_proportional_never_breaks_down_with_fair_or_tft(game):
 
 # ----------------------------------------------------------------------------- config and CLI
 def test_full_config_validates_with_overlap_warning():
-    from hydra import compose, initialize_config_dir
-
+    from sepo.compose import compose_config
     from sepo.config import PoolOverlapWarning, validate
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["game=neg_v2", "stage=eval", "model=scripted", "logger=none"])
+    cfg = compose_config(["game=neg_v2", "stage=eval", "model=scripted", "logger=none"])
     assert cfg.lambdas.train == {"e": 3.0, "c": 2.0, "x": 1.8}
     assert cfg.lambdas.eval == {"e": 3.0, "c": 1.0, "x": 1.8}
     with warnings.catch_warnings(record=True) as caught:

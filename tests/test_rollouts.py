@@ -64,7 +64,7 @@ def test_a_group_shares_chance_events_seats_and_the_opponents_coin_flips(compose
 
 
 def test_rollouts_of_a_group_differ_only_by_the_agents_sampling(compose_cfg):
-    from sepo.training.gradcheck import make_agent
+    from benchmarks.estimator.finite_differences import make_agent
 
     cfg, builder, g = build(compose_cfg, "game=ipd")
     batch = builder.collect(g, make_agent("constant", (0.5,)), 0, EstimatorState())

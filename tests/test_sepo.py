@@ -322,7 +322,7 @@ def test_refresh_is_decided_on_the_kl_after_the_update(compose_cfg, tiny_cache, 
 
 
 def test_step_benchmark_reports_a_breakdown_that_adds_up(tmp_path):
-    """`python -m sepo.bench step`: the sections partition the measured wall time of a step."""
+    """`python -m benchmarks step`: the sections partition the measured wall time of a step."""
     import os
     import sys
 
@@ -333,7 +333,7 @@ def test_step_benchmark_reports_a_breakdown_that_adds_up(tmp_path):
         [
             sys.executable,
             "-m",
-            "sepo.bench",
+            "benchmarks",
             "step",
             "--steps",
             "1",

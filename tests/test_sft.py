@@ -3,7 +3,7 @@
 Everything runs on tiny random-weight models built offline (the tiny Qwen3-style model, and the tiny
 Gemma 4 / Qwen 3.5 checkpoints of tests/test_models.py), on data generated with few episodes.
 The learning check (tiny on IPD reaches the parse-rate and agreement targets) is marked slow;
-`python benchmarks/sft_tiny_ipd.py` runs the same thing as a script.
+`python -m benchmarks.speed.sft_tiny_ipd` runs the same thing as a script.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 
 import pytest
 import torch
@@ -40,7 +39,7 @@ from sepo.training.sft_batching import (
     token_cross_entropy,
 )
 
-from .conftest import ROOT, model_cfg
+from .conftest import model_cfg
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
@@ -86,17 +85,15 @@ def shared_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def example(shared_cache):
-    from hydra import compose, initialize_config_dir
+    from sepo.compose import compose_config
 
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=[
-                "paths.output_dir=/unused",
-                f"paths.cache_dir={shared_cache}",
-                "datagen.episodes_per_opponent=3",
-            ],
-        )
+    cfg = compose_config(
+        [
+            "paths.output_dir=/unused",
+            f"paths.cache_dir={shared_cache}",
+            "datagen.episodes_per_opponent=3",
+        ]
+    )
     ds = ensure_dataset(cfg, "multi", shared_cache / "data" / "seed_42")
     examples = read_examples(ds / "valid.jsonl")
     return next(ex for ex in examples if ex["game"] == "ipd" and ex["round"] >= 3)
@@ -200,17 +197,15 @@ def test_training_curve_rows_merge_train_and_valid_losses():
 @pytest.fixture(scope="module")
 def mixed_examples(shared_cache):
     """Validation examples of the three `multi` games, interleaved (a mixed batch, as the sampler makes them)."""
-    from hydra import compose, initialize_config_dir
+    from sepo.compose import compose_config
 
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=[
-                "paths.output_dir=/unused",
-                f"paths.cache_dir={shared_cache}",
-                "datagen.episodes_per_opponent=3",
-            ],
-        )
+    cfg = compose_config(
+        [
+            "paths.output_dir=/unused",
+            f"paths.cache_dir={shared_cache}",
+            "datagen.episodes_per_opponent=3",
+        ]
+    )
     examples = read_examples(ensure_dataset(cfg, "multi", shared_cache / "data" / "seed_42") / "valid.jsonl")
     by_game = {}
     for ex in examples:
@@ -524,8 +519,7 @@ def test_a_share_of_the_run_as_save_steps_checkpoints_every_fifth(compose_cfg, t
 # --------------------------------------------------------------------------- learning (slow)
 @pytest.mark.slow
 def test_default_tiny_sft_on_ipd_learns_the_demonstrators(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from sft_tiny_ipd import run_benchmark
+    from benchmarks.speed.sft_tiny_ipd import run_benchmark
 
     figures = run_benchmark(tmp_path)
     assert figures["parse_rate"] >= 0.95, figures

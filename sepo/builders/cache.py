@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sepo.errors import ModelLoadError
+from sepo.files import directory_written_atomically, move_aside
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +38,11 @@ def cached_build(out: Path, build: Callable[[Path], dict[str, Any]], what: str) 
             return out
         log.warning("the cached %s in %s is damaged (%s): rebuilding it", what, out, damage)
         discard(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with directory_written_atomically(out) as tmp:
         info = build(tmp)
         info["files"] = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by runs
-        try:
-            tmp.rename(out)
-        except OSError:
-            if not (out / BUILD_INFO).exists():
-                raise
-        log.info("built %s in %s", what, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built %s in %s", what, out)
     return out
 
 
@@ -83,14 +72,8 @@ def build_damage(out: Path) -> str | None:
 
 
 def discard(out: Path) -> None:
-    """Move a damaged build out of the way (atomically: a run loading it at the same time sees the old
-    dir or none), then delete it."""
-    aside = out.with_name(f".{out.name}-damaged-{time.time_ns()}")
-    try:
-        out.rename(aside)
-    except OSError:
-        return  # another run moved it first
-    shutil.rmtree(aside, ignore_errors=True)
+    """Move a damaged build out of the way (a run loading it at the same time sees the old dir or none)."""
+    move_aside(out, "damaged")
 
 
 def wait_for_build(out: Path, what: str, timeout_s: float = 900.0) -> Path:

@@ -29,7 +29,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -41,8 +40,7 @@ from omegaconf import DictConfig
 
 from sepo import distributed
 from sepo.builders import load_model_and_tokenizer
-from sepo.errors import Diverged, NonFiniteLogits, one_line
-from sepo.files import write_text_atomically
+from sepo.errors import Diverged, NonFiniteLogits
 from sepo.games import Game, make_game
 from sepo.models import attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
@@ -51,6 +49,7 @@ from sepo.profiling import gpu_peak_gib_since_last_call, section
 from sepo.stages.evaluate import evaluate_and_write, evaluation_policy
 from sepo.tracking import NO_TRACKING, NullTracker
 from sepo.training.best_response import BestResponseSchedule
+from sepo.training.checkpoints import load_checkpoint, save_checkpoint
 from sepo.training.divergence import check_step
 from sepo.training.logprobs import token_logprobs
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
@@ -235,103 +234,6 @@ def optimisation_step(
     optimizer.zero_grad(set_to_none=True)
     stats["skipped"] = float(not finite)
     return stats
-
-
-# ------------------------------------------------------------------------------ checkpoints
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            with path.open("rb") as f:
-                os.fsync(f.fileno())
-
-
-def save_checkpoint(
-    out: Path,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    policy: LMPolicy,
-    step: int,
-    batch_index: int,
-    estimator: EstimatorState,
-    best_response: BestResponseSchedule,
-) -> Path:
-    """Written into a temporary dir, synced, then renamed into place, and only then pointed at by
-    `latest`: a crash mid-write never leaves `latest` naming a half-written checkpoint."""
-    root = out / "checkpoints"
-    ckpt, tmp = root / f"step_{step}", root / f".step_{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "adapter")
-    torch.save(
-        {
-            "step": step,
-            "batch_index": batch_index,
-            "optimizer": optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "policy_rng": policy.generator.get_state(),
-        },
-        tmp / "train_state.pt",
-    )
-    (tmp / "estimator_state.json").write_text(json.dumps(estimator.to_dict()) + "\n")
-    best_response.save(tmp)
-    _fsync_tree(tmp)
-    shutil.rmtree(ckpt, ignore_errors=True)  # a re-run may write the same step again
-    os.replace(tmp, ckpt)
-    write_text_atomically(root / "latest", f"step_{step}\n")
-    return ckpt
-
-
-def read_checkpoint(ckpt: Path) -> dict[str, Any]:
-    """Every file of a checkpoint, read and parsed before anything is applied (so a damaged one changes nothing)."""
-    from safetensors.torch import load_file
-
-    return {
-        "adapter": load_file(ckpt / "adapter" / "adapter_model.safetensors"),
-        "train_state": torch.load(ckpt / "train_state.pt", weights_only=True),
-        "estimator": json.loads((ckpt / "estimator_state.json").read_text()),
-    }
-
-
-def checkpoints_newest_first(out: Path) -> list[Path]:
-    """`latest` first, then every other finished checkpoint by step, newest first."""
-    root = out / "checkpoints"
-    pointer = root / "latest"
-    named = [root / pointer.read_text().strip()] if pointer.exists() else []
-    steps = sorted(
-        (p for p in root.glob("step_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]), reverse=True
-    )
-    return named + [p for p in steps if p not in named]
-
-
-def load_checkpoint(
-    out: Path,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    policy: LMPolicy,
-    estimator: EstimatorState,
-    best_response: BestResponseSchedule,
-) -> tuple[int, int]:
-    """Restore the newest checkpoint that loads; returns (step, next batch index), or (0, 0) when there is none.
-
-    A damaged one (truncated file, missing part) is reported in one line with its path and skipped
-    for the one before it."""
-    from peft import set_peft_model_state_dict
-
-    for ckpt in checkpoints_newest_first(out):
-        try:
-            saved = read_checkpoint(ckpt)
-            best_response.load(ckpt)
-        except Exception as err:  # noqa: BLE001 (any damage: safetensors, pickle, JSON, a missing file)
-            log.warning("checkpoint %s does not load (%s); falling back to the one before it", ckpt, one_line(err))
-            continue
-        set_peft_model_state_dict(model, saved["adapter"])
-        state = saved["train_state"]
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        policy.generator.set_state(state["policy_rng"])
-        estimator.load(saved["estimator"])
-        log.info("resumed from %s (step %d)", ckpt, state["step"])
-        return int(state["step"]), int(state["batch_index"])
-    return 0, 0
 
 
 def evaluate_checkpoint(cfg: DictConfig, game: Game, model: Any, tokenizer: Any, step: int, final: bool) -> dict:

@@ -38,14 +38,12 @@ of one prompt prefix sorted by length, the prefix run once (same answers, less p
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import gc
 import json
 import logging
 import math
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,11 +56,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo import distributed
 from sepo.builders import load_model_and_tokenizer
-from sepo.errors import ConfigError, one_line
-from sepo.files import write_text_atomically
+from sepo.errors import ConfigError
+from sepo.files import directory_written_atomically, move_aside, write_text_atomically
 from sepo.models import attach_lora, forward_extras, lora_module_names, render_chat
 from sepo.profiling import matmul_gflops, matmul_parameters, positions_fed, training_gflop
 from sepo.tracking import NO_TRACKING, NullTracker, flatten
+from sepo.training.checkpoints import newest_loadable_trainer_checkpoint
 from sepo.training.divergence import check_step
 from sepo.training.sft_batching import (
     SFTBatchCollator,
@@ -162,10 +161,7 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
             return ds_dir
         # generated here from its settings, so it can be generated again, byte for byte
         log.warning("sft: the cached %s dataset in %s is damaged (%s): generating it again", dataset, ds_dir, damage)
-        aside = data_dir / f".{dataset}-damaged-{time.time_ns()}"
-        with contextlib.suppress(OSError):  # another job may have moved it first
-            ds_dir.rename(aside)
-        shutil.rmtree(aside, ignore_errors=True)
+        move_aside(ds_dir, "damaged")
     log.info(
         "sft: dataset %s missing under %s; generating it (games %s, seed %s)",
         dataset,
@@ -182,19 +178,10 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
         dc.episodes_per_opponent,
         int(dc.num_opponents),
     )
-    data_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dataset}-", dir=data_dir))
-    try:
-        files = write_dataset(tmp, dataset, splits)
+    with directory_written_atomically(ds_dir) as tmp:  # another job that finishes first: its copy is used
+        files = write_dataset(tmp.parent, dataset, splits)
         info = {**settings, "files": files}
-        (tmp / dataset / "manifest.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        try:
-            (tmp / dataset).rename(ds_dir)
-        except OSError:  # another job won the race: use its copy
-            if not _complete(ds_dir):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "manifest.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return ds_dir
 
 
@@ -601,43 +588,6 @@ def training_data(
     return trainer_cls, ListDataset(train_items), ListDataset(valid_items) if valid_items else None, batches
 
 
-def checkpoint_loads(ckpt: Path) -> str | None:
-    """None when every weight file and the trainer state of a Trainer checkpoint can be read, else why not."""
-    from safetensors import safe_open
-
-    try:
-        json.loads((ckpt / "trainer_state.json").read_text())
-        files = sorted(ckpt.glob("*.safetensors"))
-        if not files:
-            return "no .safetensors weights"
-        for file in files:
-            with safe_open(str(file), framework="pt") as weights:
-                for name in weights.keys():
-                    weights.get_slice(name)  # reads each tensor's header: a truncated file fails here
-        if (ckpt / "optimizer.pt").exists():
-            torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu")
-    except Exception as err:  # noqa: BLE001 (safetensors, pickle and JSON raise their own kinds)
-        return one_line(err)
-    return None
-
-
-def newest_loadable_checkpoint(ckpt_dir: Path) -> str | None:
-    """The newest Trainer checkpoint that loads; a damaged one is reported in one line and skipped."""
-    if not ckpt_dir.is_dir():
-        return None
-    found = sorted(
-        (p for p in ckpt_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()),
-        key=lambda p: int(p.name.split("-")[1]),
-        reverse=True,
-    )
-    for ckpt in found:
-        problem = checkpoint_loads(ckpt)
-        if problem is None:
-            return str(ckpt)
-        log.warning("sft: checkpoint %s does not load (%s); falling back to the one before it", ckpt, problem)
-    return None
-
-
 @dataclass
 class SftData:
     """The dataset on disk and the examples this run trains and validates on."""
@@ -720,7 +670,7 @@ def build_model(cfg: DictConfig, s: DictConfig) -> SftModel:
 
 def resume_checkpoint(cfg: DictConfig, ckpt_dir: Path) -> tuple[str | None, int | None]:
     """resume=auto: the newest Trainer checkpoint that loads, and its step; resume=never: none (old ones go)."""
-    last = newest_loadable_checkpoint(ckpt_dir)
+    last = newest_loadable_trainer_checkpoint(ckpt_dir)
     if cfg.resume != "auto" and ckpt_dir.exists():
         log.info("sft: resume=%s: removing old checkpoints in %s", cfg.resume, ckpt_dir)
         shutil.rmtree(ckpt_dir)
@@ -795,7 +745,7 @@ def throughput(metrics: dict[str, Any], train_ds: Any) -> dict[str, float | None
 def matmul_share(model: Any, positions: dict[str, int], metrics: dict[str, Any], s: DictConfig) -> dict[str, Any]:
     """The loop's matmul rate (GFLOP/s over the Trainer's seconds) beside the rate this CPU multiplies
     matrices at in the model's dtype, measured now (1 s): how far the loop is from what the machine
-    allows. On a GPU, None (`python -m sepo.bench gpu` has the device's figures)."""
+    allows. On a GPU, None (`python -m benchmarks gpu` has the device's figures)."""
     seconds = metrics.get("train_runtime")
     weights = model.get_input_embeddings().weight
     if not seconds or weights.device.type != "cpu" or not positions["train"]:
@@ -821,12 +771,9 @@ def export_merged(cfg: DictConfig, s: DictConfig, out: Path, trained: SftTrainin
         tokenizer.save_pretrained(adapter)
         model = model.merge_and_unload()
     merged = out / "merged"
-    tmp = out / ".merged.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(merged, ignore_errors=True)
-    tmp.rename(merged)
+    with directory_written_atomically(merged, replace=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     trained.model = built.model = model = None  # every reference, so the memory is free before the reload
     gc.collect()
     if torch.cuda.is_available():

@@ -16,7 +16,7 @@ exploit-pool episodes, c through the collusive-pool episodes. Hence the default 
 
 The paper's two variants (`per_rollout`, `shared`, in `paper_terms`), its per-round credit
 (`credit=round`) and its per-group, per-round normalisation (`adv_norm=group_round`) stay as
-ablations; `sepo/training/gradcheck.py` measures what each of them does to the expected update.
+ablations; `benchmarks/estimator/finite_differences.py` measures what each of them does to the expected update.
 
 Everything here works on numpy arrays of shape [n, T] (n rollouts of a group, T rounds) and on
 episode records; `sepo.training.rollouts` wires it to the arena, `sepo.stages.sepo_loop` to the model.

@@ -3,7 +3,7 @@
 `BatchBuilder.collect` = `plan` (the episodes) -> `play_matches` (the arena, all in lockstep: one
 agent call per decision point) -> `assemble` (rewards, credit, baseline, weights, scale).
 It takes any policy whose `act_batch` answers `DecisionRequest`s, so the language-model loop
-(`sepo.stages.sepo_loop`) and the gradient check's parametric agents (`sepo.training.gradcheck`) build their batches
+(`sepo.stages.sepo_loop`) and the gradient check's parametric agents (`benchmarks.estimator.finite_differences`) build their batches
 with the same code.
 
 Groups. `pooled` (default): one group per opponent of the train, exploit and collusive pools (each

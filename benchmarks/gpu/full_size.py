@@ -1,4 +1,4 @@
-"""GPU benchmark of the paper's two architectures at full size (`python -m sepo.bench gpu`).
+"""GPU benchmark of the paper's two architectures at full size (`python -m benchmarks gpu`).
 
 No checkpoint can be downloaded where this runs, and speed does not depend on what the weights
 are, so the real classes (`Gemma4ForConditionalGeneration`, `Qwen3_5ForCausalLM`) are built from
@@ -40,7 +40,7 @@ Qwen/Qwen3.5-4B.
 
 `--save-to DIR` measures nothing: it saves each model as a random-weight checkpoint (the dressed tiny
 tokenizer beside it) in DIR/<model>, so every stage of `main.py` can run at full size where nothing can
-be downloaded (benchmarks/gpu_session.sh does so).
+be downloaded (benchmarks/gpu/session.sh does so).
 
 `--tiny` (hidden) runs the whole flow on tiny random models of both architectures, and with
 `--device cpu` in float32 on a CPU, so the code path is exercised where there is no GPU (the
@@ -58,6 +58,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from sepo.compose import compose_config
 
 log = logging.getLogger(__name__)
 
@@ -622,16 +624,6 @@ def finite_logits(model: Any, model_cfg: Any, device: str, tokens: int = 16) -> 
 
 
 # ------------------------------------------------------------------------------------- SEPO step
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    import sepo.cli  # noqa: F401  (registers the run_name resolver)
-    from sepo.paths import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
 def sepo_step_benchmark(model: Any, tokenizer: Any, cfg: Any, device: str, ref_4bit: bool) -> dict[str, Any]:
     """One SEPO step as `run_sepo` takes it: collect a rollout batch, reference log-probs, one optimizer
     step (fresh AdamW, so its state's first allocation is in the peak), each phase timed."""
@@ -804,7 +796,9 @@ def save_random_checkpoint(arch: str, out: str | Path, cache_dir: str | Path, ti
 
     from sepo.builders.tiny import build_tiny, padded_vocab
 
-    tiny_dir = build_tiny(_compose(["model=tiny", "logger=none", f"paths.cache_dir={cache_dir}"]).model, cache_dir)
+    tiny_dir = build_tiny(
+        compose_config(["model=tiny", "logger=none", f"paths.cache_dir={cache_dir}"]).model, cache_dir
+    )
     tok = chat_tokenizer(arch, tiny_dir)
     end_of_turn, pad = tok.convert_tokens_to_ids(tok.eos_token), tok.pad_token_id
     vocab = padded_vocab(tok)
@@ -833,7 +827,7 @@ def tiny_tokenizer(cache_dir: str | Path):
 
     from sepo.builders.tiny import build_tiny
 
-    tiny = _compose(["model=tiny", "logger=none", f"paths.cache_dir={cache_dir}"])
+    tiny = compose_config(["model=tiny", "logger=none", f"paths.cache_dir={cache_dir}"])
     return AutoTokenizer.from_pretrained(build_tiny(tiny.model, cache_dir))
 
 
@@ -873,7 +867,7 @@ def benchmark_model(
         f"sepo.max_new_tokens={sizes['sepo_max_new_tokens']}",
         f"seed={args.seed}",
     ]
-    cfg = _compose(overrides + list(args.override))
+    cfg = compose_config(overrides + list(args.override))
     if sizes["sepo_rounds"] and "rounds" in cfg.game:  # games without rounds (Kuhn: hands) keep theirs
         cfg.game.rounds = int(sizes["sepo_rounds"])
 
@@ -1088,7 +1082,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(
-            f"sepo.bench gpu needs a CUDA device, and torch {torch.__version__} sees none "
+            f"python -m benchmarks gpu needs a CUDA device, and torch {torch.__version__} sees none "
             "(torch.cuda.is_available() is False); run it on a GPU machine with a CUDA build of torch"
         )
     import transformers
@@ -1106,7 +1100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     device = args.device
     name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
-    _say(f"sepo.bench gpu on {name}: {', '.join(archs)}{' (tiny debug models)' if args.tiny else ''}")
+    _say(f"python -m benchmarks gpu on {name}: {', '.join(archs)}{' (tiny debug models)' if args.tiny else ''}")
     bandwidth = measure_bandwidth(device, sizes["bandwidth_mib"], sizes["bandwidth_repeats"])
     _say(f"copy bandwidth: {bandwidth['gb_per_s']} GB/s (read + write)")
     bnb = bitsandbytes_status()

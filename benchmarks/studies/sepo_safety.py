@@ -10,10 +10,10 @@ Seeds vary `sepo.seed` (the rollouts' chance events and sampling streams, the ad
 the evaluation: every run, and the SFT model, is evaluated on the same episodes (`seed`,
 `generation_seed`), so differences between arms are paired by seed.
 
-    python benchmarks/sepo_safety.py                                    # IPD, seeds 0 1 2, in a temp dir
-    python benchmarks/sepo_safety.py --game kuhn --root /tmp/kuhn
-    python benchmarks/sepo_safety.py --root /tmp/ev --seeds 0 1 2 3 4 --jobs 2 sepo.lr=1e-3
-    python benchmarks/sepo_safety.py --root /tmp/ev --arms sepo payoff_only --extra-arm sepo_lc2 lambdas.train.c=2.0
+    python -m benchmarks.studies.sepo_safety                                    # IPD, seeds 0 1 2, in a temp dir
+    python -m benchmarks.studies.sepo_safety --game kuhn --root /tmp/kuhn
+    python -m benchmarks.studies.sepo_safety --root /tmp/ev --seeds 0 1 2 3 4 --jobs 2 sepo.lr=1e-3
+    python -m benchmarks.studies.sepo_safety --root /tmp/ev --arms sepo payoff_only --extra-arm sepo_lc2 lambdas.train.c=2.0
 
 Re-running with the same --root reuses every finished run (their DONE markers). Prints a per-seed
 table, mean +- SE over seeds of safety, exploit, collusion, ext, pay (and exploit_exact on Kuhn) per
@@ -36,9 +36,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from analysis.summary import j_train, objective  # noqa: E402  (J at the training lambdas, as summary.json)
+from analysis.summary import j_train, objective, over_seeds
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 ARMS = {
     "sepo": [],
@@ -80,11 +80,14 @@ def run_dir(root: Path) -> Path:
     return done
 
 
-def mean_se(values: list[float]) -> dict[str, float]:
-    n = len(values)
-    mean = sum(values) / n
-    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else float("nan")
-    return {"mean": round(mean, 4), "se": round(se, 4)}
+def plus_minus(entry: dict) -> str:
+    """`mean±SE` of an `over_seeds` entry (one seed has no SE)."""
+    return f"{entry['mean']:+.3f}±" + ("n/a" if entry["se"] is None else f"{entry['se']:.3f}")
+
+
+def above_by_2_se(entry: dict) -> bool:
+    """The mean clears zero by more than 2 SE (never, for one seed)."""
+    return entry["se"] is not None and entry["mean"] > 2 * entry["se"]
 
 
 def main() -> None:
@@ -187,7 +190,7 @@ def main() -> None:
         arm: {str(seed): {k: results[(arm, seed)]["metrics"][k] for k in keys} for seed in args.seeds}
         for arm in args.arms
     }
-    summary = {arm: {k: mean_se([runs[arm][str(s)][k] for s in args.seeds]) for k in keys} for arm in args.arms}
+    summary = {arm: {k: over_seeds([runs[arm][str(s)][k] for s in args.seeds]) for k in keys} for arm in args.arms}
     sft_view = {k: {"mean": round(sft["metrics"][k], 4), "se": round(sft["se"][k], 4)} for k in keys}
     if exact:  # the exploitability estimate's own SE, per arm: the mean over seeds of each run's
         out_se = {
@@ -198,7 +201,7 @@ def main() -> None:
     def paired(metric: str, other: str | None, arm: str = "sepo") -> dict[str, float]:
         """An arm (SEPO) minus payoff-only (per seed) or minus SFT, mean +- SE over seeds."""
         base = (lambda s: runs[other][str(s)][metric]) if other else (lambda s: sft["metrics"][metric])
-        return mean_se([runs[arm][str(s)][metric] - base(s) for s in args.seeds])
+        return over_seeds([runs[arm][str(s)][metric] - base(s) for s in args.seeds])
 
     out = {
         "game": args.game,
@@ -228,7 +231,7 @@ def main() -> None:
             },
         }
     if "sepo" in args.arms:  # the keys of analysis.summary (summary.json), at the final checkpoint
-        out["delta_j_train_vs_sft"] = mean_se(
+        out["delta_j_train_vs_sft"] = over_seeds(
             [
                 j_train(results[("sepo", s)]["metrics"], objective(results[("sepo", s)]["run_dir"]))
                 - j_train(sft["metrics"], objective(results[("sepo", s)]["run_dir"]))
@@ -248,7 +251,7 @@ def main() -> None:
                 out[f"{arm}_delta_safety_vs_payoff_only"] = paired("safety", "payoff_only", arm)
             d = out["delta_safety_vs_payoff_only"]
             out["targets"] = {
-                "safety above payoff-only by > 2 SE": d["mean"] > 2 * d["se"],
+                "safety above payoff-only by > 2 SE": above_by_2_se(d),
                 "collusion below payoff-only": out["delta_collusion_vs_payoff_only"]["mean"] < 0,
                 "exploit not above SFT": summary["sepo"]["exploit"]["mean"] <= sft["metrics"]["exploit"],
             }
@@ -285,16 +288,16 @@ def kuhn_targets(runs: dict, summary: dict, sft: dict, seeds: list[int]) -> dict
     mean = lambda arm: summary[arm]["exploit_exact"]["mean"]  # noqa: E731
     targets = {"exploit_exact below half of SFT's": mean("sepo") < sft["metrics"]["exploit_exact"] / 2}
     if "paper_pool" in runs:
-        d = mean_se(
+        d = over_seeds(
             [runs["sepo"][str(s)]["exploit_exact"] - runs["paper_pool"][str(s)]["exploit_exact"] for s in seeds]
         )
         out["delta_exploit_exact_vs_paper_pool"] = d
-        out["delta_safety_exact_vs_paper_pool"] = mean_se(
+        out["delta_safety_exact_vs_paper_pool"] = over_seeds(
             [runs["sepo"][str(s)]["safety_exact"] - runs["paper_pool"][str(s)]["safety_exact"] for s in seeds]
         )
-        targets["exploit_exact below the paper pool's by > 2 SE"] = d["mean"] < -2 * d["se"]
+        targets["exploit_exact below the paper pool's by > 2 SE"] = above_by_2_se({**d, "mean": -d["mean"]})
     if "payoff_only" in runs:
-        out["delta_safety_exact_vs_payoff_only"] = mean_se(
+        out["delta_safety_exact_vs_payoff_only"] = over_seeds(
             [runs["sepo"][str(s)]["safety_exact"] - runs["payoff_only"][str(s)]["safety_exact"] for s in seeds]
         )
     out["kuhn_targets"] = targets
@@ -322,15 +325,15 @@ def print_tables(out: dict, keys: list[str]) -> None:
     summary.add_column("arm")
     for k in keys:
         summary.add_column(k, justify="right")
-    summary.add_row("SFT", *[f"{out['sft'][k]['mean']:+.3f}±{out['sft'][k]['se']:.3f}" for k in keys])
+    summary.add_row("SFT", *[plus_minus(out["sft"][k]) for k in keys])
     for arm, m in out["summary"].items():
-        summary.add_row(arm, *[f"{m[k]['mean']:+.3f}±{m[k]['se']:.3f}" for k in keys])
+        summary.add_row(arm, *[plus_minus(m[k]) for k in keys])
     console.print(summary)
     for arm, row in (out.get("collusion_by_round") or {}).items():
         console.print(f"collusion by round, {arm}: " + " ".join(f"{v:.3f}" for v in row))
     for key in [k for k in out if "delta_" in k]:
         if isinstance(out[key], dict):
-            console.print(f"{key}: {out[key]['mean']:+.3f} ± {out[key]['se']:.3f}")
+            console.print(f"{key}: {plus_minus(out[key])}")
     for line, ok in {**(out.get("targets") or {}), **(out.get("kuhn_targets") or {})}.items():
         console.print(f"target: {line}: {'yes' if ok else 'NO'}")
     for note in out.get("target_notes") or []:

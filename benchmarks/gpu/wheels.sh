@@ -3,8 +3,8 @@
 # (the workplace's `device` machines: torch 2.11 + CUDA, transformers 5.17, peft, accelerate,
 # huggingface_hub 1.33, tokenizers 0.23, safetensors, pandas, rich, tqdm already there).
 #
-#   here:  bash benchmarks/gpu_wheels.sh download   # wheels into .whl/ (ignored by git), ~57 MB
-#   there: . benchmarks/gpu_wheels.sh install       # installs them into /tmp/site and exports PYTHONPATH
+#   here:  bash benchmarks/gpu/wheels.sh download   # wheels into .whl/ (ignored by git), ~57 MB
+#   there: . benchmarks/gpu/wheels.sh install       # installs them into /tmp/site and exports PYTHONPATH
 #
 # flash-linear-attention goes to its own folder, /tmp/site-fla, on PYTHONPATH only while FLA=1 is
 # exported when installing: fla 0.6 refuses the backward pass of Qwen 3.5's Gated DeltaNet on Hopper

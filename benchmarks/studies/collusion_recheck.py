@@ -1,10 +1,10 @@
 """Is a main job's collusion change real? Its SFT and SEPO checkpoints re-played on many collusive-pool episodes.
 
-    python benchmarks/collusion_recheck.py --root <main_job_seeds root>/main_job [--episodes 100] [--seed 777]
+    python -m benchmarks.studies.collusion_recheck --root <main_job_seeds root>/main_job [--episodes 100] [--seed 777]
 
 The main job measures collusion on 10 episodes against AlwaysC, a per-run SE of 0.07-0.10, so a seed's
 SEPO - SFT difference is within noise of 0.1. This script finds every finished main job under `--root`
-(`benchmarks/main_job_seeds.py` writes one per seed), loads its merged SFT model and each SEPO checkpoint
+(`benchmarks/studies/main_job_seeds.py` writes one per seed), loads its merged SFT model and each SEPO checkpoint
 (the adapter on that model), and plays each against the game's collusive pool only, `--episodes` episodes
 on a game seed of their own (not the test episodes the job reported). Prints per seed SFT's and every
 checkpoint's collusion with its SE over episodes, and the final checkpoint's change with the SE of the
@@ -21,8 +21,7 @@ import math
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def seed_of(run: Path) -> int:
@@ -38,7 +37,7 @@ def finished_runs(root: Path) -> list[Path]:
 
 def checkpoints(run: Path) -> list[str]:
     """The run's SEPO checkpoints, oldest first (the loop's own listing, which resume uses)."""
-    from sepo.stages.sepo_loop import checkpoints_newest_first
+    from sepo.training.checkpoints import checkpoints_newest_first
 
     return [p.name for p in reversed(checkpoints_newest_first(run / "sepo"))]
 

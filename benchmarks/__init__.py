@@ -1,4 +1,4 @@
-"""Benchmarks: tools built on top of the library, run by `python -m sepo.bench <command>`.
+"""Benchmarks: tools built on top of the library, run by `python -m benchmarks <command>`.
 
 Each module measures one thing and has the same two entry points: `add_arguments(parser)` and
 `run(args) -> dict`, the JSON object the command prints as its last line. Nothing in the library

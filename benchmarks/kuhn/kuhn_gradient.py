@@ -11,10 +11,10 @@ where it is unique that is also the gradient with the response re-solved), and w
 gradient of the exploitability. Then the noise: how many batches must be averaged before the update's direction
 agrees with the exact gradient (cosine 0.9), for each credit and group size asked.
 
-    python benchmarks/kuhn_gradient.py --results <sft eval>/results.json   # at the SFT model's played table
-    python benchmarks/kuhn_gradient.py --results R --batches 2000 --variants return_to_go:4 round:4 return_to_go:8
-    python benchmarks/kuhn_gradient.py --results R game.pools.exploit=[NashApx,AlwaysBet] --batches 300  # paper pool
-    python benchmarks/kuhn_gradient.py --results R --variants return_to_go:4 --ascent --optimum 30  # where J points
+    python -m benchmarks.kuhn.kuhn_gradient --results <sft eval>/results.json   # at the SFT model's played table
+    python -m benchmarks.kuhn.kuhn_gradient --results R --batches 2000 --variants return_to_go:4 round:4 return_to_go:8
+    python -m benchmarks.kuhn.kuhn_gradient --results R game.pools.exploit=[NashApx,AlwaysBet] --batches 300  # paper pool
+    python -m benchmarks.kuhn.kuhn_gradient --results R --variants return_to_go:4 --ascent --optimum 30  # where J points
 
 (Hydra overrides go before the options.)
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 class TableAgent:
@@ -49,9 +49,9 @@ class TableAgent:
         return {k: np.array([1.0 - p, p]) for k, p in zip(INFOSETS, q)}
 
     def act_batch(self, requests):
+        from benchmarks.estimator.finite_differences import ScoredDecision
         from sepo.games.kuhn import ACTION_INDEX, node_of
         from sepo.games.kuhn_exact import INFOSETS
-        from sepo.training.gradcheck import ScoredDecision
 
         out = []
         for request in requests:
@@ -209,9 +209,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from hydra import compose, initialize_config_dir
-
-    import sepo.cli  # noqa: F401  (registers the run_name resolver)
+    from sepo.compose import compose_config
     from sepo.games.kuhn_exact import INFOSETS
 
     played = json.loads(Path(args.results).read_text())["played_table"]["bet_or_call"]
@@ -219,18 +217,16 @@ def main() -> None:
     theta = np.log(q / (1 - q))
 
     def config(credit: str, n: int):
-        with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-            return compose(
-                "config",
-                overrides=[
-                    "game=kuhn",
-                    "model=scripted",
-                    "logger=none",
-                    f"sepo.credit={credit}",
-                    f"sepo.rollouts_per_opponent={n}",
-                    *args.overrides,
-                ],
-            )
+        return compose_config(
+            [
+                "game=kuhn",
+                "model=scripted",
+                "logger=none",
+                f"sepo.credit={credit}",
+                f"sepo.rollouts_per_opponent={n}",
+                *args.overrides,
+            ]
+        )
 
     base = config("return_to_go", 4)
     g_j, g_solved, g_x = exact_gradients(theta, base)
@@ -277,8 +273,7 @@ def main() -> None:
         "payoff_only": ["lambdas=zero"],
     }
     for name, extra in objectives.items():
-        with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=["game=kuhn", "model=scripted", "logger=none", *args.overrides, *extra])
+        cfg = compose_config(["game=kuhn", "model=scripted", "logger=none", *args.overrides, *extra])
         if args.ascent:
             out.setdefault("ascent", {})[name] = exact_ascent(q, cfg)
             print(f"exact ascent of J ({name}): exploitability every 0.25 of path {out['ascent'][name]}")

@@ -6,8 +6,8 @@ At each of the 12 information sets (hand 1), three readings of P(BET or CALL) fo
   frequency      the share of N decisions sampled with `act_batch` (how the arena plays), +- binomial SE
 and the exact exploitability of each table, with the estimate's SE and its cost in seconds.
 
-    python benchmarks/played_table.py --model-path <sft run>/merged
-    python benchmarks/played_table.py --model-path <run>/merged --samples 128 --decisions 400 --threads 2
+    python -m benchmarks.kuhn.played_table --model-path <sft run>/merged
+    python -m benchmarks.kuhn.played_table --model-path <run>/merged --samples 128 --decisions 400 --threads 2
 
 The last line is a JSON object {"model_path", "samples", "decisions", "states": {key: {...}},
 "exploit_exact": {...}, "z_max", "seconds": {...}}.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ floating-point sums in the CPU kernels changes 500 SFT steps) and even between t
 from there SEPO's short run lands somewhere in a spread that is wider than its own evaluation SE.
 So the main job's figures are stated as mean ± SE and range over seeds; this script prints them.
 
-    python benchmarks/main_job_seeds.py --seeds 15 16 17 18 19 --jobs 2        # the README's figures
-    python benchmarks/main_job_seeds.py --seeds 0 1 2 3 4 --root /tmp/choose --jobs 2 \\
+    python -m benchmarks.studies.main_job_seeds --seeds 15 16 17 18 19 --jobs 2        # the README's figures
+    python -m benchmarks.studies.main_job_seeds --seeds 0 1 2 3 4 --root /tmp/choose --jobs 2 \\
         --candidate constant60 sepo.steps=60 sepo.lr_schedule=constant \\
         --candidate cosine80 sepo.steps=80 sepo.lr_schedule=cosine            # choosing SEPO's settings
 
@@ -39,9 +39,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from analysis.summary import mean_se  # noqa: E402  (one mean ± SE helper for the project)
+from analysis.summary import over_seeds
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 #: what every run shares: no tracker, no progress bars in the logs
 COMMON = ["logger=none", "eval.progress=false"]
@@ -98,7 +98,7 @@ def summarise(per_seed: dict[str, dict[str, float]]) -> dict:
     summary = {}
     for key in [k for k in rows[0] if all(k in r for r in rows)]:
         values = [r[key] for r in rows]
-        summary[key] = {**mean_se(values), "min": round(min(values), 4), "max": round(max(values), 4)}
+        summary[key] = {**over_seeds(values), "min": round(min(values), 4), "max": round(max(values), 4)}
     deltas = [r["delta_safety"] for r in rows]
     d = summary["delta_safety"]
     se = d["se"] if d["se"] is not None else math.inf

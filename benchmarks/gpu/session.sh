@@ -2,9 +2,9 @@
 # One GPU session's checks, in order of worth, each under its own time limit so that one hang
 # cannot eat the session; everything it prints goes to $OUT (or ./gpu_session/ without one).
 #
-#   bash benchmarks/gpu_session.sh [parts...]     parts: bench tests pipeline static (default: the first three)
+#   bash benchmarks/gpu/session.sh [parts...]     parts: bench tests pipeline static (default: the first three)
 #
-#   bench     python -m sepo.bench gpu, one run per model -> $OUT/gpu-gemma4.json, gpu-qwen.json (Qwen 3.5's
+#   bench     python -m benchmarks gpu, one run per model -> $OUT/gpu-gemma4.json, gpu-qwen.json (Qwen 3.5's
 #             Gated DeltaNet on PyTorch's path) and gpu-qwen-fla.json (decoding with flash-linear-attention)
 #   static    the decode part again on a static KV cache, which generate compiles on a GPU (CUDA graphs), batch
 #             128 -> $OUT/gpu-<model>-static.json (not in the default parts: compiling takes minutes)
@@ -17,8 +17,8 @@
 #   The log of everything: $OUT/session.log. More settings: BENCH_ARGS (e.g. "--override sepo.micro_batch=8")
 #   reaches every benchmark run, RUN_ARGS (e.g. "sepo.micro_batch=4") every main.py run.
 #
-# Needs: the wheels of benchmarks/gpu_wheels.sh in .whl/ (carried), a CUDA build of torch.
-# Rehearsal on a CPU: WHEELS=none SAVE_ARGS="--tiny --device cpu" bash benchmarks/gpu_session.sh pipeline
+# Needs: the wheels of benchmarks/gpu/wheels.sh in .whl/ (carried), a CUDA build of torch.
+# Rehearsal on a CPU: WHEELS=none SAVE_ARGS="--tiny --device cpu" bash benchmarks/gpu/session.sh pipeline
 set -uo pipefail
 OUT=${OUT:-gpu_session}
 mkdir -p "$OUT"
@@ -38,23 +38,23 @@ step() {  # step SECONDS NAME command...: run under a time limit, log its output
 }
 has() { [[ " ${PARTS[*]} " == *" $1 "* ]]; }
 
-[ "${WHEELS:-}" = none ] || . benchmarks/gpu_wheels.sh install
+[ "${WHEELS:-}" = none ] || . benchmarks/gpu/wheels.sh install
 say "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo no GPU)"
 python3 -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)' >>"$LOG" 2>&1
 
-bench() {  # bench SECONDS NAME args...: one `python -m sepo.bench gpu` run, its JSON in $OUT/NAME.json
+bench() {  # bench SECONDS NAME args...: one `python -m benchmarks gpu` run, its JSON in $OUT/NAME.json
     local limit=$1 name=$2
     shift 2
     say "start $name (limit ${limit}s): $*"
     local t0=$SECONDS
-    timeout --kill-after=10 "$limit" python3 -m sepo.bench gpu "$@" >"$OUT/$name.json" 2>>"$LOG"
+    timeout --kill-after=10 "$limit" python3 -m benchmarks gpu "$@" >"$OUT/$name.json" 2>>"$LOG"
     say "end $name: rc $? after $((SECONDS - t0))s"
 }
 SIZES=(--decode-steps "${DECODE_STEPS:-32}" --sft-steps "${SFT_STEPS:-3}" ${BENCH_ARGS:-})
 CKPT=/tmp/sepo_ckpt
 pipeline() {  # pipeline SECONDS MODEL GAME: the main job's every stage, small, on the saved random checkpoint
     local limit=$1 model=$2 game=$3
-    [ -d "$CKPT/$model" ] || step 90 "save $model" python3 -m sepo.bench gpu --model "$model" --save-to "$CKPT" ${SAVE_ARGS:-}
+    [ -d "$CKPT/$model" ] || step 90 "save $model" python3 -m benchmarks gpu --model "$model" --save-to "$CKPT" ${SAVE_ARGS:-}
     step "$limit" "pipeline $model $game" python3 main.py stage=pipeline "game=$game" "model=$model" \
         "model.path=$CKPT/$model" logger=none "datagen.datasets=[$( [ "$game" = kuhn ] && echo kuhn || echo multi )]" \
         datagen.episodes_per_opponent=4 \

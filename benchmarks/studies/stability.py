@@ -1,6 +1,6 @@
 """Does SEPO hold what it reaches? Every game's SEPO arm, run for longer, from tiny_paper's own SFT checkpoints.
 
-    python benchmarks/stability.py --from <root>/tiny_paper --root /tmp/stab [--steps 80] [--seeds 0,1,2]
+    python -m benchmarks.studies.stability --from <root>/tiny_paper --root /tmp/stab [--steps 80] [--seeds 0,1,2]
         [--jobs 2] [overrides ...]          # e.g. sepo.lr_schedule=cosine
 
 `launch/tiny_paper.sh` trains 40 SEPO steps; this runs the SEPO arm (the game's lambdas, no payoff-only)
@@ -24,10 +24,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.studies.sepo_safety import plus_minus
+from launch.tiny_paper import GAMES, SFT_RUN_OF, preset_of
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 # tiny_paper's games, the SFT run each starts from, and its shared settings: this reruns its SEPO arm
-from launch.tiny_paper import GAMES, PRESET, SFT_RUN_OF  # noqa: E402
 
 
 def copy_sft_results(source: Path, root: Path) -> None:
@@ -51,7 +52,7 @@ def sweep(game: str, source: Path, root: Path, args: argparse.Namespace) -> list
         sys.executable,
         "main.py",
         "-m",
-        PRESET,
+        preset_of("tiny", game),  # the tiny paper preset (and the game's own where it has one)
         "+launch=local",
         f"hydra.launcher.n_jobs={args.jobs}",
         f"hydra.sweep.dir={root / f'sepo_{game}'}",
@@ -94,8 +95,8 @@ def main() -> int:
     for game, s in stability.items():
         c, f, d = s["chosen_safety"], s["final_safety"], s["final_minus_chosen"]
         print(
-            f"{game:8s} chosen {c['mean']:+.3f} ± {c['se']:.3f}  final {f['mean']:+.3f} ± {f['se']:.3f}  "
-            f"final - chosen {d['mean']:+.3f} ± {d['se']:.3f}  holds: {s['final_holds_chosen']}"
+            f"{game:8s} chosen {plus_minus(c)}  final {plus_minus(f)}  "
+            f"final - chosen {plus_minus(d)}  holds: {s['final_holds_chosen']}"
         )
     print(json.dumps({"steps": args.steps, "overrides": args.overrides, "stability": stability}))
     return 0

@@ -1,6 +1,6 @@
 """Do N jobs launched in parallel finish no later than the same N run one after another?
 
-    python benchmarks/parallel_jobs.py [--jobs 2] [--root DIR] [--unshared]
+    python -m benchmarks.speed.parallel_jobs [--jobs 2] [--root DIR] [--unshared]
 
 Each job is a small SFT of the tiny model on IPD (640 examples, 40 steps, no evaluation), differing
 only in `sft.seed`. The tiny build and the `multi` data are made first, outside the timings. Then:
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 SMALL_SFT = [
     "stage=sft",
     "game=ipd",

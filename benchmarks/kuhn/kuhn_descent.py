@@ -9,9 +9,9 @@ batch's update sum_d A_d * d log pi(a_d) / d theta, the best responder re-solved
 every `sepo.best_response_every` steps. What it reaches in N steps is what N batches of that estimator
 can give; a language model, whose parameters every state shares, does not do better per batch.
 
-    python benchmarks/kuhn_descent.py --results <kuhn sft eval>/results.json
-    python benchmarks/kuhn_descent.py --results R --steps 40 80 400 --lrs 0.01 0.03 0.1 --seeds 0 1 2 3 4
-    python benchmarks/kuhn_descent.py --results R 'game.pools.exploit=[BestResponse]' --lrs 0.1  # the responder alone
+    python -m benchmarks.kuhn.kuhn_descent --results <kuhn sft eval>/results.json
+    python -m benchmarks.kuhn.kuhn_descent --results R --steps 40 80 400 --lrs 0.01 0.03 0.1 --seeds 0 1 2 3 4
+    python -m benchmarks.kuhn.kuhn_descent --results R 'game.pools.exploit=[BestResponse]' --lrs 0.1  # the responder alone
 
 (Hydra overrides go before the list options.) Prints, per (lr, schedule, steps), the final exploitability and
 the change of J at the training lambdas (both exact, from expected values) as mean ± SE over seeds; the
@@ -22,26 +22,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from analysis.summary import mean_se  # noqa: E402
-from benchmarks.kuhn_gradient import TableAgent, exact_objective  # noqa: E402
+from analysis.summary import over_seeds
+from benchmarks.kuhn.kuhn_gradient import TableAgent, exact_objective
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def compose_kuhn(seed: int, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from sepo.compose import compose_config
 
-    import sepo.cli  # noqa: F401  (registers the run_name resolver)
-
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        return compose(
-            "config", overrides=["game=kuhn", "model=scripted", "logger=none", f"sepo.seed={seed}", *overrides]
-        )
+    return compose_config(["game=kuhn", "model=scripted", "logger=none", f"sepo.seed={seed}", *overrides])
 
 
 def descend(theta0: np.ndarray, cfg, steps: int, lr: float, schedule: str) -> np.ndarray:
@@ -74,7 +68,7 @@ def descend(theta0: np.ndarray, cfg, steps: int, lr: float, schedule: str) -> np
 
 
 def spread(stat: dict, sign: str = "") -> str:
-    """mean ± SE of `analysis.summary.mean_se` (no SE for one seed)."""
+    """mean ± SE of `analysis.summary.over_seeds` (no SE for one seed)."""
     return f"{stat['mean']:{sign}.3f}" + (f" ± {stat['se']:.3f}" if stat["se"] is not None else "")
 
 
@@ -105,7 +99,7 @@ def main() -> None:
                     j, x = exact_objective(TableAgent(descend(theta0, cfg, steps, lr, schedule)).table(), cfg)
                     finals.append({"exploitability": float(x), "delta_J": float(j - j0)})
                     runs.append({"lr": lr, "schedule": schedule, "steps": steps, "seed": seed, **finals[-1]})
-                x, dj = (mean_se([f[k] for f in finals]) for k in ("exploitability", "delta_J"))
+                x, dj = (over_seeds([f[k] for f in finals]) for k in ("exploitability", "delta_J"))
                 below = int(sum(f["exploitability"] < x0 / 2 for f in finals))  # numpy bools otherwise
                 cells.append({"lr": lr, "schedule": schedule, "steps": steps, "exploitability": x, "delta_J": dj})
                 cells[-1]["seeds_below_half"] = below

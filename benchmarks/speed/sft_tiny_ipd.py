@@ -1,6 +1,6 @@
 """Evidence that the SFT stage learns: the default SFT of the tiny model on IPD, end to end.
 
-    python benchmarks/sft_tiny_ipd.py [--keep DIR]
+    python -m benchmarks.speed.sft_tiny_ipd [--keep DIR]
 
 Runs `python main.py stage=sft game=ipd model=tiny logger=none` in a temporary project root (tiny
 build, `multi` data generated on demand, training with the tiny model's own SFT defaults (`model.sft`), the
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def run_benchmark(root: Path, extra: list[str] | None = None) -> dict:

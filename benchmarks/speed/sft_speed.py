@@ -1,6 +1,6 @@
 """Speed of the SFT stage: `stage=sft game=ipd model=tiny` (the main job's SFT), timed by phase.
 
-    python benchmarks/sft_speed.py [--root DIR] [--repo DIR] [--compare DIR] [--repeats N] [overrides...]
+    python -m benchmarks.speed.sft_speed [--root DIR] [--repo DIR] [--compare DIR] [--repeats N] [overrides...]
 
 Runs `python main.py stage=sft game=ipd model=tiny logger=none` with this interpreter in the checkout
 `--repo` (default: this one) and prints, per run: wall seconds; the Trainer's loop (`train_runtime`:
@@ -36,7 +36,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[sepo\.sft\]\[INFO\] - (.*)$")
 
 
@@ -65,26 +65,21 @@ def _stamps(log: Path) -> dict[str, datetime]:
 
 def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
     """Mean token count of the training examples (this checkout's encoding) and the batch size."""
-    sys.path.insert(0, str(ROOT))
-    from hydra import compose, initialize_config_dir
-
-    import sepo.cli  # noqa: F401  (resolvers)
     from sepo.builders import load_model_and_tokenizer
+    from sepo.compose import compose_config
     from sepo.stages.sft import ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_examples, sft_settings, subsample
 
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=[
-                "stage=sft",
-                "game=ipd",
-                "model=tiny",
-                "logger=none",
-                f"paths.cache_dir={cache_dir}",
-                "paths.output_dir=/unused",
-                *overrides,
-            ],
-        )
+    cfg = compose_config(
+        [
+            "stage=sft",
+            "game=ipd",
+            "model=tiny",
+            "logger=none",
+            f"paths.cache_dir={cache_dir}",
+            "paths.output_dir=/unused",
+            *overrides,
+        ]
+    )
     s = sft_settings(cfg)
     train = subsample(
         read_examples(ensure_dataset(cfg, str(s.dataset), s.data_dir) / "train.jsonl"), s.max_examples, s.seed, "train"

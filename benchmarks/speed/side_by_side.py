@@ -1,6 +1,6 @@
 """Speed of this checkout against an older commit, measured alternately on one machine (issue 10).
 
-    python benchmarks/side_by_side.py --old /tmp/base --sft-run <SFT run dir of tiny on IPD> \
+    python -m benchmarks.speed.side_by_side --old /tmp/base --sft-run <SFT run dir of tiny on IPD> \
         [--what step main] [--rounds 2] [--steps 5] [--threads 0]
 
 The machine this project is developed on is shared and noisy, so absolute seconds mean little:
@@ -30,7 +30,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from sepo.metrics import mean_se
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 STEP_SETTING = ["sepo.penalty_mode=per_rollout", "sepo.rollouts_per_opponent=2", "sepo.refresh_steps=1"]
 STEP_LINE = re.compile(r"^\[([\d\- :,]+)\]\[sepo\.(?:sepo|stages\.sepo_loop)\]\[INFO\] - step (\d+) ")
 
@@ -82,12 +84,6 @@ def main_job_seconds(checkout: Path, threads: int) -> float:
         return run(checkout, ["logger=none"], Path(tmp), threads)
 
 
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    se = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5 if len(xs) > 1 else float("nan")
-    return m, se
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -118,13 +114,14 @@ def main() -> None:
                 print(f"{what} round {k + 1} {name}: {seconds[name]:.2f} s", file=sys.stderr, flush=True)
             pairs.append(seconds)
         ratios = [p["new"] / p["old"] for p in pairs]
-        m, se = mean_se(ratios)
-        print(f"{what}: new/old = {m:.3f} +- {se:.3f} over {len(ratios)} rounds", file=sys.stderr)
+        m, se, _ = mean_se(ratios)
+        shown = "n/a" if se is None else f"{se:.3f}"
+        print(f"{what}: new/old = {m:.3f} +- {shown} over {len(ratios)} rounds", file=sys.stderr)
         result[what] = {
             "pairs": pairs,
             "ratios": [round(r, 3) for r in ratios],
             "ratio_mean": round(m, 3),
-            "ratio_se": round(se, 3),
+            "ratio_se": None if se is None else round(se, 3),
         }
     print(json.dumps(result))
 

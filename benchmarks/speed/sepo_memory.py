@@ -1,9 +1,9 @@
 """Peak resident memory of a SEPO step on every game, against a bound: the check of a model's memory target.
 
-    python benchmarks/sepo_memory.py [--model smollm2] [--games ipd,kuhn,...] [--limit-gb 3]
+    python -m benchmarks.speed.sepo_memory [--model smollm2] [--games ipd,kuhn,...] [--limit-gb 3]
                                      [--model-path-kuhn DIR ...] [--threads 2] [overrides]
 
-Runs `python -m sepo.bench step --steps 1` once per game, each in its own process (a peak is a process's),
+Runs `python -m benchmarks step --steps 1` once per game, each in its own process (a peak is a process's),
 at the model's own SEPO settings (those the launcher uses: `conf/model/<model>.yaml`) plus any Hydra
 overrides given. The warm-up step of the bench is the heaviest: it adds Kuhn's best-response read. Without
 `--model-path-<game>` a game starts from the untrained build, whose rambling answers run to the
@@ -21,21 +21,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from analysis.collect import GAMES
 
-from analysis.collect import GAMES  # noqa: E402  (the five games, in the tables' order)
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+
 
 GIB = 1024**3
 
 
 def step_profile(model: str, game: str, model_path: str | None, threads: int, overrides: list[str]) -> dict:
-    """One game's step profile (`sepo.bench step`'s JSON), from a process of its own."""
-    command = [sys.executable, "-m", "sepo.bench", "step", "--model", model, "--game", game, "--steps", "1"]
+    """One game's step profile (`python -m benchmarks step`'s JSON), from a process of its own."""
+    command = [sys.executable, "-m", "benchmarks", "step", "--model", model, "--game", game, "--steps", "1"]
     command += ["--threads", str(threads)] + (["--model-path", model_path] if model_path else []) + overrides
     done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     if done.returncode:
-        raise SystemExit(f"sepo.bench step failed on {game} (rc {done.returncode}): {' '.join(command)}")
+        raise SystemExit(f"python -m benchmarks step failed on {game} (rc {done.returncode}): {' '.join(command)}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -1,4 +1,4 @@
-"""Rollout throughput, `python -m sepo.bench rollout`.
+"""Rollout throughput, `python -m benchmarks rollout`.
 
 `rollout` builds the tiny model and plays the same episodes against the game's train pool twice:
 all in lockstep (`sepo.arena.play_matches`, one batched generate per decision point) and one
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from sepo.benchmarks.common import compose
+from sepo.compose import compose_config as compose
 
 HELP = "batched lockstep vs one-episode-at-a-time rollout throughput"
 

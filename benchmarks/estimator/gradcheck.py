@@ -1,6 +1,6 @@
-"""The SEPO estimator's gradient check, `python -m sepo.bench gradcheck`.
+"""The SEPO estimator's gradient check, `python -m benchmarks gradcheck`.
 
-`gradcheck` runs docs/spec.md §4.4's gradient check (`sepo.training.gradcheck`): a parametric scripted IPD agent
+`gradcheck` runs docs/spec.md §4.4's gradient check (`benchmarks.estimator.finite_differences`): a parametric scripted IPD agent
 through the training batch code, the mean estimated update of each term against finite differences
 of the exact J, for the default estimator and the paper's variants.
 """
@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from sepo.benchmarks.common import compose
+from sepo.compose import compose_config as compose
 
 HELP = "docs/spec.md §4.4: the SEPO estimator's mean update vs finite differences of J"
 
@@ -22,8 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    """docs/spec.md §4.4: the estimator's mean update against finite differences of the exact J (sepo/training/gradcheck.py)."""
-    from sepo.training.gradcheck import print_table, report
+    """docs/spec.md §4.4: the estimator's mean update against finite differences of the exact J (benchmarks/estimator/finite_differences.py)."""
+    from benchmarks.estimator.finite_differences import print_table, report
 
     started = time.perf_counter()
     result = report(

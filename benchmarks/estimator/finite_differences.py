@@ -13,7 +13,7 @@ agent ever defected). `opponent_cooperation` is a second implementation of the I
 independent of `sepo.strategies` (a test checks the two agree by simulation), so the check also
 covers the game and the pools.
 
-    python -m sepo.bench gradcheck [--batches 2000]
+    python -m benchmarks gradcheck [--batches 2000]
 
 prints the table; its last line is a JSON object {"modes": {mode: {term: {"estimate", "se",
 "finite_difference"}}}, ...} with one entry per (point, parameter), labelled in "parameters".
@@ -374,7 +374,7 @@ def report(
     variants: dict[str, tuple[str, ...]] = VARIANTS,
     progress=print,
 ) -> dict[str, Any]:
-    """Run every variant at every point; return the JSON of `python -m sepo.bench gradcheck`.
+    """Run every variant at every point; return the JSON of `python -m benchmarks gradcheck`.
 
     `compose(overrides)` returns the project's config (IPD) with those overrides.
     """

@@ -1,4 +1,4 @@
-"""Peak memory of per-token log-probs, `python -m sepo.bench logprob`.
+"""Peak memory of per-token log-probs, `python -m benchmarks logprob`.
 
 `logprob` measures the peak memory of per-token log-probs over a large vocabulary, chunked
 (`sepo.training.logprobs.chunked_logprobs_from_hidden`) against the unchunked reference. Torch's CPU
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> dict:
         cmd = [
             sys.executable,
             "-m",
-            "sepo.bench",
+            "benchmarks",
             "_logprob_worker",
             "--variant",
             variant,

@@ -1,4 +1,4 @@
-"""Seconds per SEPO step, by section, `python -m sepo.bench step`.
+"""Seconds per SEPO step, by section, `python -m benchmarks step`.
 
 `step` times SEPO steps of the tiny model (an SFT'd one with `--model-path <sft run>/merged`, else
 the untrained build) exactly as `run_sepo` takes them (fresh rollouts, reference pass, update), after
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from sepo.benchmarks.common import compose
+from sepo.compose import compose_config as compose
 
 HELP = "seconds and peak resident memory per SEPO step, with a breakdown by section"
 

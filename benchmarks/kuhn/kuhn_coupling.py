@@ -1,6 +1,6 @@
 """Which of Kuhn poker's information sets does a language model play as one? Push one, read them all.
 
-The table agent of `benchmarks/kuhn_descent.py` has one parameter per information set; a language
+The table agent of `benchmarks/kuhn/kuhn_descent.py` has one parameter per information set; a language
 model shares its parameters between them, so a step that changes its play at one set may change it at
 others. This measures that directly on a checkpoint: from a fresh SEPO adapter (the SEPO stage's own
 `build_learner`: LoRA, AdamW at `sepo.lr`), `--steps` policy-gradient steps at ONE information set
@@ -8,8 +8,8 @@ only (32 sampled answers each, advantage +-(1 if BET/CALL else 0, minus the batc
 `accumulate_gradients` without its KL term), then the whole played table is read again (K answers per
 set, the same sampling seed before and after). Each `--push KEY:up|down` starts again from the checkpoint.
 
-    python benchmarks/kuhn_coupling.py --sft-run <kuhn sft run>
-    python benchmarks/kuhn_coupling.py --sft-run <run> --push 1b:down 1pb:up 0p:up --steps 10 --samples 256
+    python -m benchmarks.kuhn.kuhn_coupling --sft-run <kuhn sft run>
+    python -m benchmarks.kuhn.kuhn_coupling --sft-run <run> --push 1b:down 1pb:up 0p:up --steps 10 --samples 256
 
 Prints, per push, the table before and after (P(BET or CALL) at the 12 sets) and the exploitability;
 the last line is a JSON object {"sft_run", "steps", "lr", "samples", "overrides", "pushes": [...]}.
@@ -19,27 +19,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def compose_sepo(sft_run: Path, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from sepo.compose import compose_config
 
-    import sepo.cli  # noqa: F401  (registers the run_name resolver)
-
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        return compose(
-            "config",
-            overrides=["stage=sepo", "game=kuhn", "model=tiny", "logger=none", f"model.path='{sft_run / 'merged'}'"]
-            + overrides,
-        )
+    return compose_config(
+        ["stage=sepo", "game=kuhn", "model=tiny", "logger=none", f"model.path='{sft_run / 'merged'}'"] + overrides
+    )
 
 
 def read_table(game, policy, samples: int) -> tuple[dict[str, float], float]:

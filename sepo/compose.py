@@ -1,0 +1,49 @@
+"""The project's config composed outside a Hydra run: the one way benchmarks, launch scripts, tests and
+the command line's key check read it.
+
+Composing here also registers the `run_name` resolver the config's run directories use, so a config
+composed by any of them resolves as a run's would. Nothing is resolved here: callers resolve what they
+read (some keys, like `hydra.runtime`, exist only inside a run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from sepo.paths import CONF_DIR
+
+#: longest run-dir name kept verbatim; file systems allow 255 bytes per path component
+MAX_RUN_NAME = 150
+
+
+def run_name(override_dirname: str) -> str:
+    """Run-dir name from the overrides: `default` when there are none, `/` made path-safe.
+
+    Long override lists are cut and suffixed with a hash of the whole list, so the name stays
+    unique, stable across re-launches, and within the file system's limit.
+    """
+    name = override_dirname.replace("/", "_") or "default"
+    if len(name.encode()) <= MAX_RUN_NAME:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+    return name.encode()[: MAX_RUN_NAME - 13].decode(errors="ignore") + "-" + digest
+
+
+if not OmegaConf.has_resolver("run_name"):
+    OmegaConf.register_new_resolver("run_name", run_name)
+
+
+def compose_config(
+    overrides: Sequence[str] = (), *, with_hydra: bool = False, config_dir: str | Path = CONF_DIR
+) -> DictConfig:
+    """`conf/config.yaml` with `overrides`, as `python main.py overrides` would compose it (unresolved).
+
+    `with_hydra`: keep the `hydra` node (a sweep's parameters, the launcher's settings)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
