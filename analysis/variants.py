@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from sepo.reuse import LEGACY_SETTINGS, ROOT_TOKEN, SETTINGS, is_neutral
+from sepo.reuse import LEGACY_SETTINGS, ROOT_TOKEN, SETTINGS, is_neutral, without_legacy_copies
 from sepo.trees import leaves
 
 #: say which table row a result fills (the phase column), not how it was produced
@@ -58,9 +58,11 @@ def recorded(run: Path, root: Path) -> dict[str, Any] | None:
     for directory in (run, *run.parents):
         for name in (SETTINGS, LEGACY_SETTINGS):
             if (directory / name).is_file():
-                return yaml.safe_load((directory / name).read_text()) or {}
+                return without_legacy_copies(yaml.safe_load((directory / name).read_text()) or {})
         if (directory / ".hydra" / "config.yaml").is_file():
-            return leaves(yaml.safe_load((directory / ".hydra" / "config.yaml").read_text()) or {})
+            return without_legacy_copies(
+                leaves(yaml.safe_load((directory / ".hydra" / "config.yaml").read_text()) or {})
+            )
         if directory == root or directory == directory.parent:
             return None
     return None

@@ -28,10 +28,11 @@ from sepo.builders.smollm2 import gguf_path
 from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
-from sepo.paths import can_hold_outputs
+from sepo.paths import CONF_DIR, can_hold_outputs
 from sepo.stages import STAGES
 from sepo.strategies import known_strategies, make_strategy, responds_to_agent
 from sepo.training.options import ADV_NORMS, CREDITS, LENGTH_NORMS, LR_SCHEDULES, PENALTY_MODES
+from sepo.trees import dotted_keys
 
 log = logging.getLogger(__name__)
 
@@ -350,10 +351,24 @@ def validate(cfg: DictConfig) -> None:
     check_relations(cfg)
     check_sizes(cfg)
     check_paths(cfg)
-    if applies(SFT, cfg):  # the model's own SFT defaults name real SFT settings
-        from sepo.stages.sft import sft_settings
+    check_stage_keys(cfg)
 
-        sft_settings(cfg)
+
+#: the stage nodes whose every key is one of conf/<stage>/default.yaml (a model's own defaults add none)
+STAGE_NODES = ("sft", "eval", "sepo")
+
+
+def check_stage_keys(cfg: DictConfig) -> None:
+    """A key a model's stage defaults (conf/<stage>/model/<model>.yaml) or a preset adds to a stage node
+    would be read by nothing: a typo that silently keeps the default. It is an error instead."""
+    for stage in STAGE_NODES:
+        known = set(dotted_keys(OmegaConf.to_container(OmegaConf.load(CONF_DIR / stage / "default.yaml"))))
+        for key in dotted_keys(OmegaConf.to_container(cfg[stage], resolve=False)):
+            _require(
+                key in known,
+                f"{stage}.{key} is not a key of the {stage} node (set by model={cfg.model.name}'s "
+                f"conf/{stage}/model/{cfg.model.name}.yaml or a preset); allowed: {', '.join(sorted(known))}",
+            )
 
 
 def check_strategies(cfg: DictConfig) -> None:

@@ -41,6 +41,9 @@ RESULT_NEUTRAL_KEYS = (
 SETTINGS = "run_settings.yaml"  # written when a run starts
 LEGACY_SETTINGS = "finished_config.yaml"  # what runs of older code wrote when they finished
 HYDRA_COPY = ".hydra_finished"
+#: nodes runs of older code recorded as copies of the stage settings (a model's own stage defaults lived in
+#: `model.sft` / `model.eval` / `model.sepo`); their values are in the stage nodes, which are compared
+LEGACY_COPIES = ("model.sft", "model.eval", "model.sepo")
 ROOT_TOKEN = "${paths.root_dir}"
 
 
@@ -72,8 +75,14 @@ def recorded_settings(out: Path) -> dict[str, Any] | None:
     never finished, or no run at all)."""
     for name in (SETTINGS, LEGACY_SETTINGS):
         if (out / name).exists():
-            return yaml.safe_load((out / name).read_text()) or {}
+            return without_legacy_copies(yaml.safe_load((out / name).read_text()) or {})
     return None
+
+
+def without_legacy_copies(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A run's recorded settings without the copies older code kept (`LEGACY_COPIES`), so a run of
+    older code compares equal to the same settings now."""
+    return {k: v for k, v in recorded.items() if not any(k.startswith(n + ".") for n in LEGACY_COPIES)}
 
 
 def differences(out: Path, cfg: DictConfig) -> list[str] | None:

@@ -16,11 +16,11 @@ from omegaconf import OmegaConf
 
 from sepo.games import AGENT
 from sepo.stages.datagen import episode_strategies, run_datagen
-from sepo.stages.sft import ensure_dataset
 from sepo.training.reasoning import reasoning_case, reasoning_line
 from sepo.training.sft_data import (
     build_dataset,
     datagen_opponents,
+    ensure_dataset,
     examples_from_records,
     generate_dataset,
     generate_game_examples,

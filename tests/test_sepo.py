@@ -10,14 +10,15 @@ import torch
 from omegaconf import OmegaConf
 
 from sepo.builders import load_model_and_tokenizer
+from sepo.errors import Diverged
 from sepo.games import make_game
 from sepo.policies.lm import LMPolicy
 from sepo.stages.sepo_loop import (
     RecordingPolicy,
     accumulate_gradients,
     attach_lora,
-    optimisation_step,
     reference_logprobs,
+    update,
 )
 from sepo.training.objective import EstimatorState, sepo_settings
 from sepo.training.rollouts import BatchBuilder
@@ -126,15 +127,15 @@ def test_passes_hold_at_most_micro_batch_decisions_and_micro_batch_tokens():
     assert [len(p) for p in _micro_batches(decisions, s)] == [3, 3, 2]
 
 
-def test_non_finite_loss_skips_the_update(setup, monkeypatch):
+def test_a_non_finite_loss_takes_no_step_and_ends_the_run_as_diverged(setup, monkeypatch):
     cfg, s, game, model, policy = setup()
     batch = collect(cfg, s, game, policy)
     ref = reference_logprobs(model, policy, batch, s)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     batch.advantages[0] = float("nan")
-    stats = optimisation_step(model, policy, opt, batch, ref, s)
-    assert stats["skipped"] == 1.0
+    with pytest.raises(Diverged, match="non-finite loss or gradient"):
+        update(model, policy, opt, batch, ref, s, step=0)
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters() if p.requires_grad)
 
 

@@ -19,25 +19,21 @@ from safetensors import safe_open
 from sepo.builders import load_model_and_tokenizer
 from sepo.config import validate
 from sepo.errors import ConfigError
-from sepo.stages.sft import (
-    ChatSFTCollator,
-    end_of_turn_ids,
-    ensure_dataset,
-    read_examples,
-    run_sft,
-    sft_settings,
-    training_curve,
-)
+from sepo.stages.sft import run_sft, sft_settings
 from sepo.task import run_task
 from sepo.training.sft_batching import (
+    ChatSFTCollator,
     SFTBatchCollator,
     check_prefix_sharing,
     encode_examples,
+    end_of_turn_ids,
     first_predicted,
     prefix_groups,
     sft_logits,
     token_cross_entropy,
 )
+from sepo.training.sft_data import ensure_dataset, read_examples
+from sepo.training.sft_monitoring import training_curve
 
 from .conftest import model_cfg
 
@@ -59,7 +55,7 @@ QUICK = [
     "sft.evaluate=false",
     "eval.progress=false",
 ]
-#: the tiny model's own `model.sft` defaults are larger; `sft.<key>=` overrides win over them
+#: the tiny model's own SFT defaults (conf/sft/model/tiny.yaml) are larger; `sft.<key>=` overrides win over them
 TINY_QUICK = ["sft.per_device_batch_size=2", "sft.agreement_examples=4"]
 
 
@@ -100,7 +96,7 @@ def example(shared_cache):
 
 
 # --------------------------------------------------------------------------- settings and data
-def test_model_sft_block_is_merged_over_the_sft_node(compose_cfg):
+def test_a_models_own_sft_defaults_are_merged_over_the_sft_node(compose_cfg):
     s = sft_settings(compose_cfg("stage=sft", "model=tiny"))
     assert s.full_finetune is True
     assert s.lr == pytest.approx(2e-3)  # the tiny model's own defaults
@@ -109,7 +105,7 @@ def test_model_sft_block_is_merged_over_the_sft_node(compose_cfg):
     assert s.dataset == "multi"  # the sft node's
     s = sft_settings(compose_cfg("stage=sft", "model=tiny", "sft.lr=1e-4", "sft.max_examples=32"))
     assert s.lr == pytest.approx(1e-4)
-    assert s.max_examples == 32  # a command-line override wins over model.sft
+    assert s.max_examples == 32  # a command-line override wins over the model's defaults
     s = sft_settings(compose_cfg("stage=sft", "model=qwen", "game=kuhn"))
     assert (s.lora.r, s.lora.alpha, s.lora.dropout, s.lr, s.per_device_batch_size, s.grad_accum, s.epochs) == (
         32,
@@ -123,10 +119,13 @@ def test_model_sft_block_is_merged_over_the_sft_node(compose_cfg):
     assert s.lora.target_modules == model_cfg("qwen").lora.target_modules
     assert s.dataset == "kuhn"
     assert sft_settings(compose_cfg("stage=sft", "model=qwen", "game=neg_v2")).dataset == "neg_gt"
-    with pytest.raises(ConfigError, match=r"model\.sft\.learning_rate is not an SFT setting"):
-        sft_settings(compose_cfg("stage=sft", "model=tiny", "+model.sft.learning_rate=1"))
-    with pytest.raises(ConfigError, match=r"model\.sft\.lora\.rank is not an SFT setting"):
-        sft_settings(compose_cfg("stage=sft", "model=qwen", "+model.sft.lora.rank=8"))
+    # a key that a model's own defaults (or a preset) add would be read by nothing: an error, not a silent default
+    with pytest.raises(
+        ConfigError, match=r"sft\.learning_rate is not a key of the sft node .*conf/sft/model/tiny\.yaml"
+    ):
+        validate(compose_cfg("stage=sft", "model=tiny", "+sft.learning_rate=1"))
+    with pytest.raises(ConfigError, match=r"sft\.lora\.rank is not a key of the sft node"):
+        validate(compose_cfg("stage=sft", "model=smollm2", "+sft.lora.rank=8"))
 
 
 def test_missing_dataset_is_generated_once_and_atomically(compose_cfg, tmp_path):
@@ -404,7 +403,7 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
     changed = {k for k in base_sd if not torch.equal(base_sd[k], merged_sd[k])}
     assert changed
     assert all(k.removesuffix(".weight") in expected for k in changed)
-    from sepo.stages.sft import generate_answers
+    from sepo.training.sft_agreement import generate_answers
 
     answers = generate_answers(merged, tok, model_cfg(name), [[{"role": "user", "content": "Your move?"}]] * 2, 2, 4)
     assert len(answers) == 2

@@ -18,7 +18,7 @@ What it reports, per model, and why:
   KV / recurrent cache read at large batch is reported beside it (`cache_mib`, at the end of the
   generation), since at batch 256 it can rival the weights.
 - one SEPO step (rollout batch, reference log-probs, optimizer step) through the project's own
-  code (`sepo.training.rollouts.BatchBuilder`, `sepo.stages.sepo_loop.reference_logprobs`, `optimisation_step`), with
+  code (`sepo.training.rollouts.BatchBuilder`, `sepo.stages.sepo_loop.reference_logprobs`, `update`), with
   its time and peak memory, once with the reference = adapter disabled (the project's default)
   and once with a 4-bit (bitsandbytes NF4) reference (`sepo.ref_4bit`, `sepo.models.quantized_reference`:
   the linear layers quantized, everything else (embeddings, norms: frozen under LoRA) shared with
@@ -629,14 +629,15 @@ def sepo_step_benchmark(model: Any, tokenizer: Any, cfg: Any, device: str, ref_4
     step (fresh AdamW, so its state's first allocation is in the peak), each phase timed."""
     import torch
 
+    from sepo.errors import Diverged
     from sepo.games import make_game
     from sepo.models import quantized_reference
     from sepo.stages.sepo_loop import (
         RecordingPolicy,
         generated_tokens,
-        optimisation_step,
         reference_logprobs,
         training_parts,
+        update,
     )
     from sepo.training.objective import sepo_settings
 
@@ -669,7 +670,10 @@ def sepo_step_benchmark(model: Any, tokenizer: Any, cfg: Any, device: str, ref_4
             ref = reference_logprobs(model, policy, batch, s, ref_model)
             _sync(device)
             t2 = time.perf_counter()
-            stats = optimisation_step(model, policy, optimizer, batch, ref, s)
+            try:
+                loss, skipped = update(model, policy, optimizer, batch, ref, s, step=0)["loss"], False
+            except Diverged:  # a non-finite loss or gradient: no step taken
+                loss, skipped = float("nan"), True
             _sync(device)
             t3 = time.perf_counter()
         out.update(
@@ -680,8 +684,8 @@ def sepo_step_benchmark(model: Any, tokenizer: Any, cfg: Any, device: str, ref_4
             peak_mib=peak.mib,
             decisions=len(batch.decisions),
             generated_tokens=generated_tokens(batch),
-            loss=round(float(stats["loss"]), 6),
-            skipped=bool(stats["skipped"]),
+            loss=round(float(loss), 6),
+            skipped=skipped,
         )
     except _oom_types() as err:
         out["error"] = f"out of memory ({str(err).splitlines()[0][:120]})"

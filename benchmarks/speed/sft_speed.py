@@ -67,7 +67,9 @@ def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
     """Mean token count of the training examples (this checkout's encoding) and the batch size."""
     from sepo.builders import load_model_and_tokenizer
     from sepo.compose import compose_config
-    from sepo.stages.sft import ChatSFTCollator, end_of_turn_ids, ensure_dataset, read_examples, sft_settings, subsample
+    from sepo.stages.sft import sft_settings
+    from sepo.training.sft_batching import ChatSFTCollator, end_of_turn_ids
+    from sepo.training.sft_data import ensure_dataset, read_examples, subsample
 
     cfg = compose_config(
         [

@@ -3,7 +3,7 @@
     python -m benchmarks.speed.sft_tiny_ipd [--keep DIR]
 
 Runs `python main.py stage=sft game=ipd model=tiny logger=none` in a temporary project root (tiny
-build, `multi` data generated on demand, training with the tiny model's own SFT defaults (`model.sft`), the
+build, `multi` data generated on demand, training with the tiny model's own SFT defaults (conf/sft/model/tiny.yaml), the
 merged model's action agreement on the validation split, and the evaluation against IPD's pools),
 then prints the run's figures; the last line is JSON:
 {"parse_rate", "action_agreement", "valid_loss", "seconds", ...}. Targets: parse rate >= 0.95 and

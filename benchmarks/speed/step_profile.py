@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> dict:
         RecordingPolicy,
         best_response_schedule,
         generated_tokens,
-        optimisation_step,
         reference_logprobs,
         training_parts,
+        update,
     )
     from sepo.training.objective import sepo_settings
 
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
             batch = builder.collect(game, RecordingPolicy(policy), index, estimator)
             ref = reference_logprobs(model, policy, batch, s)
             for _ in range(int(s.refresh_steps)):
-                optimisation_step(model, policy, optimizer, batch, ref, s)
+                update(model, policy, optimizer, batch, ref, s, step=index)
         return len(batch.decisions), generated_tokens(batch)
 
     with profiled(memory=True) as warm_up:  # first-call allocations and lazy imports are not a step's time

@@ -50,14 +50,23 @@ def episode_strategies(examples: Iterable[dict[str, Any]]) -> dict[str, int]:
 def run_datagen(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, Any]:
     """Write every dataset of `datagen.datasets` and `<out_dir>/manifest.json`."""
     dc = cfg.datagen
-    out_dir = Path(dc.out_dir)
-    seed = int(dc.seed)
-    caps = dc.get("per_game_cap") or {}
     unknown = [d for d in dc.datasets if d not in dc.dataset_games]
     if unknown:
         raise ConfigError(f"datagen.datasets: unknown dataset(s) {unknown}; allowed: {', '.join(dc.dataset_games)}")
-
     started = time.perf_counter()
+    game_examples, game_info = play_every_game(cfg)
+    generated = time.perf_counter() - started
+    datasets = write_datasets(dc, game_examples)
+    manifest = write_manifest(dc, datasets, game_info, game_examples, generated, time.perf_counter() - started)
+    summary = {f"datagen/{d}_{s}": info["files"][s]["examples"] for d, info in datasets.items() for s in SPLITS}
+    summary["datagen/examples_per_second"] = manifest["timing"]["examples_per_second"]
+    tracker.summary(summary)
+    return manifest
+
+
+def play_every_game(cfg: DictConfig) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """The demonstrators' examples of every game some dataset uses (each game played once), and what was played."""
+    dc = cfg.datagen
     game_examples: dict[str, list[dict[str, Any]]] = {}
     game_info: dict[str, dict[str, Any]] = {}
     for dataset in dc.datasets:
@@ -66,7 +75,7 @@ def run_datagen(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str
                 continue
             game_cfg = load_game_cfg(game, cfg.game)
             t0 = time.perf_counter()
-            examples = generate_game_examples(game_cfg, seed, dc.episodes_per_opponent, int(dc.num_opponents))
+            examples = generate_game_examples(game_cfg, int(dc.seed), dc.episodes_per_opponent, int(dc.num_opponents))
             seconds = time.perf_counter() - t0
             game_examples[game] = examples
             episodes = int(dc.episodes_per_opponent or game_cfg.datagen.episodes_per_opponent)
@@ -87,13 +96,18 @@ def run_datagen(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str
                 episodes * len(opponents),
                 seconds,
             )
-    generated = time.perf_counter() - started
+    return game_examples, game_info
 
+
+def write_datasets(dc: DictConfig, game_examples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each dataset split and written under `datagen.out_dir`; what each holds."""
+    out_dir = Path(dc.out_dir)
+    caps = dc.get("per_game_cap") or {}
     datasets: dict[str, Any] = {}
     for dataset in dc.datasets:
         games = list(dc.dataset_games[dataset])
         splits = build_dataset(
-            dataset, {g: game_examples[g] for g in games}, seed, float(dc.valid_fraction), caps.get(dataset)
+            dataset, {g: game_examples[g] for g in games}, int(dc.seed), float(dc.valid_fraction), caps.get(dataset)
         )
         files = write_dataset(out_dir, dataset, splits)
         datasets[dataset] = {
@@ -110,11 +124,22 @@ def run_datagen(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str
             files["valid"]["examples"],
             out_dir / dataset,
         )
-    total = time.perf_counter() - started
+    return datasets
 
+
+def write_manifest(
+    dc: DictConfig,
+    datasets: dict[str, Any],
+    game_info: dict[str, dict[str, Any]],
+    game_examples: dict[str, list[dict[str, Any]]],
+    generated: float,
+    total: float,
+) -> dict[str, Any]:
+    """`<out_dir>/manifest.json`: the datasets, the games played and the timing."""
+    out_dir = Path(dc.out_dir)
     n_generated = sum(len(v) for v in game_examples.values())
     manifest = {
-        "seed": seed,
+        "seed": int(dc.seed),
         "valid_fraction": float(dc.valid_fraction),
         "split": "example-level: seeded shuffle of each dataset, the last round(N * valid_fraction) are valid",
         "notes": [
@@ -140,7 +165,4 @@ def run_datagen(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str
         manifest["timing"]["examples_per_second"] or 0,
         total,
     )
-    summary = {f"datagen/{d}_{s}": info["files"][s]["examples"] for d, info in datasets.items() for s in SPLITS}
-    summary["datagen/examples_per_second"] = manifest["timing"]["examples_per_second"]
-    tracker.summary(summary)
     return manifest

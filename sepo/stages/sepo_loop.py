@@ -213,29 +213,6 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
     return total / max(tokens, 1)
 
 
-def optimisation_step(
-    model: Any,
-    policy: LMPolicy,
-    optimizer: torch.optim.Optimizer,
-    batch: RolloutBatch,
-    ref: list[torch.Tensor] | None,
-    s: DictConfig,
-) -> dict[str, float]:
-    """One optimizer step over the whole rollout batch; skipped when the loss or a gradient is not finite."""
-    optimizer.zero_grad(set_to_none=True)
-    stats = accumulate_gradients(model, policy, batch, ref, s)
-    params = [p for p in model.parameters() if p.requires_grad]
-    distributed.sum_gradients(params)  # data parallel: every process now holds the whole batch's gradient
-    finite = math.isfinite(stats["loss"]) and all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
-    if finite:
-        with section("optimizer"):
-            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, float(s.grad_clip)))
-            optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    stats["skipped"] = float(not finite)
-    return stats
-
-
 def evaluate_checkpoint(cfg: DictConfig, game: Game, model: Any, tokenizer: Any, step: int, final: bool) -> dict:
     """The checkpoint on the test episodes (`seed`: results.json, what the tables report) and on the
     validation episodes (`eval.validation_seed`: validation.json, what picks the best checkpoint)."""
@@ -314,9 +291,7 @@ def resume_point(cfg: DictConfig, out: Path, learner: Learner) -> tuple[int, int
     """(optimizer step, rollout batch index) to continue from: the newest loadable checkpoint's, or 0."""
     if cfg.resume != "auto":
         return 0, 0
-    return load_checkpoint(
-        out, learner.model, learner.optimizer, learner.policy, learner.estimator, learner.best_response
-    )
+    return load_checkpoint(out, learner)
 
 
 def refresh_best_response(learner: Learner, game: Game, step: int, tracker: NullTracker) -> None:
@@ -335,27 +310,41 @@ def refresh_best_response(learner: Learner, game: Game, step: int, tracker: Null
     )
 
 
-def update(learner: Learner, batch: RolloutBatch, ref: list[torch.Tensor] | None, s: DictConfig, step: int) -> dict:
-    """One optimizer step at this step's learning rate (the schedule is a function of the step alone)."""
+def update(
+    model: Any,
+    policy: LMPolicy,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    ref: list[torch.Tensor] | None,
+    s: DictConfig,
+    step: int,
+) -> dict[str, float]:
+    """One optimizer step on the whole rollout batch, at this step's learning rate (a function of the step
+    alone): micro-batch -> loss -> backward (`accumulate_gradients`), then the gradient summed over
+    processes, clipped, and the step. A non-finite loss or gradient takes no step and ends the run as
+    diverged: the weights, and every checkpoint so far, stay finite."""
     lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
-    set_learning_rate(learner.optimizer, lr)
-    stats = {**optimisation_step(learner.model, learner.policy, learner.optimizer, batch, ref, s), "lr": lr}
-    if stats["skipped"]:  # the update was not taken: the weights, and every checkpoint so far, are finite
+    set_learning_rate(optimizer, lr)
+    optimizer.zero_grad(set_to_none=True)
+    stats = accumulate_gradients(model, policy, batch, ref, s)
+    params = [p for p in model.parameters() if p.requires_grad]
+    distributed.sum_gradients(params)  # data parallel: every process now holds the whole batch's gradient
+    if not (math.isfinite(stats["loss"]) and all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)):
+        optimizer.zero_grad(set_to_none=True)
         raise Diverged(f"diverged at step {step + 1}: non-finite loss or gradient; the checkpoints before it are kept")
-    check_step(step + 1, None, learner.model, when="after")
-    return stats
+    with section("optimizer"):
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, float(s.grad_clip)))
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    check_step(step + 1, None, model, when="after")
+    return {**stats, "lr": lr}
 
 
-def refresh_due(
-    learner: Learner, batch: RolloutBatch, s: DictConfig, reuse: int, step: int, checkpoints: set[int], stats: dict
-) -> bool:
-    """The refresh rule ("5 steps or KL > 0.5"): fresh rollouts after `refresh_steps` updates on a batch,
-    at a checkpoint or the end of the run (a checkpoint never stores rollouts), or once the updated
-    policy has moved more than `refresh_kl` from the one that sampled the batch (logged as kl_old_after)."""
-    if reuse + 1 == int(s.refresh_steps) or step in checkpoints or step >= int(s.steps):
-        return True
-    stats["kl_old_after"] = old_policy_divergence(learner.model, learner.policy, batch, s)
-    return stats["kl_old_after"] > float(s.refresh_kl)
+def batch_spent(s: DictConfig, reuse: int, step: int, checkpoints: set[int]) -> bool:
+    """Fresh rollouts are due after `refresh_steps` updates on a batch, at a checkpoint, and at the end
+    of the run (a checkpoint never stores rollouts). The refresh rule's other half ("5 steps or KL > 0.5")
+    is measured in the loop: the updated policy's KL from the one that sampled the batch."""
+    return reuse + 1 == int(s.refresh_steps) or step in checkpoints or step >= int(s.steps)
 
 
 def log_step(
@@ -400,16 +389,7 @@ def checkpoint(
     if distributed.is_main():
         result = evaluate_checkpoint(cfg, game, learner.model, learner.tokenizer, step, final)
         tracker.log({f"eval/{k}": v for k, v in result["metrics"].items()}, step=step)
-        save_checkpoint(
-            out,
-            learner.model,
-            learner.optimizer,
-            learner.policy,
-            step,
-            batch_index,
-            learner.estimator,
-            learner.best_response,
-        )
+        save_checkpoint(out, learner, step, batch_index)
     distributed.barrier()
 
 
@@ -447,9 +427,12 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
         ref = reference_logprobs(learner.model, learner.policy, batch, s, learner.ref_model)
         tokens = generated_tokens(batch)
         for reuse in range(int(s.refresh_steps)):
-            stats = update(learner, batch, ref, s, step)
+            stats = update(learner.model, learner.policy, learner.optimizer, batch, ref, s, step)
             step += 1
-            done_with_batch = refresh_due(learner, batch, s, reuse, step, checkpoints, stats)
+            done_with_batch = batch_spent(s, reuse, step, checkpoints)
+            if not done_with_batch:  # or has the policy moved more than refresh_kl from the batch's sampler?
+                stats["kl_old_after"] = old_policy_divergence(learner.model, learner.policy, batch, s)
+                done_with_batch = stats["kl_old_after"] > float(s.refresh_kl)
             log_step(tracker, step, reuse, batch, stats, tokens, time.time() - started)
             started = time.time()
             if step in checkpoints:

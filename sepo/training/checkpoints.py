@@ -20,9 +20,6 @@ import torch
 
 from sepo.errors import one_line
 from sepo.files import directory_written_atomically, write_text_atomically
-from sepo.policies.lm import LMPolicy
-from sepo.training.best_response import BestResponseSchedule
-from sepo.training.objective import EstimatorState
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +45,12 @@ def newest_that_loads(candidates: list[Path], read: Callable[[Path], T], what: s
 
 
 # ------------------------------------------------------------------------------ SEPO
-def save_checkpoint(
-    out: Path,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    policy: LMPolicy,
-    step: int,
-    batch_index: int,
-    estimator: EstimatorState,
-    best_response: BestResponseSchedule,
-) -> Path:
-    """Written into a temporary dir, synced, then renamed into place, and only then pointed at by
-    `latest`: a crash mid-write never leaves `latest` naming a half-written checkpoint."""
+def save_checkpoint(out: Path, learner: Any, step: int, batch_index: int) -> Path:
+    """Everything a resume needs of `learner` (the SEPO stage's `Learner`: its model's adapter, optimizer,
+    policy's sampling stream, estimator and best responders), written into a temporary dir, synced, then
+    renamed into place, and only then pointed at by `latest`: a crash mid-write never leaves `latest`
+    naming a half-written checkpoint."""
+    model, optimizer, policy = learner.model, learner.optimizer, learner.policy
     root = out / "checkpoints"
     ckpt = root / f"step_{step}"
     with directory_written_atomically(ckpt, replace=True, durable=True) as tmp:  # a re-run may write a step again
@@ -74,8 +65,8 @@ def save_checkpoint(
             },
             tmp / "train_state.pt",
         )
-        (tmp / "estimator_state.json").write_text(json.dumps(estimator.to_dict()) + "\n")
-        best_response.save(tmp)
+        (tmp / "estimator_state.json").write_text(json.dumps(learner.estimator.to_dict()) + "\n")
+        learner.best_response.save(tmp)
     write_text_atomically(root / "latest", f"step_{step}\n")
     return ckpt
 
@@ -99,14 +90,7 @@ def checkpoints_newest_first(out: Path) -> list[Path]:
     return named + [p for p in numbered_newest_first(root, "step_") if p not in named]
 
 
-def load_checkpoint(
-    out: Path,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    policy: LMPolicy,
-    estimator: EstimatorState,
-    best_response: BestResponseSchedule,
-) -> tuple[int, int]:
+def load_checkpoint(out: Path, learner: Any) -> tuple[int, int]:
     """Restore the newest checkpoint that loads; returns (step, next batch index), or (0, 0) when there is none.
 
     A damaged one (truncated file, missing part) is reported in one line with its path and skipped
@@ -115,19 +99,19 @@ def load_checkpoint(
 
     def read(ckpt: Path) -> dict[str, Any]:
         saved = read_checkpoint(ckpt)
-        best_response.load(ckpt)
+        learner.best_response.load(ckpt)
         return saved
 
     found = newest_that_loads(checkpoints_newest_first(out), read, "checkpoint")
     if found is None:
         return 0, 0
     ckpt, saved = found
-    set_peft_model_state_dict(model, saved["adapter"])
+    set_peft_model_state_dict(learner.model, saved["adapter"])
     state = saved["train_state"]
-    optimizer.load_state_dict(state["optimizer"])
+    learner.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
-    policy.generator.set_state(state["policy_rng"])
-    estimator.load(saved["estimator"])
+    learner.policy.generator.set_state(state["policy_rng"])
+    learner.estimator.load(saved["estimator"])
     log.info("resumed from %s (step %d)", ckpt, state["step"])
     return int(state["step"]), int(state["batch_index"])
 

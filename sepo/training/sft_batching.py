@@ -32,10 +32,15 @@ longest). Batch composition and order are the Trainer's seeded sampler's; nothin
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from sepo.models import render_chat
+
+log = logging.getLogger(__name__)
 
 IGNORE = -100
 
@@ -337,3 +342,105 @@ def greedy_answers(
             cut = next((j for j, tok in enumerate(row) if tok in eos), len(row))
             answers[i] = row[:cut]
     return answers
+
+
+def end_of_turn_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Token ids that end an assistant turn: the generation config's EOS ids and the tokenizer's."""
+    gen = getattr(model, "generation_config", None)
+    eos = gen.eos_token_id if gen is not None else None
+    ids = {eos} if isinstance(eos, int) else set(eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class ChatSFTCollator:
+    """Tokenises chat examples through the chat template and masks the loss to the answer.
+
+    `encode` gives (input ids, labels) of one example: prompt = the chat template of every turn but
+    the last with the generation prompt; answer = the last (assistant) turn's content followed by
+    what the template writes after it, up to and including the first end-of-turn token. Labels are
+    -100 on the prompt (`assistant_only`). Over-long sequences drop tokens from the left of the
+    prompt. `__call__` right-pads a batch and adds the all-zero token type ids when `type_ids_key`
+    names the model's argument (Gemma 4).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_cfg: Any,
+        max_length: int,
+        eos_ids: set[int],
+        type_ids_key: str | None = None,
+        assistant_only: bool = True,
+    ):
+        self.tokenizer = tokenizer
+        self.model_cfg = model_cfg
+        self.max_length = int(max_length)
+        self.eos_ids = set(eos_ids)
+        self.type_ids_key = type_ids_key
+        self.assistant_only = assistant_only
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._warned = False
+
+    def _ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def split(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[int]]:
+        """Prompt ids and answer ids (content + end of turn) of one example."""
+        if not messages or messages[-1]["role"] != "assistant":
+            raise ValueError("an SFT example must end with an assistant turn")
+        messages = [dict(m) for m in messages]
+        prompt = render_chat(self.tokenizer, self.model_cfg, messages[:-1], add_generation_prompt=True)
+        full = render_chat(self.tokenizer, self.model_cfg, messages, add_generation_prompt=False)
+        content = messages[-1]["content"]
+        at = full.rfind(content)
+        tail = full[at + len(content) :] if at >= 0 else ""
+        answer = self._ids(content + tail)
+        stop = next((i + 1 for i, t in enumerate(answer) if t in self.eos_ids), None)
+        if stop is not None:
+            answer = answer[:stop]
+        elif self.tokenizer.eos_token_id is not None:  # the template wrote no end-of-turn token: add one
+            answer.append(self.tokenizer.eos_token_id)
+        return self._ids(prompt), answer
+
+    def encode(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], list[int]]:
+        prompt, answer = self.split(messages)
+        if len(answer) > self.max_length:  # cannot happen with the games' short answers
+            if not self._warned:
+                log.warning(
+                    "sft: an answer of %d tokens exceeds sft.max_length=%d and is cut", len(answer), self.max_length
+                )
+                self._warned = True
+            answer = answer[: self.max_length]
+        budget = self.max_length - len(answer)
+        prompt = prompt[len(prompt) - budget :] if len(prompt) > budget else prompt
+        prompt = prompt if budget > 0 else []
+        labels = ([-100] * len(prompt) if self.assistant_only else list(prompt)) + answer
+        return prompt + answer, labels
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        encoded = [self.encode(ex["messages"]) for ex in examples]
+        width = max(len(ids) for ids, _ in encoded)
+        input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(encoded), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for row, (ids, lab) in enumerate(encoded):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, : len(lab)] = torch.tensor(lab)
+            mask[row, : len(ids)] = 1
+        batch = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+        if self.type_ids_key:
+            batch[self.type_ids_key] = torch.zeros_like(input_ids)
+        return batch
+
+
+class ListDataset(torch.utils.data.Dataset):
+    def __init__(self, items: list[dict[str, Any]]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.items[i]

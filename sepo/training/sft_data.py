@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo.arena import EpisodeRecord, play
 from sepo.errors import ConfigError
+from sepo.files import directory_written_atomically, move_aside
 from sepo.games import Game, make_game
 from sepo.policies.base import Decision, DecisionRequest, Demonstration
 from sepo.strategies.base import make_strategy, responds_to_agent
@@ -331,3 +332,81 @@ def manifest_mismatch(ds_dir: Path, files: dict[str, Any]) -> str | None:
         if hashlib.sha256(path.read_bytes()).hexdigest() != record["sha256"]:
             return f"{path.name} differs from the file generated (sha256)"
     return None
+
+
+def _complete(ds_dir: Path) -> bool:
+    return (ds_dir / "train.jsonl").exists() and (ds_dir / "valid.jsonl").exists()
+
+
+def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
+    """`<data_dir>/<dataset>/`, generated when missing (atomically: temp dir, then rename).
+
+    Generation uses the shipped game configs (`conf/game/*.yaml`), so a shared cache never holds data
+    shaped by one run's game overrides; to train on other data, run `stage=datagen` and point
+    `sft.data_dir` at its `out_dir`. Data this stage generated records its datagen settings in
+    `<dataset>/manifest.json`; reusing it under other settings (say, a smoke run's few episodes) is
+    an error rather than a silent mix-up.
+    """
+    data_dir = Path(data_dir)
+    ds_dir = data_dir / dataset
+    dc = cfg.datagen
+    if dataset not in dc.dataset_games:
+        raise ConfigError(f"sft.dataset={dataset} is not a datagen dataset; allowed: {', '.join(dc.dataset_games)}")
+    caps = dc.get("per_game_cap") or {}
+    settings = {
+        "dataset": dataset,
+        "games": list(dc.dataset_games[dataset]),
+        "seed": int(dc.seed),
+        "valid_fraction": float(dc.valid_fraction),
+        "per_game_cap": caps.get(dataset),
+        "episodes_per_opponent": dc.episodes_per_opponent,
+        "num_opponents": int(dc.num_opponents),
+    }
+    if _complete(ds_dir):
+        made = ds_dir / "manifest.json"  # written when this stage generated the data (stage datagen writes none here)
+        if not made.exists():
+            return ds_dir
+        old = json.loads(made.read_text())
+        diff = [k for k in settings if old.get(k) != settings[k]]
+        if diff:
+            raise ConfigError(
+                f"sft.data_dir={data_dir} holds a {dataset} dataset generated with other datagen settings "
+                f"({', '.join(f'{k}: {old.get(k)!r} there, {settings[k]!r} now' for k in diff)}); set sft.data_dir "
+                "to another directory or remove that one"
+            )
+        damage = manifest_mismatch(ds_dir, old.get("files") or {})
+        if damage is None:
+            return ds_dir
+        # generated here from its settings, so it can be generated again, byte for byte
+        log.warning("sft: the cached %s dataset in %s is damaged (%s): generating it again", dataset, ds_dir, damage)
+        move_aside(ds_dir, "damaged")
+    log.info(
+        "sft: dataset %s missing under %s; generating it (games %s, seed %s)",
+        dataset,
+        data_dir,
+        settings["games"],
+        dc.seed,
+    )
+    splits = generate_dataset(
+        dataset,
+        [load_game_cfg(g) for g in settings["games"]],
+        int(dc.seed),
+        float(dc.valid_fraction),
+        caps.get(dataset),
+        dc.episodes_per_opponent,
+        int(dc.num_opponents),
+    )
+    with directory_written_atomically(ds_dir) as tmp:  # another job that finishes first: its copy is used
+        files = write_dataset(tmp.parent, dataset, splits)
+        info = {**settings, "files": files}
+        (tmp / "manifest.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return ds_dir
+
+
+def subsample(examples: list[dict[str, Any]], count: int | None, seed: int, tag: str) -> list[dict[str, Any]]:
+    """A seeded subsample of `count` examples in their file order (all of them when count is None)."""
+    if count is None or count >= len(examples):
+        return examples
+    rng = np.random.default_rng([int(seed), sum(map(ord, tag))])
+    keep = np.sort(rng.choice(len(examples), int(count), replace=False))
+    return [examples[i] for i in keep]
