@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from benchmarks.gpu import full_size as gpu_bench
+from sepo.lm.logprobs import token_logprobs, token_logprobs_reference
 from sepo.models import forward_extras, quantized_reference
-from sepo.training.logprobs import token_logprobs, token_logprobs_reference
 
 from .conftest import ROOT, model_cfg
 

@@ -155,3 +155,17 @@ def test_dotted_keys_and_leaves_of_a_config_tree():
     tree = {"a": 1, "b": {"c": 2, "d": {"e": None}}, "f": {}}
     assert dotted_keys(tree) == ["a", "b", "b.c", "b.d", "b.d.e", "f"]
     assert leaves(tree) == {"a": 1, "b.c": 2, "b.d.e": None}  # an empty node has no leaf
+
+
+def test_the_language_model_layer_sits_below_policies_and_training():
+    """`sepo.lm` imports nothing else of the project, and the agent that plays (`sepo.policies`) does not
+    reach into training for what both share: that lives in the layer below them."""
+    g = graph()
+    lm_imports = sorted(
+        (m, n) for m, deps in g.items() if m.startswith("sepo.lm") for n in deps if not n.startswith("sepo.lm")
+    )
+    assert not lm_imports, f"the language-model layer imports the project: {lm_imports}"
+    policies_on_training = sorted(
+        (m, n) for m, deps in g.items() if m.startswith("sepo.policies") for n in deps if n.startswith("sepo.training")
+    )
+    assert not policies_on_training, f"policies import training: {policies_on_training}"

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from sepo.builders import load_model_and_tokenizer
 from sepo.errors import NonFiniteLogits
 from sepo.games import make_game
+from sepo.lm.logprobs import next_token_logits, token_logprobs
 from sepo.policies.base import DecisionRequest
 from sepo.policies.lm import (
     ActionStoppingCriteria,
@@ -32,7 +33,6 @@ from sepo.policies.lm import (
     holds_action,
     score_passes,
 )
-from sepo.training.logprobs import next_token_logits, token_logprobs
 
 from .conftest import CONF, ROOT, model_cfg, read_results, teach
 

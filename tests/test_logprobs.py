@@ -1,4 +1,4 @@
-"""Chunked per-token log-probs (sepo/training/logprobs.py) against the plain unchunked computation."""
+"""Chunked per-token log-probs (sepo/lm/logprobs.py) against the plain unchunked computation."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from sepo.training.logprobs import (
+from sepo.lm.logprobs import (
     chunked_logprobs_from_hidden,
     logprobs_from_hidden_reference,
     next_token_logits,

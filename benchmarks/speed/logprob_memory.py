@@ -1,7 +1,7 @@
 """Peak memory of per-token log-probs, `python -m benchmarks logprob`.
 
 `logprob` measures the peak memory of per-token log-probs over a large vocabulary, chunked
-(`sepo.training.logprobs.chunked_logprobs_from_hidden`) against the unchunked reference. Torch's CPU
+(`sepo.lm.logprobs.chunked_logprobs_from_hidden`) against the unchunked reference. Torch's CPU
 allocations are invisible to tracemalloc, so each variant runs in a fresh subprocess that
 allocates its inputs, warms the kernels up on a sliver, resets the kernel's peak-RSS mark, computes,
 and reports the growth of its peak resident set size (VmHWM) over the resident set size before the
@@ -52,7 +52,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     """One variant in this (fresh) process: peak memory growth of the computation in MiB."""
     import torch
 
-    from sepo.training.logprobs import chunked_logprobs_from_hidden, logprobs_from_hidden_reference
+    from sepo.lm.logprobs import chunked_logprobs_from_hidden, logprobs_from_hidden_reference
 
     def compute(hidden, weight, targets):
         with torch.no_grad():

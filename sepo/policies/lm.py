@@ -56,12 +56,12 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 
 from sepo.errors import NonFiniteLogits
 from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the stopping rule; re-exported)
+from sepo.lm.logprobs import next_token_logits, token_logprobs
 from sepo.models import chat_template_kwargs, forward_extras
 from sepo.policies import played
 from sepo.policies.base import Decision, DecisionRequest, TokenTrace
 from sepo.policies.played import ActionEstimate
 from sepo.profiling import section
-from sepo.training.logprobs import next_token_logits, token_logprobs
 
 #: Logits processors a checkpoint's generation config may switch on (Qwen ships top_k 20, top_p 0.95),
 #: switched off: what is sampled is exactly softmax(logits / T), whose log-probs training records.

@@ -42,6 +42,7 @@ from sepo import distributed
 from sepo.builders import load_model_and_tokenizer
 from sepo.errors import Diverged, NonFiniteLogits
 from sepo.games import Game, make_game
+from sepo.lm.logprobs import token_logprobs
 from sepo.models import attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
@@ -51,7 +52,6 @@ from sepo.tracking import NO_TRACKING, NullTracker
 from sepo.training.best_response import BestResponseSchedule
 from sepo.training.checkpoints import load_checkpoint, save_checkpoint
 from sepo.training.divergence import check_step
-from sepo.training.logprobs import token_logprobs
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
 from sepo.training.objective import EstimatorState, old_policy_kl, sepo_settings, token_loss
 from sepo.training.rollouts import BatchBuilder, RolloutBatch

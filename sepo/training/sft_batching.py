@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from sepo.lm.logprobs import position_ids_from_mask
 from sepo.models import render_chat
 
 log = logging.getLogger(__name__)
@@ -110,11 +111,6 @@ def _left_pad(seqs: Sequence[Sequence[int]], width: int, pad: int) -> tuple[torc
     return ids, mask
 
 
-def positions_from_mask(mask: torch.Tensor, start: int = 0) -> torch.Tensor:
-    """Position ids counting the attended tokens of each row from `start` (0 on padding)."""
-    return ((mask.cumsum(-1) - 1).clamp(min=0) + start) * mask
-
-
 class SFTBatchCollator:
     """Collates pre-encoded examples (`encode_examples`) into the layout `sft_logits` reads.
 
@@ -148,7 +144,7 @@ class SFTBatchCollator:
             group = {
                 "rows": torch.tensor(members, dtype=torch.long),
                 "input_ids": r_ids,
-                "position_ids": positions_from_mask(r_mask, p),
+                "position_ids": position_ids_from_mask(r_mask, p),
             }
             if p:
                 group["prefix_ids"] = torch.tensor([ids[members[0]][:p]], dtype=torch.long)

@@ -24,13 +24,14 @@ from torch.utils.checkpoint import checkpoint
 Head = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 
 
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, exactly as `generate` builds them.
+def position_ids_from_mask(attention_mask: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Positions that skip left padding, exactly as `generate` builds them, counted from `start` (the
+    length of a prefix already in the KV cache); 0 on padding.
 
     Passing them explicitly keeps teacher-forced passes over left-padded batches consistent with
     what the model saw while sampling (and a padded row consistent with the same row alone).
     """
-    pos = attention_mask.long().cumsum(-1) - 1
+    pos = attention_mask.long().cumsum(-1) - 1 + start
     return pos.masked_fill(attention_mask == 0, 0)
 
 
