@@ -15,16 +15,26 @@ pool table reuses Hard, Fair, FairNeg and NashApx.
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.builders.smollm2 import gguf_path
+from sepo.config_rules import (
+    Rule,
+    integer,
+    non_empty_name,
+    one_of,
+    optional_name,
+    real,
+    step_list,
+    steps_or_share,
+    strings,
+    temperature,
+)
 from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
@@ -55,94 +65,6 @@ def _require(condition: bool, message: str) -> None:
 
 
 # ------------------------------------------------------------------------------ the rules
-@dataclass(frozen=True)
-class Rule:
-    """A field's allowed values: a test, and the words the error shows."""
-
-    ok: Callable[[Any], bool]
-    allowed: str
-    as_typed: bool = False  # name the value as typed (`sepo.credit=round`) instead of its repr
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def integer(low: int, high: int | None = None, optional: bool = False, why: str = "") -> Rule:
-    """An integer in [low, high); `optional`: or null."""
-    text = f"an integer >= {low}" + (f" and < {high}" if high is not None else "") + (", or null" if optional else "")
-    return Rule(
-        lambda v: (v is None and optional) or (_is_int(v) and v >= low and (high is None or v < high)),
-        text + (f" ({why})" if why else ""),
-    )
-
-
-def real(low: float, strict: bool = False, high: float | None = None, high_closed: bool = False) -> Rule:
-    """A finite number above `low` (or at it, unless `strict`), below `high` (or at it, if `high_closed`)."""
-    if high is None:
-        text = f"a number {'>' if strict else '>='} {low:g}"
-    else:
-        text = f"a number in {'(' if strict else '['}{low:g}, {high:g}{']' if high_closed else ')'}"
-    return Rule(
-        lambda v: (
-            _is_real(v)
-            and (v > low if strict else v >= low)
-            and (high is None or (v <= high if high_closed else v < high))
-        ),
-        text,
-    )
-
-
-#: the narrowest sampling temperature: logits divided by less overflow to inf (NaN probabilities);
-#: anything this sharp already samples the argmax, which temperature 0 says directly
-MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
-
-
-def temperature(greedy: bool) -> Rule:
-    """A sampling temperature that sampling can use; `greedy`: 0 (the argmax) allowed too."""
-    in_range = real(MIN_TEMPERATURE, high=MAX_TEMPERATURE, high_closed=True)
-    return Rule(
-        lambda v: (greedy and _is_real(v) and v == 0) or in_range.ok(v),
-        ("0 (greedy) or " if greedy else "") + in_range.allowed,
-    )
-
-
-def one_of(*values: Any) -> Rule:
-    return Rule(lambda v: v in values, ", ".join("null" if v is None else str(v) for v in values), as_typed=True)
-
-
-def name() -> Rule:
-    return Rule(lambda v: isinstance(v, str) and v.strip() != "", "a non-empty name")
-
-
-def optional_name(what: str) -> Rule:
-    return Rule(lambda v: v is None or (isinstance(v, str) and v.strip() != ""), f"null ({what}) or a name")
-
-
-def strings() -> Rule:
-    return Rule(
-        lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings, e.g. [ablation]"
-    )
-
-
-def step_list() -> Rule:
-    return Rule(
-        lambda v: isinstance(v, (list, tuple)) and all(_is_int(x) and x >= 1 for x in v),
-        "a list of integers >= 1 (e.g. [25,50,75]) or []",
-    )
-
-
-def steps_or_share() -> Rule:
-    return Rule(
-        lambda v: (_is_int(v) and v >= 1) or (isinstance(v, float) and 0.0 < v < 1.0),
-        "an integer >= 1 (optimizer steps) or a number in (0, 1) (a share of the run's steps)",
-    )
-
-
 def _language_model(cfg: DictConfig) -> bool:
     return cfg.model.name != "scripted"
 
@@ -165,8 +87,8 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     ("all", "datagen.valid_fraction", real(0.0, strict=True, high=1.0)),
     (_language_model, "model.dtype", one_of(*TORCH_DTYPES)),
     (_wandb, "logger.mode", one_of(*LOGGER_MODES)),
-    (_wandb, "logger.project", name()),
-    (_wandb, "logger.group", name()),
+    (_wandb, "logger.project", non_empty_name()),
+    (_wandb, "logger.group", non_empty_name()),
     (_wandb, "logger.entity", optional_name("your default")),
     (_wandb, "logger.tags", strings()),
     (EVAL, "eval.episodes_per_opponent", integer(1)),
