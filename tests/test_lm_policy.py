@@ -21,14 +21,13 @@ from omegaconf import OmegaConf
 from sepo.builders import load_model_and_tokenizer
 from sepo.errors import NonFiniteLogits
 from sepo.games import make_game
+from sepo.lm.decoding import IncrementalText
 from sepo.lm.logprobs import next_token_logits, token_logprobs
+from sepo.lm.sampling import RowSampler, counter_uniforms
 from sepo.policies.base import DecisionRequest
 from sepo.policies.lm import (
     ActionStoppingCriteria,
-    IncrementalText,
     LMPolicy,
-    RowSampler,
-    counter_uniforms,
     fallback_question,
     holds_action,
     score_passes,

@@ -4,6 +4,9 @@ SFT and SEPO stages, which score) both do with a causal language model, written 
 - `logprobs`: per-token log-probabilities of given tokens with bounded memory, the next-token logits, and the
   position ids of a left-padded batch (the same positions `generate` uses, so a teacher-forced pass scores
   exactly what was sampled).
+- `sampling`: pure temperature sampling from per-row counter streams, recording each drawn token's log-prob.
+- `decoding`: the text of a growing answer, decoded a token at a time (what the stopping rule reads).
 
-It imports nothing else of the project (tests/test_layout.py), so either side can use it without the other.
+It imports nothing else of the project but its errors and section timers (tests/test_layout.py), so either
+side can use it without the other.
 """

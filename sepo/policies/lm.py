@@ -37,7 +37,7 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
 Sampling is pure temperature sampling (no top-k/top-p, whatever the model's generation config
 suggests) so that the recorded log-probs are those of the distribution actually sampled from.
 Temperature 0 means greedy decoding. Each row samples from its own counter-based stream
-(`counter_uniforms`), keyed by `seed` and one draw of its episode's agent stream
+(`sepo.lm.sampling.counter_uniforms`), keyed by `seed` and one draw of its episode's agent stream
 (`DecisionRequest.rng`), all rows in one vectorised draw per step: an episode's answers do
 not depend on which other episodes share the batch, on `batch_size` or on the order of calls, so
 adding episodes to a lockstep batch (SEPO's auxiliary episodes) leaves the others unchanged, and
@@ -52,22 +52,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from sepo.errors import NonFiniteLogits
 from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the stopping rule; re-exported)
+from sepo.lm.decoding import IncrementalText
 from sepo.lm.logprobs import next_token_logits, token_logprobs
+from sepo.lm.sampling import PLAIN_SAMPLING, RowSampler
 from sepo.models import chat_template_kwargs, forward_extras
 from sepo.policies import played
 from sepo.policies.base import Decision, DecisionRequest, TokenTrace
 from sepo.policies.played import ActionEstimate
 from sepo.profiling import section
-
-#: Logits processors a checkpoint's generation config may switch on (Qwen ships top_k 20, top_p 0.95),
-#: switched off: what is sampled is exactly softmax(logits / T), whose log-probs training records.
-PLAIN_SAMPLING = dict(
-    top_k=None, top_p=None, min_p=None, typical_p=None, repetition_penalty=None, no_repeat_ngram_size=None
-)
 
 #: Above this many legal actions the fallback question shows the game's format hint instead.
 MAX_LISTED_ACTIONS = 10
@@ -126,42 +121,6 @@ def answer_view(prompt_text: str, answer: str) -> str:
     return "<think>" + answer if think_open(prompt_text) else answer
 
 
-class IncrementalText:
-    """The decoded text of a growing token sequence, decoding only a short window per new token.
-
-    Decoding the whole answer at every generation step costs O(length) per step, O(length^2) per
-    answer. This is the streaming detokenizer of text-generation servers: it decodes the tokens
-    since the last emitted boundary with and without the newest ones and appends the difference,
-    holding text back while it ends in an incomplete UTF-8 character. Decoding from a window that
-    starts one emitted piece earlier keeps tokenizers that drop a leading space (SentencePiece)
-    right. The accumulated text equals `tokenizer.decode(all tokens)` whenever that does not end
-    in an incomplete character.
-    """
-
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True):
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = []
-        self.text = ""
-        self._prefix = 0  # start of the window decoded for comparison
-        self._read = 0  # tokens already turned into text
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-
-    def push(self, token: int) -> str:
-        """Append one token; returns the text it completed (may be empty)."""
-        self.ids.append(int(token))
-        before = self._decode(self.ids[self._prefix : self._read])
-        after = self._decode(self.ids[self._prefix :])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            piece = after[len(before) :]
-            self.text += piece
-            self._prefix, self._read = self._read, len(self.ids)
-            return piece
-        return ""
-
-
 class ActionStoppingCriteria(StoppingCriteria):
     """Stops each row of a batch once its answer so far holds a legal action (transformers 5 API).
 
@@ -203,71 +162,6 @@ class ActionStoppingCriteria(StoppingCriteria):
                     self.stop_at[i] = length
             done = [s is not None for s in self.stop_at]
             return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-
-def counter_uniforms(keys: np.ndarray, step: int) -> np.ndarray:
-    """One uniform in [0, 1) per row, a function of (the row's key, the step) alone.
-
-    SplitMix64 of key + (step + 1) * golden ratio: a counter-based stream, so all rows draw in one
-    vectorised call and a row's draws never depend on the rows beside it or on the batch's order.
-    """
-    with np.errstate(over="ignore"):
-        z = keys + np.uint64(step + 1) * np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
-
-
-class RowSampler(LogitsProcessor):
-    """Per-row temperature sampling as a logits processor for greedy `generate`, recording log-probs.
-
-    `generate`'s own sampling draws every row from the global RNG, so a row's tokens would depend
-    on the rows beside it. Here row i draws from softmax(scores / T) by inverting its CDF at
-    `counter_uniforms(keys, step)[i]` (temperature 0: the argmax), and the scores become -inf
-    except at the drawn token, which greedy decoding then picks. The log-prob of each drawn token
-    under softmax(scores / `logprob_temperature`) is kept per step (`logprobs`), so training needs
-    no second teacher-forced pass to know what the behaviour policy's probabilities were.
-    """
-
-    def __init__(self, seeds: Sequence[int], temperature: float, logprob_temperature: float):
-        self.keys = np.array([int(s) for s in seeds], dtype=np.uint64)
-        self.temperature = float(temperature)
-        self.logprob_temperature = float(logprob_temperature)
-        self.step = 0
-        self.logprobs: list[torch.Tensor] = []  # one [B] tensor per generation step
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        with section("sampling"):
-            logits = scores.float()
-            if bool((torch.isnan(logits) | torch.isposinf(logits)).any()):
-                raise NonFiniteLogits(
-                    f"the model's next-token scores hold NaN or +inf at generation step {self.step}: "
-                    "its weights are broken (a diverged update or a damaged checkpoint)"
-                )
-            if self.temperature > 0:
-                logp = torch.log_softmax(logits / self.temperature, dim=-1)
-                cdf = logp.exp().cumsum(dim=-1)
-                total = cdf[:, -1:]
-                u = torch.from_numpy(counter_uniforms(self.keys, self.step)).to(cdf.device)
-                target = (u[:, None] * total.double()).to(cdf.dtype)
-                target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
-                drawn = torch.searchsorted(cdf, target, right=True).squeeze(1)
-                if self.logprob_temperature != self.temperature:
-                    logp = torch.log_softmax(logits / self.logprob_temperature, dim=-1)
-            else:
-                drawn = logits.argmax(dim=-1)
-                logp = torch.log_softmax(logits / self.logprob_temperature, dim=-1)
-            self.logprobs.append(logp.gather(1, drawn[:, None]).squeeze(1).cpu())
-            self.step += 1
-            out = torch.full_like(scores, float("-inf"))
-            return out.scatter_(1, drawn[:, None], 0.0)
-
-    def row_logprobs(self, row: int, count: int) -> torch.Tensor:
-        """float32 log-probs of row `row`'s first `count` generated tokens."""
-        if count == 0:
-            return torch.zeros(0)
-        return torch.stack([step[row] for step in self.logprobs[:count]]).float()
 
 
 def score_passes(candidates: Sequence[int], batch: int) -> list[range]:
