@@ -45,13 +45,18 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     assert text.startswith("# Results\n\nbefore\n")
     assert text.endswith("after\n")
     row = next(line for line in text.splitlines() if line.startswith("| ipd |"))
-    assert row.count("+0.500 ± 0.100 **↑**") == len(report.KEYS) - 1 and "-0.050 ± 0.040 |" in row  # < 2 SE: no arrow
+    assert row.count("+0.500 ± 0.100 **↑**") == len(report.KEYS) - 1
+    assert "-0.050 ± 0.040 |" in row  # < 2 SE: no arrow
     older = {k: stat for k in report.KEYS if k != "delta_safety_vs_base"}  # a summary.json of older code
     (tmp_path / "summary.json").write_text(json.dumps({"ipd": {**older, "seeds": [0, 1, 2], "final": older}}))
     assert report.main([str(tmp_path / "summary.json"), "--doc", str(doc)]) == 0
     assert "vs Base" not in doc.read_text()  # no column of '--' for a key it never had
     assert "| ipd | **met**: +0.500 ± 0.100 | **met**: +0.500 ± 0.100 |" in text  # the targets, with their values
     assert report.verdict({"mean": 0.3, "se": 0.158}) == "not met: +0.300 ± 0.158 (1.9 SE)"
+    # a paper's claim: more than 2 SE on its side holds; one run, without an SE, tests nothing whatever its sign
+    assert report.holds({"mean": 0.3, "se": 0.1}, +1) == "**holds**: +0.300 ± 0.100"
+    assert report.holds({"mean": 0.3, "se": 0.1}, -1) == "opposite: +0.300 ± 0.100"
+    assert report.holds({"mean": 1.05, "se": None}, +1) == "untested (one run, no SE): +1.050"
     assert report.verdict({"mean": 0.0, "se": 0.0}) == "not met: +0.000 ± 0.000"
     with_seeds = {"mean": 2.9, "se": 1.7, "per_seed": {"3": 6.11, "4": -0.46, "5": 5.07}}
     assert report.verdict(with_seeds) == "not met: +2.900 ± 1.700 (1.7 SE) (seeds 3: +6.11, 4: -0.46, 5: +5.07)"
