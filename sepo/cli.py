@@ -130,7 +130,8 @@ def check_keys(argv: list[str]) -> str | None:
                 + f", or new keys under {', '.join(FREE_FORM)}"
             )
         if not key.startswith("+") and not exists:
-            close = difflib.get_close_matches(plain, known, n=1)
+            close = [moved] if (moved := stage_key_of_model_default(plain)) in known else []
+            close = close or difflib.get_close_matches(plain, known, n=1)
             return f"error: {plain} is not a known key; allowed: a key of the config" + (
                 f" (did you mean {close[0]}?)" if close else ""
             )
@@ -138,6 +139,15 @@ def check_keys(argv: list[str]) -> str | None:
 
 
 _MISSING = object()
+
+
+def stage_key_of_model_default(key: str) -> str:
+    """`model.sft.lr` -> `sft.lr`: a model's stage defaults moved out of the model node (into
+    conf/<stage>/model/<model>.yaml), and on the command line the stage's own key sets them."""
+    for stage in ("sft", "eval", "sepo"):
+        if key.startswith(f"model.{stage}."):
+            return key.removeprefix("model.")
+    return key
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:

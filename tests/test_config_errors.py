@@ -42,6 +42,7 @@ BAD_VALUES = [
     (["stage=eval", "model=scripted", "game="], "game= is empty"),
     (["stage=eval", "model=scripted", "foo=1"], "foo is not a known key"),
     (["stage=sepo", "sepo.stepz=3"], "did you mean sepo.steps?"),
+    (["stage=sft", "model.sft.lr=1"], "did you mean sft.lr?"),  # a model's stage defaults left the model node
     (["stage=sepo", "+sepo.stepz=3"], "+sepo.stepz adds a key"),
     (["stage=eval", "model=tiny", "model.dtype=float99"], "model.dtype=float99"),
     (["stage=sepo", "sepo.lr_final_ratio=2"], "sepo.lr_final_ratio=2"),
