@@ -51,5 +51,5 @@ install() {
     if [ "${FLA:-0}" = 1 ]; then export PYTHONPATH="/tmp/site-fla:$PYTHONPATH"; fi
 }
 
-"${1:?usage: gpu_wheels.sh download|install}"
+"${1:?usage: benchmarks/gpu/wheels.sh download|install}"
 set +e  # sourced: leave the caller's shell as it was
