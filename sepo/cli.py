@@ -15,7 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sepo.compose import compose_config
+from sepo.compose import STAGE_NODES, compose_config
 from sepo.paths import CONF_DIR, can_hold_outputs
 from sepo.trees import dotted_keys
 
@@ -144,7 +144,7 @@ _MISSING = object()
 def stage_key_of_model_default(key: str) -> str:
     """`model.sft.lr` -> `sft.lr`: a model's stage defaults moved out of the model node (into
     conf/<stage>/model/<model>.yaml), and on the command line the stage's own key sets them."""
-    for stage in ("sft", "eval", "sepo"):
+    for stage in STAGE_NODES:
         if key.startswith(f"model.{stage}."):
             return key.removeprefix("model.")
     return key

@@ -16,6 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo.paths import CONF_DIR
 
+#: the stage nodes a model may set its own defaults for (conf/<stage>/model/<model>.yaml, merged by the
+#: defaults list over conf/<stage>/default.yaml)
+STAGE_NODES = ("sft", "eval", "sepo")
+
 #: longest run-dir name kept verbatim; file systems allow 255 bytes per path component
 MAX_RUN_NAME = 150
 

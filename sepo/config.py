@@ -23,6 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.builders.smollm2 import gguf_path
+from sepo.compose import STAGE_NODES
 from sepo.config_rules import (
     Rule,
     integer,
@@ -276,13 +277,10 @@ def validate(cfg: DictConfig) -> None:
     check_stage_keys(cfg)
 
 
-#: the stage nodes whose every key is one of conf/<stage>/default.yaml (a model's own defaults add none)
-STAGE_NODES = ("sft", "eval", "sepo")
-
-
 def check_stage_keys(cfg: DictConfig) -> None:
-    """A key a model's stage defaults (conf/<stage>/model/<model>.yaml) or a preset adds to a stage node
-    would be read by nothing: a typo that silently keeps the default. It is an error instead."""
+    """Every key of a stage node is one of conf/<stage>/default.yaml's: a key a model's stage defaults
+    (conf/<stage>/model/<model>.yaml) or a preset adds would be read by nothing, a typo that silently keeps
+    the default. It is an error instead."""
     for stage in STAGE_NODES:
         known = set(dotted_keys(OmegaConf.to_container(OmegaConf.load(CONF_DIR / stage / "default.yaml"))))
         for key in dotted_keys(OmegaConf.to_container(cfg[stage], resolve=False)):

@@ -199,12 +199,17 @@ def positions_fed(model: torch.nn.Module) -> Iterator[dict[str, int]]:
         handle.remove()
 
 
+def backward_passes(full_finetune: bool) -> int:
+    """A backward pass's matmul work in forward passes: one for the activations' gradients, and one more
+    for the weights' own when all of them train (an adapter's are negligible)."""
+    return 2 if full_finetune else 1
+
+
 def training_gflop(body_parameters: int, positions: dict[str, int], full_finetune: bool) -> float:
-    """GFLOP of a training loop's decoder matmuls: 2 per weight and position forward, as much again
-    backward for the activations' gradients, and once more for the weights' own when all of them train
-    (an adapter's are negligible); an evaluation pass is forward only. The output head is left out (a
-    loss on the answer positions runs it on a few of them)."""
-    per_train_position = 2 * (3 if full_finetune else 2)
+    """GFLOP of a training loop's decoder matmuls: 2 per weight and position forward, then the backward
+    (`backward_passes`); an evaluation pass is forward only. The output head is left out (a loss on the
+    answer positions runs it on a few of them)."""
+    per_train_position = 2 * (1 + backward_passes(full_finetune))
     return body_parameters * (per_train_position * positions["train"] + 2 * positions["eval"]) / 1e9
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from sepo.compose import STAGE_NODES
 from sepo.files import write_text_atomically
 from sepo.trees import leaves
 
@@ -43,7 +44,7 @@ LEGACY_SETTINGS = "finished_config.yaml"  # what runs of older code wrote when t
 HYDRA_COPY = ".hydra_finished"
 #: nodes runs of older code recorded as copies of the stage settings (a model's own stage defaults lived in
 #: `model.sft` / `model.eval` / `model.sepo`); their values are in the stage nodes, which are compared
-LEGACY_COPIES = ("model.sft", "model.eval", "model.sepo")
+LEGACY_COPIES = tuple(f"model.{stage}" for stage in STAGE_NODES)
 ROOT_TOKEN = "${paths.root_dir}"
 
 

@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from benchmarks.gpu.full_size import chat_tokenizer
+from benchmarks.gpu.full_size import chat_tokenizer, tiny_config
 from sepo.builders import load_model_and_tokenizer
 from sepo.builders.tiny import IM_END, build_tiny, padded_vocab
 from sepo.compose import compose_config
@@ -172,55 +172,17 @@ def teach(bundle, examples: list[tuple[list[dict[str, str]], str]], steps: int):
 
 @pytest.fixture(scope="module")
 def gemma4_dir(tiny_dir, tmp_path_factory):
-    """A tiny random Gemma 4 (text, vision and audio towers, KV sharing) saved like a checkpoint."""
-    from transformers import (
-        Gemma4AudioConfig,
-        Gemma4Config,
-        Gemma4ForConditionalGeneration,
-        Gemma4TextConfig,
-        Gemma4VisionConfig,
-        GenerationConfig,
-    )
+    """A tiny random Gemma 4 (text, vision and audio towers, KV sharing) saved like a checkpoint: the GPU
+    benchmark's tiny shape, without its final-logit softcapping (Gemma4TextConfig's default)."""
+    from transformers import Gemma4ForConditionalGeneration, GenerationConfig
 
     out = tmp_path_factory.mktemp("gemma4")
     tok = chat_tokenizer("gemma4", tiny_dir)
-    eos, pad, vocab = tok.convert_tokens_to_ids("<turn|>"), tok.pad_token_id, padded_vocab(tok)
-    text = Gemma4TextConfig(
-        vocab_size=vocab,
-        vocab_size_per_layer_input=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        layer_types=["sliding_attention", "full_attention"] * 2,
-        num_kv_shared_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        global_head_dim=16,
-        hidden_size_per_layer_input=8,
-        sliding_window=16,
-        max_position_embeddings=1024,
-        pad_token_id=pad,
-        eos_token_id=eos,
-        bos_token_id=None,
-    )
-    vision = Gemma4VisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
-    audio = Gemma4AudioConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        subsampling_conv_channels=[4, 4],
-        output_proj_dims=16,
-    )
+    eos, pad = tok.convert_tokens_to_ids("<turn|>"), tok.pad_token_id
+    config = tiny_config("gemma4", padded_vocab(tok), pad, eos)
+    config.text_config.final_logit_softcapping = None
     torch.manual_seed(0)
-    model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=text, vision_config=vision, audio_config=audio))
+    model = Gemma4ForConditionalGeneration(config)
     model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=pad)
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -230,34 +192,13 @@ def gemma4_dir(tiny_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen_dir(tiny_dir, tmp_path_factory):
     """A tiny random Qwen 3.5 (hybrid linear/full attention, with a vision tower) saved as the hub has it:
-    a Qwen3_5ForConditionalGeneration checkpoint."""
-    from transformers import (
-        GenerationConfig,
-        Qwen3_5Config,
-        Qwen3_5ForConditionalGeneration,
-        Qwen3_5TextConfig,
-        Qwen3_5VisionConfig,
-    )
+    a Qwen3_5ForConditionalGeneration checkpoint around the GPU benchmark's tiny text shape."""
+    from transformers import GenerationConfig, Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5VisionConfig
 
     out = tmp_path_factory.mktemp("qwen")
     tok = chat_tokenizer("qwen", tiny_dir)
     eos, pad = tok.convert_tokens_to_ids(IM_END), tok.pad_token_id
-    text = Qwen3_5TextConfig(
-        vocab_size=padded_vocab(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        linear_key_head_dim=8,
-        linear_value_head_dim=8,
-        linear_num_key_heads=2,
-        linear_num_value_heads=2,
-        max_position_embeddings=1024,
-        pad_token_id=pad,
-        eos_token_id=eos,
-    )
+    text = tiny_config("qwen", padded_vocab(tok), pad, eos)
     vision = Qwen3_5VisionConfig(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
     torch.manual_seed(0)
     model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision))

@@ -40,6 +40,10 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[sepo\.sft\]\[INFO\] - (.*)$")
 
 
+#: the timed command: the main job's SFT stage (the warm-up runs it too, for one step)
+SFT_RUN = ["main.py", "stage=sft", "game=ipd", "model=tiny", "logger=none", "eval.progress=false"]
+
+
 def _git_commit(repo: Path) -> str:
     proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
     dirty = subprocess.run(
@@ -116,12 +120,7 @@ def run_once(
     proc = subprocess.run(
         [
             sys.executable,
-            "main.py",
-            "stage=sft",
-            "game=ipd",
-            "model=tiny",
-            "logger=none",
-            "eval.progress=false",
+            *SFT_RUN,
             f"paths.cache_dir={cache_dir}",
             f"hydra.run.dir={run_dir}",
             *overrides,
@@ -185,12 +184,7 @@ def main() -> None:
         subprocess.run(
             [
                 sys.executable,
-                "main.py",
-                "stage=sft",
-                "game=ipd",
-                "model=tiny",
-                "logger=none",
-                "eval.progress=false",
+                *SFT_RUN,
                 f"paths.cache_dir={caches[name]}",
                 f"hydra.run.dir={root / 'runs' / ('warm-' + name)}",
                 "sft.max_steps=1",

@@ -140,9 +140,8 @@ def run(args: argparse.Namespace) -> dict:
 def section_gflop(model, tokens: dict[str, int], steps: int) -> dict[str, float]:
     """GFLOP per step of each section's model passes: 2 x decoder matmul weights per token position, the
     output head's too for decoded tokens (the other passes score only some positions), and the backward
-    pass as 1x its forward's work with a frozen base (LoRA: gradients of the activations only) or 2x
-    when every weight trains."""
-    from sepo.profiling import matmul_parameters
+    pass as `backward_passes` of its forward's work."""
+    from sepo.profiling import backward_passes, matmul_parameters
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     body, head = matmul_parameters(base)
@@ -152,5 +151,5 @@ def section_gflop(model, tokens: dict[str, int], steps: int) -> dict[str, float]
     if "update_forward" in flop:
         trainable = sum(p.numel() for p in base.parameters() if p.requires_grad)
         full = trainable > body / 2  # a full fine-tune, not an adapter (LoRA's A and B are Linear layers too)
-        flop["backward"] = flop["update_forward"] * (2 if full else 1)
+        flop["backward"] = flop["update_forward"] * backward_passes(full)
     return {k: round(v / steps / 1e9, 4) for k, v in flop.items()}

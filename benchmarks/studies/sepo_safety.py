@@ -36,6 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from analysis.report import cell
 from analysis.summary import j_train, objective, over_seeds
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
@@ -78,11 +79,6 @@ def run_dir(root: Path) -> Path:
     override lists make Hydra's dir name a hash, so the name cannot be relied on)."""
     (done,) = [p.parent for p in (root / "outputs").rglob("DONE")]
     return done
-
-
-def plus_minus(entry: dict) -> str:
-    """`mean±SE` of an `over_seeds` entry (one seed has no SE)."""
-    return f"{entry['mean']:+.3f}±" + ("n/a" if entry["se"] is None else f"{entry['se']:.3f}")
 
 
 def above_by_2_se(entry: dict) -> bool:
@@ -325,15 +321,15 @@ def print_tables(out: dict, keys: list[str]) -> None:
     summary.add_column("arm")
     for k in keys:
         summary.add_column(k, justify="right")
-    summary.add_row("SFT", *[plus_minus(out["sft"][k]) for k in keys])
+    summary.add_row("SFT", *[cell(out["sft"][k], arrows=False) for k in keys])
     for arm, m in out["summary"].items():
-        summary.add_row(arm, *[plus_minus(m[k]) for k in keys])
+        summary.add_row(arm, *[cell(m[k], arrows=False) for k in keys])
     console.print(summary)
     for arm, row in (out.get("collusion_by_round") or {}).items():
         console.print(f"collusion by round, {arm}: " + " ".join(f"{v:.3f}" for v in row))
     for key in [k for k in out if "delta_" in k]:
         if isinstance(out[key], dict):
-            console.print(f"{key}: {plus_minus(out[key])}")
+            console.print(f"{key}: {cell(out[key], arrows=False)}")
     for line, ok in {**(out.get("targets") or {}), **(out.get("kuhn_targets") or {})}.items():
         console.print(f"target: {line}: {'yes' if ok else 'NO'}")
     for note in out.get("target_notes") or []:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.studies.sepo_safety import plus_minus
+from analysis.report import cell
 from launch.tiny_paper import GAMES, SFT_RUN_OF, preset_of
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
@@ -93,11 +93,8 @@ def main() -> int:
         return summary.returncode
     stability = {game: s["stability"] for game, s in json.loads(out.read_text()).items()}
     for game, s in stability.items():
-        c, f, d = s["chosen_safety"], s["final_safety"], s["final_minus_chosen"]
-        print(
-            f"{game:8s} chosen {plus_minus(c)}  final {plus_minus(f)}  "
-            f"final - chosen {plus_minus(d)}  holds: {s['final_holds_chosen']}"
-        )
+        c, f, d = (cell(s[k], arrows=False) for k in ("chosen_safety", "final_safety", "final_minus_chosen"))
+        print(f"{game:8s} chosen {c}  final {f}  final - chosen {d}  holds: {s['final_holds_chosen']}")
     print(json.dumps({"steps": args.steps, "overrides": args.overrides, "stability": stability}))
     return 0
 

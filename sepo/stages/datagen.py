@@ -57,7 +57,7 @@ def run_datagen(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str
     game_examples, game_info = play_every_game(cfg)
     generated = time.perf_counter() - started
     datasets = write_datasets(dc, game_examples)
-    manifest = write_manifest(dc, datasets, game_info, game_examples, generated, time.perf_counter() - started)
+    manifest = write_manifest(dc, datasets, game_info, generated, time.perf_counter() - started)
     summary = {f"datagen/{d}_{s}": info["files"][s]["examples"] for d, info in datasets.items() for s in SPLITS}
     summary["datagen/examples_per_second"] = manifest["timing"]["examples_per_second"]
     tracker.summary(summary)
@@ -131,13 +131,12 @@ def write_manifest(
     dc: DictConfig,
     datasets: dict[str, Any],
     game_info: dict[str, dict[str, Any]],
-    game_examples: dict[str, list[dict[str, Any]]],
     generated: float,
     total: float,
 ) -> dict[str, Any]:
     """`<out_dir>/manifest.json`: the datasets, the games played and the timing."""
     out_dir = Path(dc.out_dir)
-    n_generated = sum(len(v) for v in game_examples.values())
+    n_generated = sum(info["examples"] for info in game_info.values())
     manifest = {
         "seed": int(dc.seed),
         "valid_fraction": float(dc.valid_fraction),
