@@ -397,7 +397,7 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
         int(dc.num_opponents),
     )
     with directory_written_atomically(ds_dir) as tmp:  # another job that finishes first: its copy is used
-        files = write_dataset(tmp.parent, dataset, splits)
+        files = write_dataset(tmp.parent, dataset, splits)  # writes <tmp.parent>/<dataset>/, i.e. tmp itself
         info = {**settings, "files": files}
         (tmp / "manifest.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return ds_dir
