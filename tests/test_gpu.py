@@ -164,6 +164,17 @@ def test_the_static_cache_decode_measures_the_same_steps_as_the_dynamic_one(arch
     for row in out["batches"]:
         assert row["ms_per_step"] == pytest.approx(10.0)  # (t(1 + 2 tokens) - t(1 token)) / 2 steps
         assert row["tokens_per_s"] == pytest.approx(100.0 * row["batch"])
+        # transformers compiles generate's forward on a GPU only: on a CPU the static cache runs eagerly
+        assert row["compiled_graphs_in_all"] == 0
+
+
+def test_compiled_graphs_counts_each_graph_torch_compile_builds():
+    """The static-cache figure's `compiled_graphs_*` fields say whether generate ran compiled."""
+    before = gpu_bench.compiled_graphs()
+    doubled = torch.compile(lambda x: x * 2, backend="eager")
+    doubled(torch.ones(2))
+    doubled(torch.ones(2))  # the same shapes: the graph is reused, not built again
+    assert gpu_bench.compiled_graphs() == before + 1
 
 
 def timed_at(monkeypatch, seconds_per_token: float) -> None:
@@ -401,3 +412,40 @@ def test_sepo_step_and_whole_flow_on_cuda(tmp_path):
             assert quantized["peak_mib"] > 0, quantized
         else:
             assert "bitsandbytes" in quantized["skipped"]
+
+
+class ToyDecoderLayer(torch.nn.Module):
+    """One trainable projection: autograd keeps exactly its input for the weight's gradient."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width, bias=False)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class ToyLM(torch.nn.Module):
+    def __init__(self, vocab: int, width: int, layers: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width).requires_grad_(False)
+        self.layers = torch.nn.ModuleList(ToyDecoderLayer(width) for _ in range(layers))
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, attention_mask=None, logits_to_keep=0):
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_saved_activations_counts_what_each_layer_keeps_and_no_weight():
+    """Each toy layer keeps its [1, T, width] float32 input and nothing else; the weights autograd also
+    saves (for the input's gradient) are not counted, the input embedding's output is not kept (frozen)."""
+    from benchmarks.gpu.saved_activations import saved_bytes_by_layer
+
+    tokens, width = 5, 8
+    totals = saved_bytes_by_layer(ToyLM(vocab=11, width=width, layers=2), ["first", "second"], tokens, seed=0)
+    assert totals == {"first": tokens * width * 4, "second": tokens * width * 4}

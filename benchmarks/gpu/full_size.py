@@ -526,6 +526,16 @@ def _time_generate(
     return time.perf_counter() - start, out
 
 
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process so far. generate compiles its forward on a
+    static cache only where transformers' criteria allow (a GPU, a model that compiles whole), and
+    says nothing when it does not: the count tells a static-cache figure that ran on CUDA graphs from
+    one that ran eagerly, and one that recompiled while timed."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 class _TimingNoise(RuntimeError):
     """The difference of two timings is not positive: no figure is better than a wrong one."""
 
@@ -568,6 +578,7 @@ def decode_benchmark(
             # warm-up at the measured shapes: kernel selection, compilation and allocator growth are not decode time
             for tokens in (1, 1 + decode_steps) if cache == "static" else (2,):
                 _time_generate(model, ids, extras, tokens, pad_id, eos_ids, device, cache)
+            graphs_before = compiled_graphs()
             with PeakMemory(device) as peak:
                 first, _ = _time_generate(model, ids, extras, 1, pad_id, eos_ids, device, cache)
                 full, result = _time_generate(model, ids, extras, 1 + decode_steps, pad_id, eos_ids, device, cache)
@@ -588,6 +599,8 @@ def decode_benchmark(
                 cache_mib=round(held / MIB, 1),
                 floor_fraction_with_cache=round(bandwidth_floor_fraction(weight_bytes + held, bandwidth, per_step), 4),
                 peak_mib=peak.mib,
+                compiled_graphs_while_timed=compiled_graphs() - graphs_before,
+                compiled_graphs_in_all=compiled_graphs(),
             )
         except _oom_types() as err:
             row["error"] = f"out of memory ({str(err).splitlines()[0][:120]})"

@@ -8,6 +8,7 @@
 #             Gated DeltaNet on PyTorch's path) and gpu-qwen-fla.json (decoding with flash-linear-attention)
 #   static    the decode part again on a static KV cache, which generate compiles on a GPU (CUDA graphs), batch
 #             128 -> $OUT/gpu-<model>-static.json (not in the default parts: compiling takes minutes)
+#             (limit $STATIC_S seconds each, default 180)
 #   tests     pytest -m gpu tests/test_gpu.py
 #   pipeline  the main job's every stage through main.py at full size, random weights saved once as a
 #             local checkpoint with the tiny tokenizer: datagen, Base eval, SFT (a few steps), SFT
@@ -77,6 +78,6 @@ if has pipeline; then
 fi
 has bench && PYTHONPATH="/tmp/site-fla:$PYTHONPATH" bench 60 gpu-qwen-fla --model qwen --parts decode "${SIZES[@]}"
 for model in gemma4 qwen; do  # the decode on a static cache, which generate compiles (CUDA graphs), at batch 128
-    has static && bench 180 "gpu-$model-static" --model "$model" --parts decode --decode-cache static --batch-sizes 128 "${SIZES[@]}"
+    has static && bench "${STATIC_S:-180}" "gpu-$model-static" --model "$model" --parts decode --decode-cache static --batch-sizes 128 "${SIZES[@]}"
 done
 say "session done"
