@@ -334,9 +334,9 @@ def test_reusing_each_episodes_encoded_prompt_changes_nothing(taught, temperatur
             model, tokenizer, OmegaConf.merge(cfg, {"prefix_cache": reuse, "static_cache": reuse}), temperature, 24, 0
         )
         planned = []
-        plan = agent.reuse_plan
-        agent.reuse_plan = lambda requests, prompts, planned=planned, plan=plan: (
-            planned.append(plan(requests, prompts)[1]) or plan(requests, prompts)
+        plan = agent.prompt_cache.plan
+        agent.prompt_cache.plan = lambda states, prompts, planned=planned, plan=plan: (
+            planned.append(plan(states, prompts)[1]) or plan(states, prompts)
         )
         recording = type(
             "Recording",
@@ -367,7 +367,7 @@ def test_the_encoded_prompts_do_not_outlive_their_episodes(taught):
 
     def generate_and_count(requests):
         answers = generate(requests)
-        held.append(len(agent._encoded))
+        held.append(len(agent.prompt_cache.held))
         return answers
 
     agent._generate = generate_and_count
@@ -375,8 +375,8 @@ def test_the_encoded_prompts_do_not_outlive_their_episodes(taught):
     records = play_matches(IPD, RecordingPolicy(agent), matches, 0)
     assert sum(r.decisions for r in records) == 4 * IPD.cfg.rounds
     assert held[1:] == [0] * (len(held) - 1)  # after each generate call, every entry it reused is gone
-    assert agent._encoded == {}
-    assert agent._encoded_next == {}
+    assert agent.prompt_cache.held == {}
+    assert agent.prompt_cache.written == {}
 
 
 def test_incremental_text_equals_the_full_decode(tiny):

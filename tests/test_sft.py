@@ -19,6 +19,7 @@ from safetensors import safe_open
 from sepo.builders import load_model_and_tokenizer
 from sepo.config import validate
 from sepo.errors import ConfigError
+from sepo.lm.batching import end_of_turn_ids
 from sepo.stages.sft import run_sft, sft_settings
 from sepo.task import run_task
 from sepo.training.sft_batching import (
@@ -26,7 +27,6 @@ from sepo.training.sft_batching import (
     SFTBatchCollator,
     check_prefix_sharing,
     encode_examples,
-    end_of_turn_ids,
     first_predicted,
     prefix_groups,
     sft_logits,

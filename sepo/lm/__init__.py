@@ -6,6 +6,11 @@ SFT and SEPO stages, which score) both do with a causal language model, written 
   exactly what was sampled).
 - `sampling`: pure temperature sampling from per-row counter streams, recording each drawn token's log-prob.
 - `decoding`: the text of a growing answer, decoded a token at a time (what the stopping rule reads).
+- `batching`: the one padding layout (prompts left-padded, continuations after them), the prefix every row
+  shares, the end-of-turn ids.
+- `prompt_cache`: prompt tokens encoded once (a shared prefix, each episode's previous prompt) as the KV cache a
+  decoding starts from.
+- `stopping`: per-row stopping inside one `generate` call, by a rule the caller gives.
 
 It imports nothing else of the project but its errors and section timers (tests/test_layout.py), so either
 side can use it without the other.

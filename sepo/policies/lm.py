@@ -11,7 +11,7 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
    by every row (the game's rules) is encoded once, as a batch of one, and its KV cache repeated
    (`shared_prefix_length`); at its later decisions each episode's previous prompt, kept with its
    keys and values (`EncodedPrompt`), serves the part the new prompt shares with it (the rules and
-   the earlier history), so only the new history lines are encoded (`reuse_plan`, `pack_split`).
+   the earlier history), so only the new history lines are encoded (`sepo.lm.prompt_cache`).
    With `model.static_cache` the KV cache is preallocated (`start_cache`).
 2. Each answer is parsed with the game's `parse_action`. Rows that do not parse go through the
    constrained fallback: the answer becomes an assistant turn, a user turn asks
@@ -52,12 +52,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the stopping rule; re-exported)
-from sepo.lm.decoding import IncrementalText
+from sepo.lm import batching
+from sepo.lm.batching import MIN_SHARED_PREFIX, end_of_turn_ids, score_passes  # noqa: F401  (re-exported)
 from sepo.lm.logprobs import next_token_logits, token_logprobs
+from sepo.lm.prompt_cache import EncodedPrompt, PromptCache, start_cache
 from sepo.lm.sampling import PLAIN_SAMPLING, RowSampler
+from sepo.lm.stopping import StopWhen
 from sepo.models import chat_template_kwargs, forward_extras
 from sepo.policies import played
 from sepo.policies.base import Decision, DecisionRequest, TokenTrace
@@ -66,37 +69,6 @@ from sepo.profiling import section
 
 #: Above this many legal actions the fallback question shows the game's format hint instead.
 MAX_LISTED_ACTIONS = 10
-
-#: A prompt prefix shared by every row is computed once only when it is at least this long: below
-#: it the extra forward pass costs more than it saves.
-MIN_SHARED_PREFIX = 16
-
-
-def _prompt_columns(t: torch.Tensor, row: int, shared: int, width_a: int, own: int, width_p: int) -> torch.Tensor:
-    """Row `row`'s prompt in a cache laid out [shared part | own part]: the last `shared` columns of the
-    first `width_a`, then the last `own` of the first `width_p` (both parts are left-padded)."""
-    return torch.cat([t[row, :, width_a - shared : width_a], t[row, :, width_p - own : width_p]], dim=1)
-
-
-@dataclass
-class EncodedPrompt:
-    """An episode's last prompt and its keys and values per layer ([heads, tokens, head dim]).
-
-    Holding the episode's state object keeps its id from being reused by another object while the
-    entry lives. The entry is valid only for the weights that computed it: the arena never changes
-    weights in the middle of an episode, and every new episode has a new state.
-    """
-
-    state: Any
-    ids: list[int]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-    def common_prefix(self, prompt: Sequence[int]) -> int:
-        """How many leading tokens `prompt` shares with this entry's prompt."""
-        n = min(len(self.ids), len(prompt))
-        differ = np.flatnonzero(np.asarray(self.ids[:n]) != np.asarray(prompt[:n]))
-        return int(differ[0]) if len(differ) else n
 
 
 @dataclass
@@ -121,15 +93,9 @@ def answer_view(prompt_text: str, answer: str) -> str:
     return "<think>" + answer if think_open(prompt_text) else answer
 
 
-class ActionStoppingCriteria(StoppingCriteria):
-    """Stops each row of a batch once its answer so far holds a legal action (transformers 5 API).
-
-    Rows are independent: the returned bool tensor has one entry per row. `stop_at[i]` records how
-    many tokens row i had generated when it first stopped, so the caller can cut what `generate`
-    appended afterwards (padding, or more tokens where no EOS criterion pads finished rows). Each
-    open row's text grows by the tokens it did not see yet (`IncrementalText`: inside `generate`,
-    the newest one), and a row is checked only when they added text.
-    """
+class ActionStoppingCriteria(StopWhen):
+    """Stops each row of a batch once its answer so far holds a legal action (`StopWhen`); a row whose
+    prompt opened a <think> block (`think_prefix`) is read as `answer_view` reads it."""
 
     def __init__(
         self,
@@ -138,48 +104,12 @@ class ActionStoppingCriteria(StoppingCriteria):
         requests: Sequence[DecisionRequest],
         think_prefix: Sequence[bool] | None = None,
     ):
-        self.tokenizer = tokenizer
-        self.prompt_length = prompt_length
-        self.requests = list(requests)
-        #: rows whose prompt already opened a <think> block (see `answer_view`)
-        self.think_prefix = list(think_prefix or [False] * len(self.requests))
-        self.stop_at: list[int | None] = [None] * len(self.requests)
-        self.texts = [IncrementalText(tokenizer) for _ in self.requests]
-        self.seen = 0  # generated columns already pushed into `texts`
+        think = list(think_prefix or [False] * len(requests))
 
-    def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
-        with section("stopping"):
-            length = input_ids.shape[1] - self.prompt_length
-            # the columns not seen yet: one per call inside generate, all of them on a first call
-            fresh = input_ids[:, self.prompt_length + self.seen :].tolist()
-            self.seen = length
-            for i, stop in enumerate(self.stop_at):
-                if stop is not None or not "".join([self.texts[i].push(t) for t in fresh[i]]):
-                    continue
-                text = self.texts[i].text
-                request = self.requests[i]
-                if holds_action("<think>" + text if self.think_prefix[i] else text, request.game, request.legal):
-                    self.stop_at[i] = length
-            done = [s is not None for s in self.stop_at]
-            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+        def holds(i: int, text: str) -> bool:
+            return holds_action("<think>" + text if think[i] else text, requests[i].game, requests[i].legal)
 
-
-def score_passes(candidates: Sequence[int], batch: int) -> list[range]:
-    """Pair indices (prompt by prompt, `candidates[i]` pairs each) in passes of at most `batch`: prompts
-    with few candidates share a pass, and a prompt whose candidates do not fit into the current pass
-    starts its own passes, so no pass holds part of one prompt's candidates beside another prompt's."""
-    passes: list[range] = []
-    start, open_to_more = 0, False  # open_to_more: the last pass holds whole prompts only
-    for count in candidates:
-        if count == 0:
-            continue
-        if open_to_more and len(passes[-1]) + count <= batch:
-            passes[-1] = range(passes[-1].start, start + count)
-        else:
-            passes += [range(k, min(k + batch, start + count)) for k in range(start, start + count, batch)]
-            open_to_more = count <= batch
-        start += count
-    return passes
+        super().__init__(tokenizer, prompt_length, len(requests), holds)
 
 
 def fallback_question(game: Game, legal: list[str]) -> str:
@@ -227,16 +157,13 @@ class LMPolicy:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.pad_id = tokenizer.pad_token_id
-        eos = model.generation_config.eos_token_id if model.generation_config else None
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_ids = set(eos) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+        self.eos_ids = end_of_turn_ids(model, tokenizer)
         #: compute a prompt prefix shared by every row of a generate call once (`shared_prefix_length`)
         self.prefix_cache = bool(model_cfg.get("prefix_cache", False))
         #: preallocate the KV cache instead of growing it at every decoding step (`start_cache`)
         self.static_cache = bool(model_cfg.get("static_cache", False))
-        #: the encoded prompt of each episode's last decision, by id of its state (`reuse_plan`)
-        self._encoded: dict[int, EncodedPrompt] = {}
-        self._encoded_next: dict[int, EncodedPrompt] = {}
+        #: the encoded prompt of each episode's last decision, for its next one (`model.prefix_cache`)
+        self.prompt_cache = PromptCache(self.prefix_cache)
 
     @property
     def device(self) -> torch.device:
@@ -264,20 +191,8 @@ class LMPolicy:
     def pack(
         self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Prompts left-padded to a common length P, continuations right-padded after them.
-
-        This is the layout of `generate`'s output, so a continuation's token t sits at column P + t
-        in every row. Returns input ids, attention mask and P.
-        """
-        continuations = continuations or [[] for _ in prompts]
-        width_p = max(len(p) for p in prompts)
-        width_c = max(len(c) for c in continuations)
-        ids = torch.full((len(prompts), width_p + width_c), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, (p, c) in enumerate(zip(prompts, continuations)):
-            ids[i, width_p - len(p) : width_p] = torch.tensor(list(p), dtype=torch.long)
-            ids[i, width_p : width_p + len(c)] = torch.tensor(list(c), dtype=torch.long)
-            mask[i, width_p - len(p) : width_p + len(c)] = 1
+        """`sepo.lm.batching.pack` on the model's device: input ids, attention mask and the prompts' width."""
+        ids, mask, width_p = batching.pack(prompts, self.pad_id, continuations)
         return ids.to(self.device), mask.to(self.device), width_p
 
     def extra_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -293,7 +208,7 @@ class LMPolicy:
         """Drop the prompt encodings kept for the episodes' next decisions: the arena calls this once every
         episode of a `play` is over. Kept, they would hold one KV cache per episode (a 135M Llama: ~10 MB
         for a 450-token prompt) through whatever runs next, such as SEPO's update."""
-        self._encoded, self._encoded_next = {}, {}
+        self.prompt_cache.clear()
 
     def act_batch(self, requests: list[DecisionRequest], return_logprobs: bool = False) -> list[Decision]:
         if not requests:
@@ -321,11 +236,9 @@ class LMPolicy:
     def _answer(self, requests: list[DecisionRequest]) -> tuple[list[Answer], list[Decision]]:
         """Sample, parse and (where nothing parses) fall back: every request's answer and decision."""
         answers: list[Answer] = []
-        self._encoded_next = {}
         for part in self._chunks(len(requests)):
             answers += self._generate([requests[i] for i in part])
-        # only the episodes that just acted can act next (the arena's lockstep): the rest are over
-        self._encoded = self._encoded_next
+        self.prompt_cache.round_over()
 
         decisions: list[Decision] = []
         failed: list[int] = []
@@ -346,30 +259,18 @@ class LMPolicy:
     def answer(self, requests: list[DecisionRequest]) -> tuple[list[Answer], list[Decision]]:
         """Answers and decisions exactly as `act_batch` plays them, for estimates outside an episode
         (`action_probabilities`): eval mode, and the arena's encoded prompts left as they were."""
-        was_training, encoded = self.model.training, dict(self._encoded)  # a copy: `_generate` pops what it reuses
+        was_training, encoded = self.model.training, dict(self.prompt_cache.held)  # a copy: `_generate` pops
         self.model.eval()
         try:
             return self._answer(requests)
         finally:
             self.model.train(was_training)
-            self._encoded = encoded
+            self.prompt_cache.held = encoded
 
     def shared_prefix_length(self, prompts: Sequence[Sequence[int]]) -> int:
-        """Tokens at the start of every prompt that one cached pass can serve for all rows (0: none).
-
-        Only with `model.prefix_cache` on, at least `MIN_SHARED_PREFIX` tokens long, and leaving
-        every row at least one token of its own (generate needs a new token per row to start from).
-        """
-        if not self.prefix_cache or len(prompts) < 2:
-            return 0
-        first, shortest = prompts[0], min(len(p) for p in prompts)
-        length = shortest - 1
-        for other in prompts[1:]:
-            k = 0
-            while k < length and other[k] == first[k]:
-                k += 1
-            length = k
-        return length if length >= MIN_SHARED_PREFIX else 0
+        """Tokens at the start of every prompt that one cached pass serves for all rows (0: none, or
+        `model.prefix_cache` off): `sepo.lm.batching.shared_prefix_length`."""
+        return batching.shared_prefix_length(prompts) if self.prefix_cache else 0
 
     def pack_split(
         self,
@@ -377,31 +278,9 @@ class LMPolicy:
         split: Sequence[int],
         continuations: Sequence[Sequence[int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-        """Rows laid out as [padding][prompt[:split]] [padding][prompt[split:]][continuation][padding].
-
-        The first region (width A) holds what is served from a cache: a prefix shared by every row,
-        or each episode's earlier prompt; the second is encoded now. Position ids follow the
-        attention mask (`position_ids_from_mask`), so padding between the regions changes nothing,
-        and a continuation's token t sits at column P + t in every row, as in `pack`. Returns input
-        ids, attention mask, the prompts' width P and the first region's width A.
-        """
-        heads = [list(p[:k]) for p, k in zip(prompts, split)]
-        width_a = max(map(len, heads), default=0)
-        ids, mask, width = self.pack([list(p[k:]) for p, k in zip(prompts, split)], continuations)
-        if width_a == 0:
-            return ids, mask, width, 0
-        head_ids = torch.full((len(prompts), width_a), self.pad_id, dtype=torch.long)
-        head_mask = torch.zeros_like(head_ids)
-        for i, h in enumerate(heads):
-            if h:
-                head_ids[i, width_a - len(h) :] = torch.tensor(h, dtype=torch.long)
-                head_mask[i, width_a - len(h) :] = 1
-        return (
-            torch.cat([head_ids.to(ids.device), ids], dim=1),
-            torch.cat([head_mask.to(mask.device), mask], dim=1),
-            width_a + width,
-            width_a,
-        )
+        """`sepo.lm.batching.pack_split` on the model's device."""
+        ids, mask, width_p, width_a = batching.pack_split(prompts, split, self.pad_id, continuations)
+        return ids.to(self.device), mask.to(self.device), width_p, width_a
 
     def pack_shared(
         self, prompts: Sequence[Sequence[int]], shared: int, continuations: Sequence[Sequence[int]] | None = None
@@ -414,86 +293,12 @@ class LMPolicy:
     def start_cache(
         self, ids: torch.Tensor, width_a: int, shared: int, reused: Sequence[EncodedPrompt | None], split: Sequence[int]
     ) -> Any:
-        """The KV cache `generate` starts from, holding the first `width_a` columns; None: transformers'
-        default (a dynamic cache).
-
-        With a shared prefix (`shared` > 0), one pass over it (a batch of one) fills the cache for
-        every row; otherwise row i gets the first `split[i]` positions of its episode's earlier
-        prompt (`reused[i]`), right-aligned. With `model.static_cache` the cache is preallocated for
-        the prompt and the whole answer budget and written in place: a dynamic cache concatenates
-        (copies) every layer's keys and values at every decoding step.
-        """
-        from transformers import DynamicCache, StaticCache
-
+        """`sepo.lm.prompt_cache.start_cache`; None (transformers' dynamic cache) when neither
+        `model.prefix_cache` nor `model.static_cache` is on."""
         if not (self.prefix_cache or self.static_cache):
             return None
-        rows = ids.shape[0]
-        cache = (
-            StaticCache(config=self.model.config, max_cache_len=ids.shape[1] + self.max_new_tokens)
-            if self.static_cache
-            else DynamicCache(config=self.model.config)
-        )
-        if shared:
-            prefix = DynamicCache(config=self.model.config)
-            with torch.no_grad():
-                self.model(
-                    input_ids=ids[:1, :shared],
-                    past_key_values=prefix,
-                    use_cache=True,
-                    logits_to_keep=1,  # only the cache is wanted: not [shared, vocabulary] logits
-                    **self.extra_inputs(ids[:1, :shared]),
-                )
-            for index, layer in enumerate(prefix.layers):
-                cache.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), index)
-        elif width_a:
-            first = next(e for e in reused if e is not None)
-            for index in range(len(first.keys)):
-                keys = first.keys[index].new_zeros(
-                    (rows, first.keys[index].shape[0], width_a, first.keys[index].shape[2])
-                )
-                values = first.values[index].new_zeros(
-                    (rows, first.values[index].shape[0], width_a, first.values[index].shape[2])
-                )
-                for i, (entry, k) in enumerate(zip(reused, split)):
-                    if entry is not None and k:
-                        keys[i, :, width_a - k :] = entry.keys[index][:, :k]
-                        values[i, :, width_a - k :] = entry.values[index][:, :k]
-                cache.update(keys, values, index)
-        return cache
-
-    def reuse_plan(
-        self, requests: Sequence[DecisionRequest], prompts: Sequence[Sequence[int]]
-    ) -> tuple[list[EncodedPrompt | None], list[int]]:
-        """Per request: its episode's encoded earlier prompt and how many of its leading tokens the
-        new prompt shares (at least `MIN_SHARED_PREFIX`, leaving one token to encode), or (None, 0)."""
-        reused: list[EncodedPrompt | None] = []
-        split: list[int] = []
-        for request, prompt in zip(requests, prompts):
-            entry = self._encoded.get(id(request.state)) if self.prefix_cache else None
-            k = entry.common_prefix(prompt) if entry is not None and entry.state is request.state else 0
-            k = min(k, len(prompt) - 1)
-            reused.append(entry if k >= MIN_SHARED_PREFIX else None)
-            split.append(k if k >= MIN_SHARED_PREFIX else 0)
-        return reused, split
-
-    def remember(
-        self,
-        requests: Sequence[DecisionRequest],
-        prompts: Sequence[Sequence[int]],
-        cache: Any,
-        split: Sequence[int],
-        width_a: int,
-        width_p: int,
-    ) -> None:
-        """Keep each row's encoded prompt (its columns of the cache) for its episode's next decision."""
-        for i, (request, prompt) in enumerate(zip(requests, prompts)):
-            shared, own = split[i], len(prompt) - split[i]
-            self._encoded_next[id(request.state)] = EncodedPrompt(
-                request.state,
-                list(prompt),
-                [_prompt_columns(layer.keys, i, shared, width_a, own, width_p) for layer in cache.layers],
-                [_prompt_columns(layer.values, i, shared, width_a, own, width_p) for layer in cache.layers],
-            )
+        static_tokens = self.max_new_tokens if self.static_cache else None
+        return start_cache(self.model, ids, width_a, shared, reused, split, static_tokens, self.extra_inputs)
 
     def _generate(self, requests: list[DecisionRequest]) -> list[Answer]:
         """One generate call; per request its prompt ids, generated ids cut at the stop, their
@@ -501,16 +306,15 @@ class LMPolicy:
         with section("render"):
             texts = [self.render_text(r.messages) for r in requests]
             prompts = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        reused, split = self.reuse_plan(requests, prompts)
+        states = [r.state for r in requests]
+        reused, split = self.prompt_cache.plan(states, prompts)
         shared = 0 if any(split) else self.shared_prefix_length(prompts)
         if shared:
             split = [shared] * len(prompts)
         ids, mask, width_p, width_a = self.pack_split(prompts, split)
         with section("generate"), section("prompt_processing"):
             cache = self.start_cache(ids, width_a, shared, reused, split)
-        for request, entry in zip(requests, reused):
-            if entry is not None:  # copied into the cache: its episode's next entry replaces it (`remember`)
-                del self._encoded[id(request.state)]
+        self.prompt_cache.release(states, reused)
         del reused
         cache_kwargs = {"past_key_values": cache} if cache is not None else {}
         stop = ActionStoppingCriteria(self.tokenizer, width_p, requests, [think_open(t) for t in texts])
@@ -531,7 +335,7 @@ class LMPolicy:
             )
         if self.prefix_cache:
             with section("remember"):
-                self.remember(requests, prompts, cache, split, width_a, width_p)
+                self.prompt_cache.keep(states, prompts, cache, split, width_a, width_p)
         results = []
         for i, prompt in enumerate(prompts):
             generated = out[i, width_p:].tolist()

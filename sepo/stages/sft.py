@@ -43,6 +43,7 @@ from sepo import distributed
 from sepo.builders import load_model_and_tokenizer
 from sepo.errors import ConfigError
 from sepo.files import directory_written_atomically, write_text_atomically
+from sepo.lm.batching import end_of_turn_ids
 from sepo.models import attach_lora, forward_extras, lora_module_names
 from sepo.profiling import positions_fed
 from sepo.tracking import NO_TRACKING, NullTracker, flatten
@@ -54,7 +55,6 @@ from sepo.training.sft_batching import (
     SFTBatchCollator,
     check_prefix_sharing,
     encode_examples,
-    end_of_turn_ids,
     sft_trainer_class,
 )
 from sepo.training.sft_data import ensure_dataset, read_examples, subsample

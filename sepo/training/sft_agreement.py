@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sepo.lm.batching import end_of_turn_ids
 from sepo.models import forward_extras, render_chat
-from sepo.training.sft_batching import end_of_turn_ids, greedy_answers
+from sepo.training.sft_batching import greedy_answers
 
 
 def generate_answers(

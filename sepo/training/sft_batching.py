@@ -38,7 +38,9 @@ from typing import Any
 
 import torch
 
+from sepo.lm.batching import left_pad
 from sepo.lm.logprobs import position_ids_from_mask
+from sepo.lm.prompt_cache import encode_prefix
 from sepo.models import render_chat
 
 log = logging.getLogger(__name__)
@@ -101,16 +103,6 @@ def prefix_groups(rows: Sequence[Sequence[int]], limits: Sequence[int], min_shar
 
 
 # --------------------------------------------------------------------------- collation
-def _left_pad(seqs: Sequence[Sequence[int]], width: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        if s:
-            ids[r, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
-            mask[r, width - len(s) :] = 1
-    return ids, mask
-
-
 class SFTBatchCollator:
     """Collates pre-encoded examples (`encode_examples`) into the layout `sft_logits` reads.
 
@@ -140,7 +132,7 @@ class SFTBatchCollator:
         groups = []
         for members, p in shared + ([(alone, 0)] if alone else []):
             rests = [ids[r][p:] for r in members]
-            r_ids, r_mask = _left_pad(rests, max(map(len, rests)), self.pad_id)
+            r_ids, r_mask = left_pad(rests, max(map(len, rests)), self.pad_id)
             group = {
                 "rows": torch.tensor(members, dtype=torch.long),
                 "input_ids": r_ids,
@@ -302,22 +294,13 @@ def greedy_answers(
     answers: list[list[int]] = [[] for _ in prompts]
     for chunk, shared in prompt_batches(prompts, batch_size, share_prefix, min_shared):
         rests = [list(prompts[i][shared:]) for i in chunk]
-        ids, mask = _left_pad(rests, max(map(len, rests)), pad_id)
+        ids, mask = left_pad(rests, max(map(len, rests)), pad_id)
         kwargs: dict[str, Any] = {}
         if shared:
-            from transformers import DynamicCache
-
             prefix = torch.tensor([list(prompts[chunk[0]][:shared])], dtype=torch.long)
             ids = torch.cat([prefix.expand(len(chunk), -1), ids], dim=1)
             mask = torch.cat([torch.ones(len(chunk), shared, dtype=torch.long), mask], dim=1)
-            cache = DynamicCache(config=model.config)
-            model(
-                input_ids=prefix.to(device),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-                **extras(prefix.to(device)),
-            )
+            cache = encode_prefix(model, prefix.to(device), extras)
             cache.batch_repeat_interleave(len(chunk))
             kwargs["past_key_values"] = cache
         ids, mask = ids.to(device), mask.to(device)
@@ -338,16 +321,6 @@ def greedy_answers(
             cut = next((j for j, tok in enumerate(row) if tok in eos), len(row))
             answers[i] = row[:cut]
     return answers
-
-
-def end_of_turn_ids(model: Any, tokenizer: Any) -> set[int]:
-    """Token ids that end an assistant turn: the generation config's EOS ids and the tokenizer's."""
-    gen = getattr(model, "generation_config", None)
-    eos = gen.eos_token_id if gen is not None else None
-    ids = {eos} if isinstance(eos, int) else set(eos or [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
 
 
 class ChatSFTCollator:
