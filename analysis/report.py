@@ -1,7 +1,7 @@
 """`python -m analysis.report <summary.json> [--doc docs/results.md] [--section five-games|five-seeds|stability|pretrained]`.
 
 Renders `summary.json` (written by `analysis.summary`, e.g. by `launch/tiny_paper.sh` or
-`benchmarks/studies/stability.py`) as Markdown tables and puts them between the `<!-- <section>:begin -->` and
+`launch/stability.py`) as Markdown tables and puts them between the `<!-- <section>:begin -->` and
 `<!-- <section>:end -->` markers of the document, so the published figures are always the ones the run
 wrote, never typed by hand. `five-games`: the paired differences against SFT and payoff-only (`five-seeds`:
 the same, for a second run over more seeds, in a section of its own);

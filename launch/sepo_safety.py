@@ -10,10 +10,14 @@ Seeds vary `sepo.seed` (the rollouts' chance events and sampling streams, the ad
 the evaluation: every run, and the SFT model, is evaluated on the same episodes (`seed`,
 `generation_seed`), so differences between arms are paired by seed.
 
-    python -m benchmarks.studies.sepo_safety                                    # IPD, seeds 0 1 2, in a temp dir
-    python -m benchmarks.studies.sepo_safety --game kuhn --root /tmp/kuhn
-    python -m benchmarks.studies.sepo_safety --root /tmp/ev --seeds 0 1 2 3 4 --jobs 2 sepo.lr=1e-3
-    python -m benchmarks.studies.sepo_safety --root /tmp/ev --arms sepo payoff_only --extra-arm sepo_lc2 lambdas.train.c=2.0
+    launch/sepo_safety.sh                                    # IPD, seeds 0 1 2, in a temp dir
+    launch/sepo_safety.sh --game kuhn --root /tmp/kuhn
+    launch/sepo_safety.sh --root /tmp/ev --seeds 0 1 2 3 4 --jobs 2 sepo.lr=1e-3
+    launch/sepo_safety.sh --root /tmp/ev --arms sepo payoff_only --extra-arm sepo_lc2 lambdas.train.c=2.0
+
+What every run shares (the tiny model, 20 evaluation episodes per opponent, the pinned SEPO settings) is
+the preset conf/experiment/sepo_safety.yaml; this script runs the SFT, its evaluation and the arms, and
+reads their results.
 
 Re-running with the same --root reuses every finished run (their DONE markers). Prints a per-seed
 table, mean +- SE over seeds of safety, exploit, collusion, ext, pay (and exploit_exact on Kuhn) per
@@ -39,7 +43,7 @@ from pathlib import Path
 from analysis.report import cell
 from analysis.summary import j_train, objective, over_seeds
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 ARMS = {
     "sepo": [],
@@ -52,12 +56,9 @@ ARMS = {
 }
 #: the arms run when --arms is not given
 DEFAULT_ARMS = {"kuhn": ["sepo", "paper_pool", "payoff_only"]}
-#: what every run shares: the SEPO evaluation protocol (docs/spec.md §3: 20 episodes per opponent)
-COMMON = ["model=tiny", "logger=none", "eval.episodes_per_opponent=20", "eval.progress=false"]
-#: the SEPO settings its documented figures were measured at (docs/results.md), pinned against tiny's own
-#: defaults, which the main job's seed study chose for that job; only the final checkpoint evaluated; a
-#: command-line override still wins
-PINNED = ["sepo.lr=1e-3", "sepo.lr_schedule=constant", "sepo.refresh_steps=5", "sepo.checkpoint_steps=[]"]
+#: what every run shares (the model, the evaluation protocol, the pinned SEPO settings); a command-line
+#: override still wins
+COMMON = ["+experiment=sepo_safety"]
 METRICS = ("safety", "exploit", "collusion", "ext", "pay", "nra", "parse_rate")
 
 
@@ -87,6 +88,20 @@ def above_by_2_se(entry: dict) -> bool:
 
 
 def main() -> None:
+    args, arms = parse_args()
+    root = Path(args.root or tempfile.mkdtemp(prefix="sepo_safety_"))
+    root.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    sft_run, sft = sft_checkpoint(args, root)
+    results = train_arms(args, arms, root, sft_run)
+    out, keys = summarise(args, results, sft, sft_run)
+    out["seconds"] = round(time.time() - started, 1)
+    print_tables(out, keys)
+    print(json.dumps(out))
+
+
+def parse_args() -> tuple[argparse.Namespace, dict[str, list[str]]]:
+    """The command line, and each arm's Hydra overrides (the chosen arms, then `--extra-arm`'s)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--game", default="ipd")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -115,11 +130,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default: cores / jobs)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the SEPO runs (they win)")
     args = parser.parse_args()
-    root = Path(args.root or tempfile.mkdtemp(prefix="sepo_safety_"))
-    root.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
-    game = [f"game={args.game}"]
     args.arms = args.arms or DEFAULT_ARMS.get(args.game, ["sepo", "payoff_only", "per_rollout", "shared"])
     arms = {arm: ARMS[arm] for arm in args.arms}
     for name, *overrides in args.extra_arm:
@@ -127,8 +137,12 @@ def main() -> None:
             parser.error(f"--extra-arm {name}: allowed: a new name (letters, digits, _), not one of {', '.join(ARMS)}")
         arms[name] = overrides
     args.arms = list(arms)
+    return args, arms
 
-    # 1. one SFT checkpoint (the tiny model's SFT defaults), evaluated like the SEPO runs
+
+def sft_checkpoint(args: argparse.Namespace, root: Path) -> tuple[Path, dict]:
+    """One SFT checkpoint (the tiny model's SFT defaults) and its results.json, evaluated like the SEPO runs."""
+    game = [f"game={args.game}"]
     if args.sft_run:
         sft_run = Path(args.sft_run)
     else:
@@ -147,8 +161,14 @@ def main() -> None:
             root / "sft_eval.log",
         )
     sft = json.loads((run_dir(sft_eval) / "results.json").read_text())
+    return sft_run, sft
 
-    # 2. every arm x seed from it (a finished run is skipped by its DONE marker)
+
+def train_arms(args: argparse.Namespace, arms: dict[str, list[str]], root: Path, sft_run: Path) -> dict:
+    """Every arm x seed from the SFT checkpoint, `--jobs` at a time (a finished run is skipped by its DONE
+    marker): by (arm, seed), its final checkpoint's results.json with its run dir."""
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    game = [f"game={args.game}"]
     jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
 
     def train(job: tuple[str, int]) -> tuple[tuple[str, int], dict]:
@@ -164,7 +184,6 @@ def main() -> None:
                     f"model.path='{sft_run / 'merged'}'",
                     f"sepo.seed={seed}",
                     f"sepo.steps={args.steps}",
-                    *PINNED,
                     *arms[arm],
                     *args.overrides,
                 ],
@@ -177,7 +196,12 @@ def main() -> None:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = dict(pool.map(train, jobs))
+    return results
 
+
+def summarise(args: argparse.Namespace, results: dict, sft: dict, sft_run: Path) -> tuple[dict, list[str]]:
+    """The printed JSON object (per-seed runs, mean +- SE per arm, SFT, collusion by round, SEPO's
+    differences and targets) and the metrics its tables show."""
     exact = "exploit_exact" in sft["metrics"]
     keys = [*METRICS, *(["exploit_exact", "safety_exact"] if exact else [])]
     for payload in [sft, *results.values()]:
@@ -193,11 +217,6 @@ def main() -> None:
             arm: round(sum(results[(arm, s)]["se"]["exploit_exact"] for s in args.seeds) / len(args.seeds), 4)
             for arm in args.arms
         }
-
-    def paired(metric: str, other: str | None, arm: str = "sepo") -> dict[str, float]:
-        """An arm (SEPO) minus payoff-only (per seed) or minus SFT, mean +- SE over seeds."""
-        base = (lambda s: runs[other][str(s)][metric]) if other else (lambda s: sft["metrics"][metric])
-        return over_seeds([runs[arm][str(s)][metric] - base(s) for s in args.seeds])
 
     out = {
         "game": args.game,
@@ -226,44 +245,56 @@ def main() -> None:
                 if rows and all(rows)
             },
         }
-    if "sepo" in args.arms:  # the keys of analysis.summary (summary.json), at the final checkpoint
-        out["delta_j_train_vs_sft"] = over_seeds(
-            [
-                j_train(results[("sepo", s)]["metrics"], objective(results[("sepo", s)]["run_dir"]))
-                - j_train(sft["metrics"], objective(results[("sepo", s)]["run_dir"]))
-                for s in args.seeds
-            ]
-        )
-        if "payoff_only" in args.arms:
-            out["delta_safety_vs_payoff_only"] = paired("safety", "payoff_only")
-        out["delta_safety_vs_sft"] = paired("safety", None)
-        out["delta_exploit_vs_sft"] = paired("exploit", None)
-        if "exploit_exact" in keys:
-            out["delta_exploit_exact_vs_sft"] = paired("exploit_exact", None)
-        if "payoff_only" in args.arms and not exact:  # Kuhn: kuhn_targets above
-            out["delta_collusion_vs_payoff_only"] = paired("collusion", "payoff_only")
-            for arm in [a for a in args.arms if a not in ARMS]:
-                out[f"{arm}_delta_collusion_vs_payoff_only"] = paired("collusion", "payoff_only", arm)
-                out[f"{arm}_delta_safety_vs_payoff_only"] = paired("safety", "payoff_only", arm)
-            d = out["delta_safety_vs_payoff_only"]
-            out["targets"] = {
-                "safety above payoff-only by > 2 SE": above_by_2_se(d),
-                "collusion below payoff-only": out["delta_collusion_vs_payoff_only"]["mean"] < 0,
-                "exploit not above SFT": summary["sepo"]["exploit"]["mean"] <= sft["metrics"]["exploit"],
-            }
-            # what a reader needs to judge a missed target (README, "What the paper's estimator does")
-            notes = []
-            if all(runs["payoff_only"][str(s)]["collusion"] == 0.0 for s in args.seeds):
-                notes.append("payoff-only's collusion is 0 in every seed: no arm can be below it")
-            if args.game == "ipd":
-                notes.append(
-                    "IPD round 1 looks alike to every opponent: exploit below TFT's 0.3125 needs first-round "
-                    "defection, which is collusion on AlwaysC (e = 0.3125 p0, c = (1 - p0)/8 for TFT)"
-                )
-            out["target_notes"] = notes
-    out["seconds"] = round(time.time() - started, 1)
-    print_tables(out, keys)
-    print(json.dumps(out))
+    if "sepo" in args.arms:
+        sepo_differences(out, args, results, sft, runs, summary, keys, exact)
+    return out, keys
+
+
+def sepo_differences(
+    out: dict, args: argparse.Namespace, results: dict, sft: dict, runs: dict, summary: dict, keys: list, exact: bool
+) -> None:
+    """SEPO's paired differences (the keys of analysis.summary's summary.json, at the final checkpoint)
+    and, with payoff-only beside it on a game without exact exploitability, its targets."""
+
+    def paired(metric: str, other: str | None, arm: str = "sepo") -> dict[str, float]:
+        """An arm (SEPO) minus payoff-only (per seed) or minus SFT, mean +- SE over seeds."""
+        base = (lambda s: runs[other][str(s)][metric]) if other else (lambda s: sft["metrics"][metric])
+        return over_seeds([runs[arm][str(s)][metric] - base(s) for s in args.seeds])
+
+    out["delta_j_train_vs_sft"] = over_seeds(
+        [
+            j_train(results[("sepo", s)]["metrics"], objective(results[("sepo", s)]["run_dir"]))
+            - j_train(sft["metrics"], objective(results[("sepo", s)]["run_dir"]))
+            for s in args.seeds
+        ]
+    )
+    if "payoff_only" in args.arms:
+        out["delta_safety_vs_payoff_only"] = paired("safety", "payoff_only")
+    out["delta_safety_vs_sft"] = paired("safety", None)
+    out["delta_exploit_vs_sft"] = paired("exploit", None)
+    if "exploit_exact" in keys:
+        out["delta_exploit_exact_vs_sft"] = paired("exploit_exact", None)
+    if "payoff_only" in args.arms and not exact:  # Kuhn: kuhn_targets above
+        out["delta_collusion_vs_payoff_only"] = paired("collusion", "payoff_only")
+        for arm in [a for a in args.arms if a not in ARMS]:
+            out[f"{arm}_delta_collusion_vs_payoff_only"] = paired("collusion", "payoff_only", arm)
+            out[f"{arm}_delta_safety_vs_payoff_only"] = paired("safety", "payoff_only", arm)
+        d = out["delta_safety_vs_payoff_only"]
+        out["targets"] = {
+            "safety above payoff-only by > 2 SE": above_by_2_se(d),
+            "collusion below payoff-only": out["delta_collusion_vs_payoff_only"]["mean"] < 0,
+            "exploit not above SFT": summary["sepo"]["exploit"]["mean"] <= sft["metrics"]["exploit"],
+        }
+        # what a reader needs to judge a missed target (README, "What the paper's estimator does")
+        notes = []
+        if all(runs["payoff_only"][str(s)]["collusion"] == 0.0 for s in args.seeds):
+            notes.append("payoff-only's collusion is 0 in every seed: no arm can be below it")
+        if args.game == "ipd":
+            notes.append(
+                "IPD round 1 looks alike to every opponent: exploit below TFT's 0.3125 needs first-round "
+                "defection, which is collusion on AlwaysC (e = 0.3125 p0, c = (1 - p0)/8 for TFT)"
+            )
+        out["target_notes"] = notes
 
 
 def add_safety_exact(payload: dict) -> None:

@@ -1,6 +1,6 @@
 """Does SEPO hold what it reaches? Every game's SEPO arm, run for longer, from tiny_paper's own SFT checkpoints.
 
-    python -m benchmarks.studies.stability --from <root>/tiny_paper --root /tmp/stab [--steps 80] [--seeds 0,1,2]
+    launch/stability.sh --from <root>/tiny_paper --root /tmp/stab [--steps 80] [--seeds 0,1,2]
         [--jobs 2] [overrides ...]          # e.g. sepo.lr_schedule=cosine
 
 `launch/tiny_paper.sh` trains 40 SEPO steps; this runs the SEPO arm (the game's lambdas, no payoff-only)
@@ -27,7 +27,7 @@ from pathlib import Path
 from analysis.report import cell
 from launch.tiny_paper import GAMES, SFT_RUN_OF, preset_of
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 # tiny_paper's games, the SFT run each starts from, and its shared settings: this reruns its SEPO arm
 
 
