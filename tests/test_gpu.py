@@ -284,6 +284,7 @@ def test_whole_flow_on_tiny_models_on_cpu(tmp_path):
         assert all("steps_per_s" in row for row in m["decode"]["batches"]), arch
         assert m["sft"]["tokens_per_s"] > 0
         plain, quantized = m["sepo_step"]
+        assert m["sepo_settings"]["game"] == "ipd"  # --sepo-game's default
         assert plain["decisions"] > 0
         assert not plain["skipped"]
         assert "step_s" in quantized or "skipped" in quantized
@@ -404,6 +405,7 @@ def test_sepo_step_and_whole_flow_on_cuda(tmp_path):
         assert m["sft"]["tokens_per_s"] > 0
         assert m["sft"]["peak_mib"] > 0
         plain, quantized = m["sepo_step"]
+        assert m["sepo_settings"]["game"] == "ipd"  # --sepo-game's default
         assert plain["decisions"] > 0, plain
         assert plain["peak_mib"] > 0, plain
         assert not plain["skipped"], plain

@@ -861,32 +861,8 @@ def benchmark_model(
     dtype = torch.float32 if args.tiny and not str(device).startswith("cuda") else torch.bfloat16
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     vocab = padded_vocab(tokenizer)
-    if args.tiny:
-        config, shape = tiny_config(arch, vocab, pad_id, eos_id), "tiny"
-    elif arch == "gemma4":
-        config, shape = (
-            gemma4_config(args.gemma4_preset),
-            (
-                "Gemma 4 E4B (published text config; default vision and audio towers)"
-                if args.gemma4_preset == "e4b"
-                else "transformers' default Gemma4TextConfig() (not E4B)"
-            ),
-        )
-    else:
-        config, shape = qwen35_config(), "Qwen 3.5 4B (published text config)"
-    overrides = [
-        f"model={arch}",
-        f"game={args.sepo_game}",
-        "logger=none",
-        f"paths.cache_dir={args.cache_dir}",
-        f"paths.output_dir={tempfile.gettempdir()}",
-        f"sepo.rollouts_per_opponent={args.sepo_rollouts}",
-        f"sepo.max_new_tokens={sizes['sepo_max_new_tokens']}",
-        f"seed={args.seed}",
-    ]
-    cfg = compose_config(overrides + list(args.override))
-    if sizes["sepo_rounds"] and "rounds" in cfg.game:  # games without rounds (Kuhn: hands) keep theirs
-        cfg.game.rounds = int(sizes["sepo_rounds"])
+    config, shape = model_shape(arch, args, vocab, pad_id, eos_id)
+    cfg = run_config(arch, args, sizes)
 
     _say(f"{arch}: building {MODEL_CLASS[arch]} ({shape}) on {device} in {str(dtype).removeprefix('torch.')}")
     torch.manual_seed(args.seed)
@@ -948,34 +924,78 @@ def benchmark_model(
     if "sepo" in args.parts and not model_intact:
         result["sepo_step"] = [{"skipped": "the SFT part failed and may have left its adapter on the model"}]
     elif "sepo" in args.parts and result["logits_finite"]:
-        from sepo.models import attach_lora
-        from sepo.training.objective import sepo_settings
-
-        s = sepo_settings(cfg)
-        result["sepo_settings"] = {
-            "game": cfg.game.name,
-            "rounds": int(cfg.game.rounds) if "rounds" in cfg.game else None,
-            "rollouts_per_opponent": int(s.rollouts_per_opponent),
-            "max_new_tokens": int(s.max_new_tokens),
-            "micro_batch": int(s.micro_batch),
-            "lora_r": int(s.lora.r),
-            "penalty_mode": str(s.penalty_mode),
-        }
-        torch.manual_seed(int(s.seed))
-        peft_model = attach_lora(
-            model, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout)
-        )
-        steps = [_part_or_error("sepo", sepo_step_benchmark, peft_model, tokenizer, cfg, device, ref_4bit=False)]
-        if bnb["available"]:
-            steps.append(_part_or_error("sepo", sepo_step_benchmark, peft_model, tokenizer, cfg, device, ref_4bit=True))
-        else:
-            steps.append({"ref_4bit": True, "skipped": bnb["reason"]})
-            _say(f"  SEPO step with 4-bit reference skipped: {bnb['reason']}")
-        result["sepo_step"] = steps
-        del peft_model
+        result["sepo_settings"], result["sepo_step"] = sepo_steps(model, tokenizer, cfg, device, bnb)
     del model
     _free(device)
     return result
+
+
+def model_shape(arch: str, args: argparse.Namespace, vocab: int, pad_id: int, eos_id: int) -> tuple[Any, str]:
+    """The architecture's config at the size asked for, and its description in the output."""
+    if args.tiny:
+        config, shape = tiny_config(arch, vocab, pad_id, eos_id), "tiny"
+    elif arch == "gemma4":
+        config, shape = (
+            gemma4_config(args.gemma4_preset),
+            (
+                "Gemma 4 E4B (published text config; default vision and audio towers)"
+                if args.gemma4_preset == "e4b"
+                else "transformers' default Gemma4TextConfig() (not E4B)"
+            ),
+        )
+    else:
+        config, shape = qwen35_config(), "Qwen 3.5 4B (published text config)"
+    return config, shape
+
+
+def run_config(arch: str, args: argparse.Namespace, sizes: dict[str, Any]) -> Any:
+    """The run config the SEPO and SFT parts read: the model's own, at the benchmark's sizes."""
+    overrides = [
+        f"model={arch}",
+        f"game={args.sepo_game}",
+        "logger=none",
+        f"paths.cache_dir={args.cache_dir}",
+        f"paths.output_dir={tempfile.gettempdir()}",
+        f"sepo.rollouts_per_opponent={args.sepo_rollouts}",
+        f"sepo.max_new_tokens={sizes['sepo_max_new_tokens']}",
+        f"seed={args.seed}",
+    ]
+    cfg = compose_config(overrides + list(args.override))
+    if sizes["sepo_rounds"] and "rounds" in cfg.game:  # games without rounds (Kuhn: hands) keep theirs
+        cfg.game.rounds = int(sizes["sepo_rounds"])
+    return cfg
+
+
+def sepo_steps(model: Any, tokenizer: Any, cfg: Any, device: str, bnb: dict[str, Any]) -> tuple[dict, list]:
+    """One SEPO step with the adapter-off reference, then one with the 4-bit reference (where bitsandbytes
+    loads): the settings they ran at and each step's figures."""
+    import torch
+
+    from sepo.models import attach_lora
+    from sepo.training.objective import sepo_settings
+
+    s = sepo_settings(cfg)
+    settings = {
+        "game": cfg.game.name,
+        "rounds": int(cfg.game.rounds) if "rounds" in cfg.game else None,
+        "rollouts_per_opponent": int(s.rollouts_per_opponent),
+        "max_new_tokens": int(s.max_new_tokens),
+        "micro_batch": int(s.micro_batch),
+        "lora_r": int(s.lora.r),
+        "penalty_mode": str(s.penalty_mode),
+    }
+    torch.manual_seed(int(s.seed))
+    peft_model = attach_lora(
+        model, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout)
+    )
+    steps = [_part_or_error("sepo", sepo_step_benchmark, peft_model, tokenizer, cfg, device, ref_4bit=False)]
+    if bnb["available"]:
+        steps.append(_part_or_error("sepo", sepo_step_benchmark, peft_model, tokenizer, cfg, device, ref_4bit=True))
+    else:
+        steps.append({"ref_4bit": True, "skipped": bnb["reason"]})
+        _say(f"  SEPO step with 4-bit reference skipped: {bnb['reason']}")
+    del peft_model
+    return settings, steps
 
 
 def _part_or_error(name: str, measure: Any, *args: Any, **kwargs: Any) -> Any:
