@@ -26,7 +26,11 @@ from sepo.builders.smollm2 import gguf_path
 from sepo.compose import STAGE_NODES
 from sepo.config_rules import (
     Rule,
+    boolean,
     integer,
+    named_integers,
+    named_lists,
+    names_of,
     non_empty_name,
     one_of,
     optional_name,
@@ -54,6 +58,16 @@ BUILT_MODELS = ("scripted", "tiny", "smollm2")
 TRAINING_STAGES = ("sft", "sepo", "pipeline")
 TORCH_DTYPES = ("auto", "bfloat16_if_fast", "float32", "bfloat16", "float16", "float64")
 LOGGER_MODES = ("offline", "online", "disabled")
+#: transformers' learning-rate schedules that need no settings beyond the warm-up (`sft.lr_scheduler`)
+SFT_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
 
 
 class PoolOverlapWarning(UserWarning):
@@ -98,11 +112,16 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (EVAL, "eval.max_new_tokens", integer(1)),
     (EVAL, "eval.batch_size", integer(0)),
     (EVAL, "eval.action_samples", integer(2)),
+    (EVAL, "eval.progress", boolean()),
     (SEPO, "eval.validation_seed", SEED),
     (DATA, "datagen.seed", SEED),
     (DATA, "datagen.num_opponents", integer(1)),
     (DATA, "datagen.multi_per_game", integer(1)),
     (DATA, "datagen.episodes_per_opponent", integer(1, optional=True)),
+    (DATA, "datagen.datasets", strings()),  # each one a key of datagen.dataset_games (checked when building)
+    (DATA, "datagen.multi_games", names_of(tuple(GAME_CLASSES), "games")),
+    (DATA, "datagen.dataset_games", named_lists(tuple(GAME_CLASSES), "games")),
+    (DATA, "datagen.per_game_cap", named_integers(1)),
     (
         SFT,
         "sft.dataset",
@@ -130,6 +149,24 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SFT, "sft.lora.r", integer(1)),
     (SFT, "sft.lora.dropout", real(0.0, high=1.0)),
     (SFT, "sft.seed", SEED),
+    (SFT, "sft.adam_beta1", real(0.0, high=1.0)),
+    (SFT, "sft.adam_beta2", real(0.0, high=1.0)),
+    (SFT, "sft.lora.alpha", real(0.0, strict=True)),
+    (SFT, "sft.lora.target_modules", optional_name("the model's model.lora.target_modules")),
+    (SFT, "sft.lr_scheduler", one_of(*SFT_SCHEDULERS)),
+    (SFT, "sft.save_total_limit", integer(1, optional=True)),
+    *[
+        (SFT, f"sft.{flag}", boolean())
+        for flag in (
+            "answer_logits_only",
+            "assistant_only_loss",
+            "bf16",
+            "evaluate",
+            "full_finetune",
+            "gradient_checkpointing",
+            "prefix_sharing",
+        )
+    ],
     (SEPO, "sepo.steps", integer(1)),
     (SEPO, "sepo.penalty_mode", one_of(*PENALTY_MODES)),
     (SEPO, "sepo.credit", one_of(*CREDITS)),
@@ -165,7 +202,16 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.lora.r", integer(1)),
     (SEPO, "sepo.lora.alpha", real(0.0, strict=True)),
     (SEPO, "sepo.lora.dropout", real(0.0, high=1.0)),
+    (SEPO, "sepo.seed", SEED),
+    (SEPO, "sepo.adv_eps", real(0.0, strict=True)),
+    (SEPO, "sepo.ref_4bit", boolean()),
+    (SEPO, "sepo.debug_kill_after_step", integer(1, optional=True)),
 ]
+
+
+#: the stage nodes' leaves with no rule: output directories derived from `paths.*` (which `check_paths` checks),
+#: resolved only inside a run
+UNRULED = ("sft.data_dir", "datagen.out_dir")
 
 
 def check(key: str, value: Any, rule: Rule) -> None:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,4 +95,36 @@ def steps_or_share() -> Rule:
     return Rule(
         lambda v: (_is_int(v) and v >= 1) or (isinstance(v, float) and 0.0 < v < 1.0),
         "an integer >= 1 (optimizer steps) or a number in (0, 1) (a share of the run's steps)",
+    )
+
+
+def boolean() -> Rule:
+    """true or false: YAML's words for them only (a string such as "yes" from a typo is refused)."""
+    return Rule(lambda v: isinstance(v, bool), "true or false")
+
+
+def names_of(allowed: Sequence[str], what: str) -> Rule:
+    """A non-empty list whose every entry is one of `allowed`."""
+    return Rule(
+        lambda v: isinstance(v, list) and len(v) > 0 and all(x in allowed for x in v),
+        f"a non-empty list of {what} from {', '.join(allowed)}",
+    )
+
+
+def named_lists(allowed: Sequence[str], what: str) -> Rule:
+    """A mapping from names to non-empty lists of `allowed` entries (datagen.dataset_games)."""
+    entries = names_of(allowed, what)
+    return Rule(
+        lambda v: (
+            isinstance(v, dict) and len(v) > 0 and all(isinstance(k, str) and entries.ok(x) for k, x in v.items())
+        ),
+        f"a mapping from names to {entries.allowed}",
+    )
+
+
+def named_integers(low: int) -> Rule:
+    """A mapping from names to integers >= `low` (datagen.per_game_cap), possibly empty."""
+    return Rule(
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_int(x) and x >= low for k, x in v.items()),
+        f"a mapping from dataset names to integers >= {low}, or {{}}",
     )

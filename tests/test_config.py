@@ -205,3 +205,30 @@ def test_the_stage_settings_only_resolve():
 
     assert not hasattr(sepo.config, "_check_number")
     assert not hasattr(sepo.config, "check_model_and_logger")
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2", "gemma4", "qwen"])
+def test_every_leaf_of_the_stage_nodes_has_a_rule(model):
+    """Every value of sepo, sft, eval and datagen is checked before any work (a rule on a node covers its
+    leaves), so a typo such as sft.bf16=maybe stops the run in one line instead of reaching the code."""
+    from omegaconf import DictConfig
+
+    from sepo.compose import compose_config
+    from sepo.config import RULES, UNRULED
+
+    ruled = {key for _, key, _ in RULES} | set(UNRULED)
+    cfg = compose_config([f"model={model}", "logger=none"])
+    unruled = []
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for name in node.keys():
+            key = f"{prefix}.{name}"
+            child = node._get_node(name)
+            if key not in ruled and isinstance(child, DictConfig):
+                walk(child, key)
+            elif key not in ruled:
+                unruled.append(key)
+
+    for stage_node in ("sepo", "sft", "eval", "datagen"):
+        walk(cfg[stage_node], stage_node)
+    assert unruled == []

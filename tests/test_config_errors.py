@@ -46,6 +46,9 @@ BAD_VALUES = [
     (["stage=sepo", "+sepo.stepz=3"], "+sepo.stepz adds a key"),
     (["stage=eval", "model=tiny", "model.dtype=float99"], "model.dtype=float99"),
     (["stage=sepo", "sepo.lr_final_ratio=2"], "sepo.lr_final_ratio=2"),
+    (["stage=sft", "sft.bf16=maybe"], "sft.bf16='maybe'"),  # a boolean: true or false only
+    (["stage=sft", "sft.lr_scheduler=cosin"], "sft.lr_scheduler=cosin"),
+    (["stage=datagen", "datagen.multi_games=[ipd,chess]"], "datagen.multi_games=['ipd', 'chess']"),
 ]
 
 
