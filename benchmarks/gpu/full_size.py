@@ -1069,6 +1069,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"timed copies of the buffer (default {FULL['bandwidth_repeats']})",
     )
+    add_step_arguments(p)
+
+
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """The SEPO and SFT parts' options, the seed, the cache and the save mode."""
     p.add_argument("--sepo-game", default="ipd", help="game of the SEPO step")
     p.add_argument("--sepo-rollouts", type=int, default=2, help="sepo.rollouts_per_opponent of the SEPO step (n)")
     p.add_argument(

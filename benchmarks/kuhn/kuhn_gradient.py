@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -181,6 +182,52 @@ def batch_updates(theta: np.ndarray, cfg, batches: int, burn_in: int) -> np.ndar
 
 
 def main() -> None:
+    args = parse_args()
+    from sepo.compose import compose_config
+    from sepo.games.kuhn_exact import INFOSETS
+
+    played = json.loads(Path(args.results).read_text())["played_table"]["bet_or_call"]
+    q = np.clip(np.array([played[k] for k in INFOSETS]), 0.01, 0.99)  # logits stay finite
+    theta = np.log(q / (1 - q))
+
+    def config(credit: str, n: int):
+        return compose_config(
+            [
+                "game=kuhn",
+                "model=scripted",
+                "logger=none",
+                f"sepo.credit={credit}",
+                f"sepo.rollouts_per_opponent={n}",
+                *args.overrides,
+            ]
+        )
+
+    out, g_j = exact_at_point(theta, q, config("return_to_go", 4))
+    out["batches"], out["variants"] = args.batches, {}
+    for variant in args.variants:
+        credit, n = variant.split(":")
+        row = out["variants"][variant] = estimate_row(theta, config(credit, int(n)), g_j, args)
+        print(
+            f"{variant:16} cosine {row['cosine']:+.3f}  relative error {row['relative_error']:.3f}  "
+            f"max |z| {row['max_abs_z']:.2f}  batches for cosine 0.9: {row['batches_for_cosine_0.9']:.0f}"
+        )
+    objectives = {
+        "best_responder": [],
+        "paper_pool": ["game.pools.exploit=[NashApx,AlwaysBet]"],
+        "payoff_only": ["lambdas=zero"],
+    }
+    for name, extra in objectives.items():
+        cfg = compose_config(["game=kuhn", "model=scripted", "logger=none", *args.overrides, *extra])
+        if args.ascent:
+            out.setdefault("ascent", {})[name] = exact_ascent(q, cfg)
+            print(f"exact ascent of J ({name}): exploitability every 0.25 of path {out['ascent'][name]}")
+        if args.optimum and name != "payoff_only":
+            out.setdefault("optimum", {})[name] = exact_optimum(cfg, args.optimum)
+            print(f"argmax J ({name}): {out['optimum'][name]}")
+    print(json.dumps(out))
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", required=True, help="a Kuhn results.json with played_table (the point)")
     parser.add_argument("--batches", type=int, default=1000)
@@ -207,30 +254,15 @@ def main() -> None:
     parser.add_argument(
         "overrides", nargs="*", help="extra Hydra overrides (e.g. game.pools.exploit=[NashApx,AlwaysBet])"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    from sepo.compose import compose_config
+
+def exact_at_point(theta: np.ndarray, q: np.ndarray, cfg: Any) -> tuple[dict, np.ndarray]:
+    """The point's J, exploitability and exact gradients (the output's head), and the exact grad J."""
     from sepo.games.kuhn_exact import INFOSETS
 
-    played = json.loads(Path(args.results).read_text())["played_table"]["bet_or_call"]
-    q = np.clip(np.array([played[k] for k in INFOSETS]), 0.01, 0.99)  # logits stay finite
-    theta = np.log(q / (1 - q))
-
-    def config(credit: str, n: int):
-        return compose_config(
-            [
-                "game=kuhn",
-                "model=scripted",
-                "logger=none",
-                f"sepo.credit={credit}",
-                f"sepo.rollouts_per_opponent={n}",
-                *args.overrides,
-            ]
-        )
-
-    base = config("return_to_go", 4)
-    g_j, g_solved, g_x = exact_gradients(theta, base)
-    j, x = exact_objective(TableAgent(theta).table(), base)
+    g_j, g_solved, g_x = exact_gradients(theta, cfg)
+    j, x = exact_objective(TableAgent(theta).table(), cfg)
     out = {
         "point": dict(zip(INFOSETS, np.round(q, 4).tolist())),
         "J": round(j, 4),
@@ -243,44 +275,27 @@ def main() -> None:
                 float(-g_j @ g_x / np.linalg.norm(g_j) / np.linalg.norm(g_x)), 3
             ),
         },
-        "batches": args.batches,
-        "variants": {},
     }
     print(f"point: J {j:+.4f}, exploitability {x:.4f}; exact grad J {np.round(g_j, 3)}")
-    for variant in args.variants:
-        credit, n = variant.split(":")
-        v = batch_updates(theta, config(credit, int(n)), args.batches, args.burn_in)
-        mean, se = v.mean(axis=0), v.std(axis=0, ddof=1) / math.sqrt(len(v))
-        noise = float(np.trace(np.cov(v.T)))  # E||v_b - mean||^2
-        # the mean of B batches has cosine ~ |g| / sqrt(|g|^2 + noise / B) with the exact gradient g
-        needed = noise / (float(g_j @ g_j) * (1 / 0.81 - 1))
-        row = {
-            "estimate": np.round(mean, 4).tolist(),
-            "se": np.round(se, 4).tolist(),
-            "cosine": round(float(mean @ g_j / np.linalg.norm(mean) / np.linalg.norm(g_j)), 3),
-            "relative_error": round(float(np.linalg.norm(mean - g_j) / np.linalg.norm(g_j)), 3),
-            "max_abs_z": round(float(np.max(np.abs(mean - g_j) / np.maximum(se, 1e-12))), 2),
-            "batches_for_cosine_0.9": round(needed, 1),
-        }
-        out["variants"][variant] = row
-        print(
-            f"{variant:16} cosine {row['cosine']:+.3f}  relative error {row['relative_error']:.3f}  "
-            f"max |z| {row['max_abs_z']:.2f}  batches for cosine 0.9: {row['batches_for_cosine_0.9']:.0f}"
-        )
-    objectives = {
-        "best_responder": [],
-        "paper_pool": ["game.pools.exploit=[NashApx,AlwaysBet]"],
-        "payoff_only": ["lambdas=zero"],
+    return out, g_j
+
+
+def estimate_row(theta: np.ndarray, cfg: Any, g_j: np.ndarray, args: argparse.Namespace) -> dict:
+    """One estimator variant's mean update over `--batches` batches against the exact gradient."""
+    v = batch_updates(theta, cfg, args.batches, args.burn_in)
+    mean, se = v.mean(axis=0), v.std(axis=0, ddof=1) / math.sqrt(len(v))
+    noise = float(np.trace(np.cov(v.T)))  # E||v_b - mean||^2
+    # the mean of B batches has cosine ~ |g| / sqrt(|g|^2 + noise / B) with the exact gradient g
+    needed = noise / (float(g_j @ g_j) * (1 / 0.81 - 1))
+    row = {
+        "estimate": np.round(mean, 4).tolist(),
+        "se": np.round(se, 4).tolist(),
+        "cosine": round(float(mean @ g_j / np.linalg.norm(mean) / np.linalg.norm(g_j)), 3),
+        "relative_error": round(float(np.linalg.norm(mean - g_j) / np.linalg.norm(g_j)), 3),
+        "max_abs_z": round(float(np.max(np.abs(mean - g_j) / np.maximum(se, 1e-12))), 2),
+        "batches_for_cosine_0.9": round(needed, 1),
     }
-    for name, extra in objectives.items():
-        cfg = compose_config(["game=kuhn", "model=scripted", "logger=none", *args.overrides, *extra])
-        if args.ascent:
-            out.setdefault("ascent", {})[name] = exact_ascent(q, cfg)
-            print(f"exact ascent of J ({name}): exploitability every 0.25 of path {out['ascent'][name]}")
-        if args.optimum and name != "payoff_only":
-            out.setdefault("optimum", {})[name] = exact_optimum(cfg, args.optimum)
-            print(f"argmax J ({name}): {out['optimum'][name]}")
-    print(json.dumps(out))
+    return row
 
 
 if __name__ == "__main__":

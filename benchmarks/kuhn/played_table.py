@@ -21,6 +21,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,20 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-path", required=True, help="a merged checkpoint of tiny trained on Kuhn poker")
-    parser.add_argument("--samples", type=int, default=128, help="K of the played estimate")
-    parser.add_argument("--decisions", type=int, default=400, help="decisions sampled per state for the frequency")
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
-
+    args = parse_args()
     import torch
     from omegaconf import OmegaConf
 
     from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
-    from sepo.games.kuhn import ACTION_INDEX, infoset_requests, table_from_probs
+    from sepo.games.kuhn import infoset_requests, table_from_probs
     from sepo.games.kuhn_exact import exploitability
     from sepo.policies.lm import LMPolicy
 
@@ -55,39 +49,8 @@ def main() -> None:
     keyed = infoset_requests(game)
     requests = [r for _, r in keyed]
 
-    started = time.time()
-    first = policy.action_first_probabilities(requests)
-    seconds = {"action_first": time.time() - started}
-    started = time.time()
-    played = game.played_table(policy, seed=42)
-    seconds["played"] = time.time() - started
-    started = time.time()
-    copies = [
-        replace(r, rng=np.random.default_rng([7, i, k])) for i, r in enumerate(requests) for k in range(args.decisions)
-    ]
-    _, decisions = policy.answer(copies)
-    seconds["frequency"] = time.time() - started
-
-    states, z_max = {}, 0.0
-    frequency_probs = {}
-    for i, (key, request) in enumerate(keyed):
-        aggressive = next(a for a in request.legal if ACTION_INDEX[a] == 1)
-        acts = [d.action for d in decisions[i * args.decisions : (i + 1) * args.decisions]]
-        f = sum(a == aggressive for a in acts) / len(acts)
-        f_se = math.sqrt(f * (1 - f) / len(acts))
-        q, q_se = float(played.table[key][1]), played.se[key]
-        z = abs(q - f) / math.sqrt(q_se**2 + f_se**2) if q_se or f_se else 0.0
-        z_max = max(z_max, z)
-        frequency_probs[key] = {aggressive: f, next(a for a in request.legal if a != aggressive): 1 - f}
-        states[key] = {
-            "action": aggressive,
-            "action_first": round(first[i][aggressive], 4),
-            "played": round(q, 4),
-            "played_se": round(q_se, 4),
-            "frequency": round(f, 4),
-            "frequency_se": round(f_se, 4),
-            "z": round(z, 2),
-        }
+    first, played, decisions, seconds = three_estimates(policy, game, requests, args.decisions)
+    states, z_max, frequency_probs = compare(keyed, first, played, decisions, args.decisions)
     out = {
         "model_path": args.model_path,
         "samples": args.samples,
@@ -110,6 +73,62 @@ def main() -> None:
             f"{row['frequency']:7.3f} ± {row['frequency_se']:.3f} {row['z']:5.2f}"
         )
     print(json.dumps(out))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", required=True, help="a merged checkpoint of tiny trained on Kuhn poker")
+    parser.add_argument("--samples", type=int, default=128, help="K of the played estimate")
+    parser.add_argument("--decisions", type=int, default=400, help="decisions sampled per state for the frequency")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--threads", type=int, default=None)
+    return parser.parse_args()
+
+
+def three_estimates(policy: Any, game: Any, requests: list, per_state: int) -> tuple:
+    """The action-first probabilities, the played table, and `per_state` decisions played per state, with
+    the seconds each took."""
+    started = time.time()
+    first = policy.action_first_probabilities(requests)
+    seconds = {"action_first": time.time() - started}
+    started = time.time()
+    played = game.played_table(policy, seed=42)
+    seconds["played"] = time.time() - started
+    started = time.time()
+    copies = [
+        replace(r, rng=np.random.default_rng([7, i, k])) for i, r in enumerate(requests) for k in range(per_state)
+    ]
+    _, decisions = policy.answer(copies)
+    seconds["frequency"] = time.time() - started
+    return first, played, decisions, seconds
+
+
+def compare(keyed: list, first: list, played: Any, decisions: list, per_state: int) -> tuple[dict, float, dict]:
+    """Per state: the three estimates of the aggressive action's probability and the z of played against
+    the frequency; the largest z; the frequency table."""
+    from sepo.games.kuhn import ACTION_INDEX
+
+    states, z_max = {}, 0.0
+    frequency_probs = {}
+    for i, (key, request) in enumerate(keyed):
+        aggressive = next(a for a in request.legal if ACTION_INDEX[a] == 1)
+        acts = [d.action for d in decisions[i * per_state : (i + 1) * per_state]]
+        f = sum(a == aggressive for a in acts) / len(acts)
+        f_se = math.sqrt(f * (1 - f) / len(acts))
+        q, q_se = float(played.table[key][1]), played.se[key]
+        z = abs(q - f) / math.sqrt(q_se**2 + f_se**2) if q_se or f_se else 0.0
+        z_max = max(z_max, z)
+        frequency_probs[key] = {aggressive: f, next(a for a in request.legal if a != aggressive): 1 - f}
+        states[key] = {
+            "action": aggressive,
+            "action_first": round(first[i][aggressive], 4),
+            "played": round(q, 4),
+            "played_se": round(q_se, 4),
+            "frequency": round(f, 4),
+            "frequency_se": round(f_se, 4),
+            "z": round(z, 2),
+        }
+    return states, z_max, frequency_probs
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sepo.compose import compose_config as compose
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> dict:
     from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
     from sepo.models import attach_lora
-    from sepo.profiling import matmul_gflops, profiled, section, time_model_forwards
+    from sepo.profiling import matmul_gflops, section, time_model_forwards
     from sepo.stages.sepo_loop import (
         RecordingPolicy,
         best_response_schedule,
@@ -83,18 +84,7 @@ def run(args: argparse.Namespace) -> dict:
                 update(model, policy, optimizer, batch, ref, s, step=index)
         return len(batch.decisions), generated_tokens(batch)
 
-    with profiled(memory=True) as warm_up:  # first-call allocations and lazy imports are not a step's time
-        one_step(0)
-        peaks = dict(warm_up.peak_rss)
-    decisions = tokens = 0
-    with profiled(memory=True) as sections:
-        started = time.perf_counter()
-        for index in range(1, args.steps + 1):
-            d, t = one_step(index)
-            decisions, tokens = decisions + d, tokens + t
-        seconds = time.perf_counter() - started
-        for name, peak in sections.peak_rss.items():
-            peaks[name] = max(peaks.get(name, 0), peak)
+    seconds, decisions, tokens, sections, peaks = timed_steps(one_step, args.steps)
     for h in hooks:
         h.remove()
     per_step = seconds / args.steps
@@ -102,17 +92,13 @@ def run(args: argparse.Namespace) -> dict:
     limit = matmul_gflops(
         next(p.dtype for p in model.parameters() if p.dtype.is_floating_point and not p.requires_grad)
     )
-    # the wall time no section claimed (the loop itself, the profiler's own boundaries) is reported as
-    # its own line, so the breakdown partitions the step whatever the machine's fixed costs
+    # time no section claimed (the loop, the profiler's boundaries) is a line too: the breakdown sums to the step
     claimed = dict(sections.seconds)
     claimed["unaccounted"] = seconds - sum(claimed.values())
     breakdown = {k: round(v / args.steps, 3) for k, v in sorted(claimed.items(), key=lambda kv: -kv[1])}
     peak_gib = {k: round(v / GIB, 3) for k, v in sorted(peaks.items(), key=lambda kv: -kv[1])}
     rates = {k: round(work[k] / breakdown[k], 3) for k in work if breakdown.get(k)}
-    print(f"{'section':<22}{'s/step':>9}{'share':>8}{'peak RSS GiB':>14}{'GFLOP/s':>9}{'of limit':>9}", file=sys.stderr)
-    for k, v in breakdown.items():
-        rate = f"{rates[k]:>9.1f}{rates[k] / limit:>9.1%}" if k in rates else ""
-        print(f"{k:<22}{v:>9.3f}{v / per_step:>8.1%}{peak_gib.get(k, float('nan')):>14.2f}{rate}", file=sys.stderr)
+    print_table(breakdown, per_step, peak_gib, rates, limit)
     print(
         f"{'total':<22}{per_step:>9.3f}   ({decisions / args.steps:.0f} decisions, "
         f"{tokens / args.steps:.0f} generated tokens per step, {decisions / seconds:.2f} decisions/s; "
@@ -135,6 +121,35 @@ def run(args: argparse.Namespace) -> dict:
         "threads": torch.get_num_threads(),
         "overrides": overrides,
     }
+
+
+def print_table(breakdown: dict, per_step: float, peak_gib: dict, rates: dict, limit: float) -> None:
+    """Seconds per step by section, their share, peak resident memory and matmul rate (stderr)."""
+    print(f"{'section':<22}{'s/step':>9}{'share':>8}{'peak RSS GiB':>14}{'GFLOP/s':>9}{'of limit':>9}", file=sys.stderr)
+    for k, v in breakdown.items():
+        rate = f"{rates[k]:>9.1f}{rates[k] / limit:>9.1%}" if k in rates else ""
+        print(f"{k:<22}{v:>9.3f}{v / per_step:>8.1%}{peak_gib.get(k, float('nan')):>14.2f}{rate}", file=sys.stderr)
+
+
+def timed_steps(one_step: Any, steps: int) -> tuple[float, int, int, Any, dict[str, int]]:
+    """One warm-up step (first-call allocations and lazy imports are not a step's time), then `steps`
+    timed ones: their seconds, decisions and generated tokens, the section profile, and each section's
+    peak resident memory over both."""
+    from sepo.profiling import profiled
+
+    with profiled(memory=True) as warm_up:  # first-call allocations and lazy imports are not a step's time
+        one_step(0)
+        peaks = dict(warm_up.peak_rss)
+    decisions = tokens = 0
+    with profiled(memory=True) as sections:
+        started = time.perf_counter()
+        for index in range(1, steps + 1):
+            d, t = one_step(index)
+            decisions, tokens = decisions + d, tokens + t
+        seconds = time.perf_counter() - started
+        for name, peak in sections.peak_rss.items():
+            peaks[name] = max(peaks.get(name, 0), peak)
+    return seconds, decisions, tokens, sections, peaks
 
 
 def section_gflop(model, tokens: dict[str, int], steps: int) -> dict[str, float]:
