@@ -15,8 +15,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sepo.compose import STAGE_NODES, compose_config
+from sepo.compose import STAGE_NODES, compose_config, refused_value
 from sepo.paths import CONF_DIR, can_hold_outputs
+from sepo.schema import register as register_schemas
 from sepo.trees import dotted_keys
 
 
@@ -138,6 +139,37 @@ def check_keys(argv: list[str]) -> str | None:
     return None
 
 
+def check_values(argv: list[str]) -> str | None:
+    """The error line for the first override whose value a stage node's schema (sepo/schema.py) refuses,
+    every value of a sweep included; None otherwise (and for anything Hydra reports itself)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from sepo.config import type_error_line
+
+    plain = [a for a in argv if "=" in a and not a.startswith(("hydra.", "-"))]
+    try:
+        parsed = OverridesParser.create().parse_overrides(plain)
+        first = [
+            f"{o.get_key_element()}={next(o.sweep_string_iterator())}" if o.is_sweep_override() else a
+            for a, o in zip(plain, parsed)
+        ]
+        candidates = [first] + [
+            [*first[:i], f"{o.get_key_element()}={value}", *first[i + 1 :]]
+            for i, o in enumerate(parsed)
+            if o.is_sweep_override()
+            for value in list(o.sweep_string_iterator())[1:]
+        ]
+    except Exception:  # noqa: BLE001 (an override Hydra cannot parse: Hydra reports it)
+        return None
+    for overrides in candidates:
+        try:
+            compose_config(overrides)
+        except Exception as err:  # noqa: BLE001 (a composition problem of another kind: Hydra reports it)
+            refused = refused_value(err, overrides)
+            return f"error: {type_error_line(*refused)}" if refused else None
+    return None
+
+
 _MISSING = object()
 
 
@@ -161,11 +193,12 @@ def main() -> None:
         check_group_overrides(argv)
         or check_root_dir(argv)
         or check_hydra_dirs(argv)
-        or (None if user_config_dirs(argv) else check_keys(argv))
+        or (None if user_config_dirs(argv) else check_keys(argv) or check_values(argv))
     )
     if error:
         print(error, file=sys.stderr)
         sys.exit(2)
+    register_schemas()
     _hydra_main()
     from sepo import sweep
 

@@ -9,12 +9,14 @@ read (some keys, like `hydra.runtime`, exist only inside a run).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.paths import CONF_DIR
+from sepo.schema import register as register_schemas
 
 #: the stage nodes a model may set its own defaults for (conf/<stage>/model/<model>.yaml, merged by the
 #: defaults list over conf/<stage>/default.yaml)
@@ -49,5 +51,23 @@ def compose_config(
     `with_hydra`: keep the `hydra` node (a sweep's parameters, the launcher's settings)."""
     from hydra import compose, initialize_config_dir
 
+    register_schemas()
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
+
+
+def refused_value(err: BaseException, overrides: Sequence[str]) -> tuple[str, object] | None:
+    """(key, value as the command line gives it) when composition failed because a stage node's schema
+    (sepo/schema.py) refused the value of an override; None for any other failure."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf.errors import ValidationError
+
+    cause = err.__cause__
+    key = getattr(cause, "full_key", None) if isinstance(cause, ValidationError) else None
+    if not key:
+        return None
+    key = re.sub(r"(\[\d+\])+$", "", key)  # a list's entry: the whole list is what was given
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.key_or_group.lstrip("+~") == key:
+            return key, override.value()
+    return key, getattr(cause, "value", None)

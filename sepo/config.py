@@ -214,6 +214,15 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
 UNRULED = ("sft.data_dir", "datagen.out_dir")
 
 
+def type_error_line(key: str, value: Any) -> str:
+    """The one line for a value its key's schema (sepo/schema.py) refused at composition: the key's
+    rule's words where it has one (RULES), else the schema's type."""
+    rule = next((r for _, k, r in RULES if k == key), None)
+    shown = value if rule is not None and rule.as_typed else repr(value)
+    allowed = rule.allowed if rule is not None else "a value of the key's type (sepo/schema.py)"
+    return f"{key}={shown} is not allowed; allowed: {allowed}"
+
+
 def check(key: str, value: Any, rule: Rule) -> None:
     """One field against its rule: `key=value is not allowed; allowed: ...` when it fails."""
     shown = value if rule.as_typed else repr(value)

@@ -171,7 +171,7 @@ def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
         (["stage=sepo", "sepo.exploit_switch_episodes=0"], "sepo.exploit_switch_episodes=0 is not allowed"),
         (["stage=sepo", "sepo.credit=episode"], "sepo.credit=episode is not allowed; allowed: return_to_go, round"),
         (["stage=eval", "model=scripted", "resume=sometimes"], "resume=sometimes is not allowed; allowed: auto, never"),
-        (["stage=eval", "model=scripted", "datagen.valid_fraction=1"], "datagen.valid_fraction=1 is not allowed"),
+        (["stage=eval", "model=scripted", "datagen.valid_fraction=1"], "datagen.valid_fraction=1.0 is not allowed"),
         (["stage=eval", "model=scripted", "eval.phase=final"], "eval.phase=final is not allowed; allowed: null, sft"),
         (
             ["stage=eval", "model=scripted", "lambdas.train.c=-1"],
@@ -232,3 +232,26 @@ def test_every_leaf_of_the_stage_nodes_has_a_rule(model):
     for stage_node in ("sepo", "sft", "eval", "datagen"):
         walk(cfg[stage_node], stage_node)
     assert unruled == []
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2", "gemma4", "qwen"])
+def test_every_stage_node_is_composed_onto_its_schema(model):
+    """Each stage node has its schema's type, so a value takes its key's type (an integer given to a real
+    becomes a float) and a value of another kind is refused at composition; the command line's check says
+    so in RULES' one line."""
+    from omegaconf import OmegaConf
+
+    from sepo.cli import check_values
+    from sepo.compose import compose_config
+    from sepo.schema import SCHEMAS
+
+    cfg = compose_config([f"model={model}", "logger=none", "sepo.lora.alpha=16", "sft.epochs=2"])
+    for stage, schema in SCHEMAS.items():
+        assert OmegaConf.get_type(cfg[stage]) is schema, stage
+    assert type(cfg.sepo.lora.alpha) is float
+    assert type(cfg.sft.epochs) is float
+    line = check_values([f"model={model}", "sepo.micro_batch=big"])
+    assert line == "error: sepo.micro_batch='big' is not allowed; allowed: an integer >= 1"
+    line = check_values([f"model={model}", "sepo.checkpoint_steps=[a]"])
+    assert line.startswith("error: sepo.checkpoint_steps=['a'] is not allowed; allowed: a list of integers")
+    assert check_values([f"model={model}", "sepo.micro_batch=4"]) is None

@@ -49,6 +49,8 @@ BAD_VALUES = [
     (["stage=sft", "sft.bf16=maybe"], "sft.bf16='maybe'"),  # a boolean: true or false only
     (["stage=sft", "sft.lr_scheduler=cosin"], "sft.lr_scheduler=cosin"),
     (["stage=datagen", "datagen.multi_games=[ipd,chess]"], "datagen.multi_games=['ipd', 'chess']"),
+    (["stage=sepo", "sepo.lora.alpha=wide"], "sepo.lora.alpha='wide'"),  # refused by its schema's type
+    (["-m", "stage=sepo", "sepo.lr=1e-3,fast"], "sepo.lr='fast'"),  # a sweep: every value is checked
 ]
 
 
