@@ -1,10 +1,10 @@
 """The stage nodes' schemas: every key of `sepo`, `sft`, `eval` and `datagen` with its type.
 
 The values and their comments stay in `conf/<stage>/default.yaml`, which names its schema first in its
-defaults list (`- schema`), so Hydra composes every stage node onto these types: a key no schema declares
-cannot be added (by a model's stage defaults, a preset or a `+key` on the command line), and a value is
-converted to its key's type or refused. The ranges and the rules between keys stay in `sepo.config`
-(`RULES`, `check_relations`), which also turns a refused value into its one-line error (`type_error_line`).
+defaults list (`- schema`), so Hydra composes every stage node onto these types: a value is converted to
+its key's type or refused. The ranges, the rules between keys and the check that no key outside the YAML
+was added (`check_stage_keys`) stay in `sepo.config`, which also words a refused value's one-line error
+(`type_error_line`).
 
 A field with two kinds of value (`sft.save_steps`: optimizer steps or a share of the run) is `Any`:
 OmegaConf has no unions; its rule checks it.
