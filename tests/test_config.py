@@ -215,6 +215,7 @@ def test_every_leaf_of_the_stage_nodes_has_a_rule(model):
 
     from sepo.compose import compose_config
     from sepo.config import RULES, UNRULED
+    from sepo.schema import SCHEMAS
 
     ruled = {key for _, key, _ in RULES} | set(UNRULED)
     cfg = compose_config([f"model={model}", "logger=none"])
@@ -229,7 +230,7 @@ def test_every_leaf_of_the_stage_nodes_has_a_rule(model):
             elif key not in ruled:
                 unruled.append(key)
 
-    for stage_node in ("sepo", "sft", "eval", "datagen"):
+    for stage_node in SCHEMAS:
         walk(cfg[stage_node], stage_node)
     assert unruled == []
 

@@ -37,14 +37,14 @@ def pack(
     attention mask (CPU tensors) and P."""
     continuations = continuations or [[] for _ in prompts]
     width_p = max(len(p) for p in prompts)
+    prompt_ids, prompt_mask = left_pad(prompts, width_p, pad)
     width_c = max(len(c) for c in continuations)
-    ids = torch.full((len(prompts), width_p + width_c), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, (p, c) in enumerate(zip(prompts, continuations)):
-        ids[i, width_p - len(p) : width_p] = torch.tensor(list(p), dtype=torch.long)
-        ids[i, width_p : width_p + len(c)] = torch.tensor(list(c), dtype=torch.long)
-        mask[i, width_p - len(p) : width_p + len(c)] = 1
-    return ids, mask, width_p
+    cont_ids = torch.full((len(prompts), width_c), pad, dtype=torch.long)
+    cont_mask = torch.zeros_like(cont_ids)
+    for i, c in enumerate(continuations):
+        cont_ids[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)
+        cont_mask[i, : len(c)] = 1
+    return torch.cat([prompt_ids, cont_ids], dim=1), torch.cat([prompt_mask, cont_mask], dim=1), width_p
 
 
 def pack_split(
