@@ -167,8 +167,28 @@ def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None)
         gen.pad_token_id = tokenizer.pad_token_id
     if gen.eos_token_id is None:
         gen.eos_token_id = tokenizer.eos_token_id
+    dense_head_input(model)
     model.eval()
     return model, tokenizer
+
+
+def dense_head_input(model: Any) -> None:
+    """Hand the output head densely strided hidden states, whoever slices them.
+
+    `logits_to_keep` (generate's prefill, SFT's answer positions), a last-position slice or a chunk of
+    positions hands the head a strided view, and matmul then copies the head's weight once per row
+    (`sepo.lm.logprobs.densely_strided`): a SEPO update pass of SmolLM2 spent a third of its time
+    there. Copying the kept positions first costs kilobytes.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None:
+        head.register_forward_pre_hook(_dense_first_input)
+
+
+def _dense_first_input(_module: torch.nn.Module, args: tuple) -> tuple:
+    from sepo.lm.logprobs import densely_strided
+
+    return (densely_strided(args[0]),) + tuple(args[1:])
 
 
 # --------------------------------------------------------------------------- adapters

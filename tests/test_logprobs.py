@@ -163,3 +163,45 @@ def test_logprob_benchmark_chunked_uses_a_tenth_of_the_memory():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["unchunked_peak_mb"] > 100
     assert result["chunked_peak_mb"] < result["unchunked_peak_mb"] / 10
+
+
+def row_major(t: torch.Tensor) -> bool:
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= size
+    return t.stride() == tuple(reversed(strides))
+
+
+def test_densely_strided_copies_a_slice_that_only_counts_as_contiguous():
+    """A [1, 1, H] slice of [1, T, H] is `is_contiguous()` yet strided by T x H: matmul would then copy the
+    other operand per row. It is copied into row-major strides, with its values; a row-major tensor is
+    handed back as it is."""
+    from sepo.lm.logprobs import densely_strided
+
+    hidden = torch.randn(1, 7, 5)
+    last = hidden[:, -1:]
+    assert last.is_contiguous() and not row_major(last)
+    dense = densely_strided(last)
+    assert row_major(dense) and torch.equal(dense, last)
+    assert densely_strided(hidden) is hidden
+    chunk = torch.randn(2, 9, 5)[:, 2:5]
+    assert not chunk.is_contiguous() and row_major(densely_strided(chunk))
+
+
+def test_the_loaded_models_head_reads_row_major_states_whatever_slices_them(tiny):
+    """`logits_to_keep` hands the output head a strided slice; the loader's pre-hook (registered on every
+    model it loads) makes it row-major before the head multiplies, and changes no logit."""
+    model, tokenizer, _ = tiny
+    head = model.get_output_embeddings()
+    seen: list[bool] = []
+    handle = head.register_forward_pre_hook(lambda _m, args: seen.append(row_major(args[0])))
+    try:
+        ids = torch.tensor([tokenizer("Round 1 of 8. Your action?", add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            kept = model(input_ids=ids, logits_to_keep=1).logits
+            full = model(input_ids=ids).logits
+    finally:
+        handle.remove()
+    assert seen == [True, True]
+    torch.testing.assert_close(kept[:, -1], full[:, -1])
