@@ -194,6 +194,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.refresh_kl", real(0.0, strict=True)),
     (SEPO, "sepo.micro_batch", integer(1)),
     (SEPO, "sepo.micro_batch_tokens", integer(0)),
+    (SEPO, "sepo.no_grad_micro_batch_tokens", integer(0)),
     (SEPO, "sepo.generate_batch", integer(0)),
     (SEPO, "sepo.logprob_chunk", integer(1)),
     (SEPO, "sepo.checkpoint_steps", step_list()),

@@ -59,6 +59,7 @@ class SepoSchema:
     refresh_kl: float = MISSING
     micro_batch: int = MISSING
     micro_batch_tokens: int = MISSING
+    no_grad_micro_batch_tokens: int = MISSING
     generate_batch: int = MISSING
     logprob_chunk: int = MISSING
     checkpoint_steps: list[int] = MISSING

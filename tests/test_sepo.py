@@ -83,11 +83,11 @@ def test_pooled_trains_on_every_pool_and_the_paper_modes_on_the_train_pool_only(
 def test_the_loss_gradient_is_the_advantage_weighted_score(setup, passes):
     """At ratio 1 (a fresh batch) and beta 0, the step is sum_d A_d * grad(token mean of log pi_d): the
     gradient the estimator's advantages were built for, whatever the passes (by decisions or by tokens)."""
-    from sepo.stages.sepo_loop import _micro_batches, _policy_logprobs
+    from sepo.stages.sepo_loop import _passes, _policy_logprobs
 
     cfg, s, game, model, policy = setup("sepo.beta=0", passes)
     batch = collect(cfg, s, game, policy)
-    assert len(_micro_batches(batch.decisions, s)) > 1, "the setting must split the batch into several passes"
+    assert len(_passes(policy, batch.decisions, s)) > 1, "the setting must split the batch into several passes"
     batch.advantages = torch.randn(len(batch.decisions), generator=torch.Generator().manual_seed(0)).numpy()
     model.zero_grad()
     accumulate_gradients(model, policy, batch, reference_logprobs(model, policy, batch, s), s)
@@ -109,22 +109,64 @@ def test_passes_hold_at_most_micro_batch_decisions_and_micro_batch_tokens():
     which is a pass of its own."""
     from types import SimpleNamespace
 
-    from omegaconf import OmegaConf
-
     from sepo.stages.sepo_loop import _micro_batches
 
     lengths = [30, 10, 50, 20, 120, 40, 10, 60]
     decisions = [SimpleNamespace(tokens=SimpleNamespace(prompt_ids=[0] * (n - 5), gen_ids=[0] * 5)) for n in lengths]
-    s = OmegaConf.create({"micro_batch": 3, "micro_batch_tokens": 100})
-    passes = _micro_batches(decisions, s)
+    passes = _micro_batches(decisions, 3, 100)
     assert sorted(i for p in passes for i in p) == list(range(len(lengths)))
     for p in passes:
         widest = max(lengths[i] for i in p)
         assert len(p) <= 3
         assert len(p) * widest <= 100 or len(p) == 1, (p, widest)
     assert [[lengths[i] for i in p] for p in passes] == [[10, 10, 20], [30, 40], [50], [60], [120]]
-    s.micro_batch_tokens = 0  # no token cap: passes of micro_batch rows, shortest first
-    assert [len(p) for p in _micro_batches(decisions, s)] == [3, 3, 2]
+    # no token cap: passes of micro_batch rows, shortest first
+    assert [len(p) for p in _micro_batches(decisions, 3, 0)] == [3, 3, 2]
+
+    # a prefix of 8 tokens every prompt shares is encoded once per pass: a pass counts it once, then its
+    # rows' own tokens (padded to the longest), so more rows fit under the same cap
+    passes = _micro_batches(decisions, 3, 100, shared=8)
+    for p in passes:
+        widest = max(lengths[i] for i in p)
+        assert 8 + len(p) * (widest - 8) <= 100 or len(p) == 1, (p, widest)
+    assert [[lengths[i] for i in p] for p in passes] == [[10, 10, 20], [30, 40], [50], [60], [120]]
+    assert [[lengths[i] for i in p] for p in _micro_batches(decisions, 8, 100, shared=8)] == [
+        [10, 10, 20, 30],
+        [40, 50],
+        [60],
+        [120],
+    ]
+    assert [[lengths[i] for i in p] for p in _micro_batches(decisions, 8, 100)] == [
+        [10, 10, 20],
+        [30, 40],
+        [50],
+        [60],
+        [120],
+    ]
+
+
+def test_passes_without_gradients_take_their_own_token_cap_and_count_the_shared_prefix_once():
+    """The reference and KL passes keep no activations: `sepo.no_grad_micro_batch_tokens` sets their cap
+    (0: `micro_batch_tokens`); every pass counts the prefix all prompts share once (the policy's
+    `shared_prefix_length`)."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from sepo.stages.sepo_loop import _passes
+
+    rules = list(range(100, 140))  # 40 shared tokens, then 10 of each row's own, then a 5-token answer
+    decisions = [
+        SimpleNamespace(tokens=SimpleNamespace(prompt_ids=torch.tensor(rules + [i] * 10), gen_ids=torch.zeros(5)))
+        for i in range(12)
+    ]
+    policy = SimpleNamespace(shared_prefix_length=lambda prompts: 40)
+    s = OmegaConf.create({"micro_batch": 32, "micro_batch_tokens": 100, "no_grad_micro_batch_tokens": 0})
+    assert [len(p) for p in _passes(policy, decisions, s)] == [4, 4, 4]  # 40 + 4 x 15 = 100
+    assert [len(p) for p in _passes(policy, decisions, s, grad=False)] == [4, 4, 4]
+    s.no_grad_micro_batch_tokens = 220  # 40 + 12 x 15
+    assert [len(p) for p in _passes(policy, decisions, s, grad=False)] == [12]
+    assert [len(p) for p in _passes(policy, decisions, s)] == [4, 4, 4]
 
 
 def test_a_non_finite_loss_takes_no_step_and_ends_the_run_as_diverged(setup, monkeypatch):

@@ -74,28 +74,43 @@ class RecordingPolicy:
 
 
 # ------------------------------------------------------------------------------ log-probs
-def _micro_batches(decisions: list[Decision], s: DictConfig) -> list[list[int]]:
-    """Decision indices in passes of at most `sepo.micro_batch` decisions and (when set) at most
-    `sepo.micro_batch_tokens` padded tokens, grouped by length (prompt + answer tokens).
+def _micro_batches(decisions: list[Decision], size: int, budget: int, shared: int = 0) -> list[list[int]]:
+    """Decision indices in passes of at most `size` decisions (`sepo.micro_batch`) and, when `budget` is
+    not 0, at most `budget` token positions (`sepo.micro_batch_tokens`), grouped by length (prompt +
+    answer tokens).
 
-    A pass holds the activations of every row and position for the backward pass, so its memory
-    grows with rows x padded length: the token cap bounds it whatever the prompts' length (a long
-    game's late rounds get fewer rows per pass). A pass is padded to its longest row, and a batch
-    mixes every round of every episode (prompts grow by a history line per round), so passes over
-    similar lengths waste far less on padding. Every quantity computed per pass is a sum over
-    decisions, so the grouping changes nothing else.
+    A pass holds the activations of every position it encodes for the backward pass, so its memory
+    grows with the positions: the token cap bounds it whatever the prompts' length (a long game's late
+    rounds get fewer rows per pass). `shared` tokens at the start of every prompt (the rules, with
+    `model.prefix_cache`) are encoded once per pass, not once per row, so a pass counts them once and
+    each row's own tokens (padded to the pass's longest row) after them. A batch mixes every round of
+    every episode (prompts grow by a history line per round), so passes over similar lengths waste
+    far less on padding. Every quantity computed per pass is a sum over decisions, so the grouping
+    changes nothing else.
     """
-    size, budget = int(s.micro_batch), int(s.micro_batch_tokens)
     length = [len(d.tokens.prompt_ids) + len(d.tokens.gen_ids) for d in decisions]
     passes: list[list[int]] = []
     for i in sorted(range(len(decisions)), key=length.__getitem__):
         current = passes[-1] if passes else None
-        # sorted by length, so row i is the longest of its pass: the pass would be (rows + 1) x length[i]
-        if current is None or len(current) >= size or (budget and (len(current) + 1) * length[i] > budget):
+        # sorted by length, so row i is the longest of its pass: the pass would encode its prefix once,
+        # then (rows + 1) x its own part
+        if (
+            current is None
+            or len(current) >= size
+            or (budget and shared + (len(current) + 1) * (length[i] - shared) > budget)
+        ):
             passes.append([i])
         else:
             current.append(i)
     return passes
+
+
+def _passes(policy: LMPolicy, decisions: list[Decision], s: DictConfig, grad: bool = True) -> list[list[int]]:
+    """`_micro_batches` with the prefix every decision's prompt shares (what each pass encodes once); a
+    pass without gradients keeps no activations, so it takes `sepo.no_grad_micro_batch_tokens` when set."""
+    budget = int(s.micro_batch_tokens) if grad else int(s.no_grad_micro_batch_tokens or s.micro_batch_tokens)
+    shared = policy.shared_prefix_length([d.tokens.prompt_ids.tolist() for d in decisions])
+    return _micro_batches(decisions, int(s.micro_batch), budget, shared)
 
 
 def _policy_logprobs(
@@ -140,7 +155,7 @@ def reference_logprobs(
     scorer = ref_model if ref_model is not None else model
     adapter_off = model.disable_adapter() if ref_model is None else contextlib.nullcontext()
     with torch.no_grad(), adapter_off, section("reference_logprobs"):
-        for part in _micro_batches(batch.decisions, s):
+        for part in _passes(policy, batch.decisions, s, grad=False):
             lp, mask = _policy_logprobs(scorer, policy, [batch.decisions[i] for i in part], s)
             for i, row, m in zip(part, lp, mask):
                 out[i] = row[m.bool()]
@@ -171,7 +186,7 @@ def accumulate_gradients(
         "clip_fraction": 0.0,
         **({"kl_ref": 0.0} if ref is not None else {}),
     }
-    for part in _micro_batches(batch.decisions, s):
+    for part in _passes(policy, batch.decisions, s):
         decisions = [batch.decisions[i] for i in part]
         with section("update_forward"):
             lp, mask = _policy_logprobs(model, policy, decisions, s)
@@ -203,7 +218,7 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
     """KL(pi_theta || pi_old) over the batch's tokens with the parameters as they are now (no gradient)."""
     total, tokens = 0.0, 0
     with torch.no_grad(), section("kl_after_update"):
-        for part in _micro_batches(batch.decisions, s):
+        for part in _passes(policy, batch.decisions, s, grad=False):
             decisions = [batch.decisions[i] for i in part]
             lp, mask = _policy_logprobs(model, policy, decisions, s)
             old = _pad([d.tokens.logprobs.float() for d in decisions], lp.shape[1]).to(lp)
