@@ -23,6 +23,7 @@ from huggingface_hub.errors import HFValidationError
 from omegaconf import OmegaConf
 
 from sepo.errors import ModelLoadError
+from sepo.lm.logprobs import densely_strided
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +187,6 @@ def dense_head_input(model: Any) -> None:
 
 
 def _dense_first_input(_module: torch.nn.Module, args: tuple) -> tuple:
-    from sepo.lm.logprobs import densely_strided
-
     return (densely_strided(args[0]),) + tuple(args[1:])
 
 
