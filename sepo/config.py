@@ -206,6 +206,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.seed", SEED),
     (SEPO, "sepo.adv_eps", real(0.0, strict=True)),
     (SEPO, "sepo.ref_4bit", boolean()),
+    (SEPO, "sepo.fold_adapter_for_reads", boolean()),
     (SEPO, "sepo.debug_kill_after_step", integer(1, optional=True)),
 ]
 

@@ -66,6 +66,7 @@ class SepoSchema:
     best_response_every: int = MISSING
     best_response_samples: int = MISSING
     ref_4bit: bool = MISSING
+    fold_adapter_for_reads: bool = MISSING
     debug_kill_after_step: int | None = MISSING
     lora: LoraSchema = field(default_factory=LoraSchema)
 

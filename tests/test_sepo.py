@@ -295,6 +295,37 @@ def test_the_importance_ratio_is_one_on_a_fresh_batch(setup):
     assert (ratios("sepo.lora.dropout=0.05") - 1).abs().max() > 1e-3  # why dropout must be off
 
 
+def test_a_folded_adapter_plays_the_adapted_policy_and_leaves_the_weights_as_they_were(setup):
+    """Checkpoint evaluations and best-response reads fold the adapter into the weights (W + scale * B @ A):
+    the same logits as through the adapter (tiny runs in float32), no adapter pass inside, and on exit the
+    very same weight tensors, bit for bit, so the reference (adapter off) is still the SFT model."""
+    from sepo.models import adapter_folded
+
+    cfg, s, game, model, policy = setup()
+    ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    adapted = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "get_base_layer")]
+    weights = [(m.get_base_layer().weight, m.get_base_layer().weight.detach().clone()) for m in adapted]
+    with torch.no_grad():
+        through_adapter = model(input_ids=ids).logits
+        with model.disable_adapter():
+            reference = model(input_ids=ids).logits
+        with adapter_folded(model) as folded:
+            assert all(not torch.equal(m.get_base_layer().weight, w) for m, (_, w) in zip(adapted, weights))
+            calls = []
+            hooks = [m.lora_A.default.register_forward_hook(lambda *a: calls.append(1)) for m in adapted]
+            folded_logits = folded(input_ids=ids).logits
+            for h in hooks:
+                h.remove()
+        assert not calls  # the adapter's own products do not run
+        assert (folded_logits - through_adapter).abs().max() < 1e-4
+        assert (through_adapter - reference).abs().max() > 1e-3  # the adapter does change the policy
+        for m, (tensor, value) in zip(adapted, weights):
+            assert m.get_base_layer().weight is tensor and torch.equal(tensor, value)
+        assert torch.equal(model(input_ids=ids).logits, through_adapter)
+        with adapter_folded(model, enabled=False):  # sepo.fold_adapter_for_reads=false
+            assert torch.equal(model(input_ids=ids).logits, through_adapter)
+
+
 def test_fallback_decisions_are_trained_on_the_tokens_the_policy_sampled(setup):
     cfg, s, game, model, policy = setup()
     batch = collect(cfg, s, game, policy)

@@ -20,6 +20,11 @@ are all taken at the sampling temperature, over generated tokens only, in chunks
 `sepo.logprob_chunk` positions. A decision
 whose answer needed the constrained fallback is trained on the tokens the policy sampled, never on
 the fallback's action tokens (which it did not sample).
+
+Checkpoint evaluations and the best responders' reads play the policy with its adapter folded into the
+weights (`sepo.models.adapter_folded`, `sepo.fold_adapter_for_reads`): the merged model a checkpoint
+deploys, without the adapter's per-step cost in decoding. The rollouts play through the adapter, the
+pass the update differentiates.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from sepo.builders import load_model_and_tokenizer
 from sepo.errors import Diverged, NonFiniteLogits
 from sepo.games import Game, make_game
 from sepo.lm.logprobs import token_logprobs
-from sepo.models import attach_lora, forward_extras, quantized_reference
+from sepo.models import adapter_folded, attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
 from sepo.profiling import gpu_peak_gib_since_last_call, section
@@ -309,11 +314,13 @@ def resume_point(cfg: DictConfig, out: Path, learner: Learner) -> tuple[int, int
     return load_checkpoint(out, learner)
 
 
-def refresh_best_response(learner: Learner, game: Game, step: int, tracker: NullTracker) -> None:
-    """Every `best_response_every` steps the best responders re-read the policy as it plays now."""
+def refresh_best_response(learner: Learner, game: Game, step: int, tracker: NullTracker, fold: bool) -> None:
+    """Every `best_response_every` steps the best responders re-read the policy as it plays now (`fold`:
+    its adapter folded into the weights, `sepo.fold_adapter_for_reads`)."""
     if not learner.best_response.due(step):
         return
-    cost = learner.best_response.refresh(game, learner.policy, step)
+    with adapter_folded(learner.model, fold):
+        cost = learner.best_response.refresh(game, learner.policy, step)
     tracker.log({f"sepo/{k}": v for k, v in cost.items()}, step=step)
     log.info(
         "step %d  best response re-read in %.1f s (%d sampled answers): exploit_exact %.3f ± %.3f",
@@ -402,7 +409,8 @@ def checkpoint(
     """Evaluate the policy (test and validation episodes) and save everything a resume needs, on rank 0;
     every process waits for it."""
     if distributed.is_main():
-        result = evaluate_checkpoint(cfg, game, learner.model, learner.tokenizer, step, final)
+        with adapter_folded(learner.model, bool(cfg.sepo.fold_adapter_for_reads)):
+            result = evaluate_checkpoint(cfg, game, learner.model, learner.tokenizer, step, final)
         tracker.log({f"eval/{k}": v for k, v in result["metrics"].items()}, step=step)
         save_checkpoint(out, learner, step, batch_index)
     distributed.barrier()
@@ -436,7 +444,9 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
     while step < int(s.steps):
         started = time.time()
         with diverged_if_unplayable(step):
-            refresh_best_response(learner, game, step, tracker)  # the exploiter answers the policy as it is now
+            refresh_best_response(
+                learner, game, step, tracker, bool(s.fold_adapter_for_reads)
+            )  # the exploiter answers the policy as it is now
             batch = learner.builder.collect(game, RecordingPolicy(learner.policy), batch_index, learner.estimator)
         batch_index += 1
         ref = reference_logprobs(learner.model, learner.policy, batch, s, learner.ref_model)
