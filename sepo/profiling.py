@@ -20,7 +20,6 @@ machine multiplies matrices at (`matmul_gflops`).
 
 from __future__ import annotations
 
-import ctypes
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -28,6 +27,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from sepo.heap import release_freed_memory
 
 
 def peak_rss_bytes() -> int | None:
@@ -46,10 +47,7 @@ def reset_peak_rss() -> None:
     """Start a new peak: hand the memory the allocator holds but no tensor uses back to the system
     (glibc keeps freed blocks, which would count in every later section), then set the kernel's
     high-water mark back to the current resident memory."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    release_freed_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

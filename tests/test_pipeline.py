@@ -51,6 +51,8 @@ def test_pipeline_runs_every_phase_and_writes_the_tables(cli, tmp_path):
     for row in ("Base &", "SFT &", "SEPO ("):
         assert row in table
     assert "pipeline" in proc.stdout + proc.stderr
+    for phase in ("base eval", "sft", "sepo"):  # each phase hands its freed memory back before the next one
+        assert f"pipeline: after {phase}, resident memory" in proc.stdout + proc.stderr
     assert "SEPO pipeline" in proc.stdout
 
     again = cli("logger=none", *TINY_RUN)  # a finished run is skipped, its results untouched

@@ -1,12 +1,13 @@
 """A SEPO checkpoint's evaluation through its LoRA adapter and with the adapter folded into the weights, side by side.
 
     python -m benchmarks.speed.folded_reads --model-path <sft run>/merged [--model smollm2] [--game kuhn]
-                                            [--threads 2] [--repeats 1] [--adapter-std 0.002] [overrides]
+                                            [--adapter DIR | --adapter-std 0.002] [--threads 2] [--repeats 1]
+                                            [--fidelity-rows 8] [overrides]
 
-What `sepo.fold_adapter_for_reads` buys. The SFT model gets a fresh adapter whose B is drawn from
-N(0, adapter_std) (a trained adapter's stand-in: a zero B would make both passes the SFT model), then one
-evaluation of the test episodes (the model's own `eval` settings, exactly as a SEPO checkpoint is evaluated)
-runs through the adapter and one with it folded (`sepo.models.adapter_folded`), alternated `--repeats`
+What `sepo.fold_adapter_for_reads` buys. The SFT model gets a trained adapter (`--adapter`, e.g. a SEPO
+run's `adapter/`), or a fresh one whose B is drawn from N(0, adapter_std) (a zero B would make both passes
+the SFT model), then one evaluation of the test episodes (the model's own `eval` settings, exactly as a SEPO
+checkpoint is evaluated) runs through the adapter and one with it folded (`sepo.models.adapter_folded`), alternated `--repeats`
 times on the same episodes and sampling streams. Prints seconds of each, their ratio, and the metrics of
 both. The two play the same real-valued policy in different roundings, and a sampled token that flips
 sends an episode elsewhere, so their metrics differ as two evaluations on nearby streams do.
@@ -76,19 +77,23 @@ def mean_kl(p: torch.Tensor, q: torch.Tensor) -> float:
     return float((p.exp() * (p - q)).sum(-1).mean())
 
 
-def fidelity(overrides: list[str], rows: list[dict], adapter_std: float, seed: int) -> dict:
+def fidelity(overrides: list[str], rows: list[dict], adapter: str | None, adapter_std: float, seed: int) -> dict:
     """Mean per-token KL from the exact (float32, unfolded) policy to each pass in the model's dtype."""
     passes = {}
     for dtype in ("float32", None):
-        model, tokenizer = adapted_model(overrides + ([f"model.dtype={dtype}"] if dtype else []), adapter_std, seed)
+        with_dtype = overrides + ([f"model.dtype={dtype}"] if dtype else [])
+        model, tokenizer = adapted_model(with_dtype, adapter, adapter_std, seed)
         kinds = ("adapter",) if dtype else ("adapter", "folded", "reference")
         passes[dtype or "model"] = {k: answer_logprobs(model, tokenizer, rows, k) for k in kinds}
     exact = passes["float32"]["adapter"]
     return {f"kl_exact_to_{k}": mean_kl(exact, v) for k, v in passes["model"].items()}
 
 
-def adapted_model(overrides: list[str], adapter_std: float, seed: int) -> tuple[Any, Any]:
-    """The SFT model with a fresh adapter whose B is drawn from N(0, adapter_std), the same draw every call."""
+def adapted_model(overrides: list[str], adapter: str | None, adapter_std: float, seed: int) -> tuple[Any, Any]:
+    """The SFT model with a trained adapter (`adapter`, a SEPO run's `adapter/` or a checkpoint's), else with
+    a fresh one whose B is drawn from N(0, adapter_std), the same draw every call."""
+    from peft import PeftModel
+
     from sepo.builders import load_model_and_tokenizer
     from sepo.models import attach_lora
     from sepo.training.objective import sepo_settings
@@ -96,6 +101,8 @@ def adapted_model(overrides: list[str], adapter_std: float, seed: int) -> tuple[
     cfg = compose(overrides)
     s = sepo_settings(cfg)
     base, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
+    if adapter:
+        return PeftModel.from_pretrained(base, adapter).eval(), tokenizer
     model = attach_lora(base, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), 0.0)
     model.eval()
     with torch.no_grad():
@@ -117,7 +124,8 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=1, help="evaluations of each kind, alternated (0: fidelity only)"
     )
-    parser.add_argument("--adapter-std", type=float, default=0.002, help="std of the adapter's B")
+    parser.add_argument("--adapter", default=None, help="a trained adapter's directory (default: a random one)")
+    parser.add_argument("--adapter-std", type=float, default=0.002, help="std of the random adapter's B")
     parser.add_argument("--fidelity-rows", type=int, default=8, help="validation demonstrations scored (0: skip)")
     args, overrides = parser.parse_known_args()
     overrides = [
@@ -130,15 +138,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = compose(overrides)
     seed = int(cfg.sepo.seed)
-    report: dict[str, Any] = {"game": args.game, "threads": torch.get_num_threads(), "adapter_std": args.adapter_std}
+    report: dict[str, Any] = {"game": args.game, "threads": torch.get_num_threads()}
+    report["adapter"] = args.adapter or f"random, B ~ N(0, {args.adapter_std})"
     if args.fidelity_rows:
         valid = Path(cfg.sft.data_dir) / args.game / "valid.jsonl"
         if not valid.exists():
             parser.error(f"--fidelity-rows: {valid} is missing (the SFT stage writes it); or pass --fidelity-rows 0")
         rows = [json.loads(line) for line in valid.read_text().splitlines()[: args.fidelity_rows]]
-        report["fidelity"] = fidelity(overrides, rows, args.adapter_std, seed)
+        report["fidelity"] = fidelity(overrides, rows, args.adapter, args.adapter_std, seed)
         print(f"fidelity {report['fidelity']}", file=sys.stderr, flush=True)
-    model, tokenizer = adapted_model(overrides, args.adapter_std, seed)
+    model, tokenizer = adapted_model(overrides, args.adapter, args.adapter_std, seed)
     game = make_game(cfg.game)
     seconds: dict[str, list[float]] = {"adapter": [], "folded": []}
     metrics: dict[str, dict] = {}

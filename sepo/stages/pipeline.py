@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from sepo import distributed
 from sepo.files import write_text_atomically
 from sepo.games import make_game
+from sepo.heap import release_freed_memory, resident_mib
 from sepo.stages.evaluate import build_policy, evaluate_and_write
 from sepo.tracking import NO_TRACKING, NullTracker
 
@@ -48,9 +49,19 @@ def run_phase(name: str, out: Path, fn, *args, main_only: bool = False) -> None:
     log.info("pipeline: %s -> %s", name, out)
     if distributed.is_main() or not main_only:
         fn(*args)
+    hand_back_freed_memory(name)
     distributed.barrier()
     if distributed.is_main():
         write_text_atomically(out / "DONE", name + "\n")
+
+
+def hand_back_freed_memory(phase: str) -> None:
+    """The next phase starts from what is still in use, not from this one's peak (`sepo.heap`): without it
+    the smollm2 pipeline's SEPO ran on top of the resident memory SFT's passes had left behind."""
+    before = resident_mib()
+    release_freed_memory()
+    if before is not None:
+        log.info("pipeline: after %s, resident memory %.0f -> %.0f MiB", phase, before, resident_mib())
 
 
 def base_eval(cfg: DictConfig) -> None:
