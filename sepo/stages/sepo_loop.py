@@ -47,6 +47,7 @@ from sepo import distributed
 from sepo.builders import load_model_and_tokenizer
 from sepo.errors import Diverged, NonFiniteLogits
 from sepo.games import Game, make_game
+from sepo.heap import release_freed_memory
 from sepo.lm.logprobs import token_logprobs
 from sepo.models import adapter_folded, attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
@@ -444,15 +445,17 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
     while step < int(s.steps):
         started = time.time()
         with diverged_if_unplayable(step):
-            refresh_best_response(
-                learner, game, step, tracker, bool(s.fold_adapter_for_reads)
-            )  # the exploiter answers the policy as it is now
+            # the exploiter answers the policy as it is now
+            refresh_best_response(learner, game, step, tracker, bool(s.fold_adapter_for_reads))
             batch = learner.builder.collect(game, RecordingPolicy(learner.policy), batch_index, learner.estimator)
         batch_index += 1
+        release_freed_memory(gpu=False)  # each phase peaks on its own, not on the pages the one before freed
         ref = reference_logprobs(learner.model, learner.policy, batch, s, learner.ref_model)
         tokens = generated_tokens(batch)
         for reuse in range(int(s.refresh_steps)):
+            release_freed_memory(gpu=False)
             stats = update(learner.model, learner.policy, learner.optimizer, batch, ref, s, step)
+            release_freed_memory(gpu=False)
             step += 1
             done_with_batch = batch_spent(s, reuse, step, checkpoints)
             if not done_with_batch:  # or has the policy moved more than refresh_kl from the batch's sampler?
