@@ -39,21 +39,11 @@ METRICS = ("parse_rate", "exploit_exact", "train_payoff", "safety")
 
 def evaluation_seconds(cfg, game, model, tokenizer, folded: bool) -> tuple[float, dict]:
     from sepo.models import adapter_folded
-    from sepo.stages.evaluate import evaluate_policy, evaluation_policy, pools_of
+    from sepo.stages.evaluate import evaluate_with_protocol, evaluation_policy
 
     started = time.perf_counter()
     with adapter_folded(model, folded):
-        policy = evaluation_policy(cfg, model, tokenizer)
-        result = evaluate_policy(
-            game,
-            policy,
-            pools_of(cfg.game),
-            dict(cfg.lambdas.eval),
-            int(cfg.eval.episodes_per_opponent),
-            int(cfg.seed),
-            mirrored=bool(cfg.game.get("mirrored", False)),
-            progress=False,
-        )
+        result = evaluate_with_protocol(cfg, game, evaluation_policy(cfg, model, tokenizer))
     return time.perf_counter() - started, {k: float(v) for k, v in result["metrics"].items() if k in METRICS}
 
 
@@ -132,6 +122,7 @@ def main() -> None:
         f"model={args.model}",
         f"game={args.game}",
         "logger=none",
+        "eval.progress=false",
         f"model.path='{Path(args.model_path).resolve()}'",
         *overrides,
     ]

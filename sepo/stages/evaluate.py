@@ -168,9 +168,16 @@ def evaluate_and_write(
     step: int | None = None,
     split: str = "test",
 ) -> dict[str, Any]:
-    """Evaluate `policy` with the run's protocol (every pool, `eval.episodes_per_opponent` episodes of the
-    split's seed, the evaluation lambdas) and write its results.json at `path`; returns the payload."""
-    result = evaluate_policy(
+    """Evaluate `policy` with the run's protocol (`evaluate_with_protocol`) and write its results.json at
+    `path`; returns the payload."""
+    result = evaluate_with_protocol(cfg, game, policy, split)
+    return write_results(path, cfg, result, stage=stage, checkpoint=checkpoint, step=step, split=split)
+
+
+def evaluate_with_protocol(cfg: DictConfig, game: Game, policy: Policy, split: str = "test") -> dict[str, Any]:
+    """`evaluate_policy` with the run's protocol: every pool, `eval.episodes_per_opponent` episodes of the
+    split's seed, the evaluation lambdas."""
+    return evaluate_policy(
         game,
         policy,
         pools_of(cfg.game),
@@ -180,7 +187,6 @@ def evaluate_and_write(
         mirrored=bool(cfg.game.get("mirrored", False)),
         progress=bool(cfg.eval.get("progress", True)),
     )
-    return write_results(path, cfg, result, stage=stage, checkpoint=checkpoint, step=step, split=split)
 
 
 def write_results(
