@@ -36,6 +36,11 @@ def release_freed_memory(gpu: bool = True) -> None:
     torch = sys.modules.get("torch")
     if gpu and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """glibc's `malloc_trim(0)` alone: the heap's free pages back to the system (no-op without glibc)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

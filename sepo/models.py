@@ -242,10 +242,10 @@ def adapter_folded(model: Any, enabled: bool = True) -> Iterator[Any]:
     """`model` with its LoRA adapter folded into the weights it adapts, for passes without gradients.
 
     Decoding through an adapter runs two small products and a sum beside each adapted projection at
-    every step; at a few rows a step that overhead is the step's (SmolLM2 on 2 cores: a checkpoint's
-    evaluation took ~1.5x as long through its adapter as the merged SFT model's). Folded, the policy is
-    the one a merged checkpoint deploys: W + scale * B @ A, summed in float32 and rounded once to W's
-    dtype. The original weight tensors are put back on exit, untouched (they are swapped, never
+    every step; at a few rows a step that overhead counts (SmolLM2 on 2 cores: a Kuhn checkpoint's
+    evaluation took 1.15x as long through its adapter, side by side: benchmarks/speed/folded_reads.py).
+    Folded, the policy is the one a merged checkpoint deploys: W + scale * B @ A, summed in float32 and
+    rounded once to W's dtype. The original weight tensors are put back on exit, untouched (they are swapped, never
     added to and subtracted from), so the reference (the adapter switched off) stays exactly the SFT
     model. A model without an adapter, or one whose adapted layers are not plain linears (a 4-bit base),
     is yielded as it is.

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from sepo.heap import release_freed_memory
+from sepo.heap import trim_heap
 
 
 def peak_rss_bytes() -> int | None:
@@ -47,7 +47,7 @@ def reset_peak_rss() -> None:
     """Start a new peak: hand the memory the allocator holds but no tensor uses back to the system
     (glibc keeps freed blocks, which would count in every later section), then set the kernel's
     high-water mark back to the current resident memory."""
-    release_freed_memory()
+    trim_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
