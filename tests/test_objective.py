@@ -218,6 +218,41 @@ def test_token_loss_budget_divides_every_answer_by_one_constant():
     np.testing.assert_allclose(logp.grad.numpy(), [[-0.25, -0.25, 0.0], [0.5, 0.0, 0.0]], atol=1e-6)
 
 
+def test_token_loss_is_blind_to_whatever_the_padded_positions_hold():
+    """Padded positions hold whatever the pass computed there; NaN x 0 is NaN, so a mask that multiplies
+    would end the run for a value no term uses. The loss and gradient equal those of clean padding."""
+    old = torch.tensor([[-1.2, -1.0, 0.0], [-0.5, 0.0, 0.0]])
+    ref = torch.tensor([[-1.5, -1.0, 0.0], [-0.1, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    clean = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], requires_grad=True)
+    dirty = torch.tensor([[-1.0, -2.0, float("nan")], [-0.5, float("inf"), float("-inf")]], requires_grad=True)
+    expected, expected_stats = token_loss(clean, old, ref, adv, mask, 0.2, 0.1, kl_tokens=6)
+    loss, stats = token_loss(dirty, old, ref, adv, mask, 0.2, 0.1, kl_tokens=6)
+    assert loss.item() == expected.item()
+    assert all(stats[k].item() == expected_stats[k].item() for k in stats)
+    expected.backward()
+    loss.backward()
+    assert torch.equal(dirty.grad, clean.grad)
+
+
+def test_an_overflowing_ratio_with_a_zero_advantage_adds_nothing():
+    """The sampler's log-prob of a token 100 nats below the policy's: exp overflows float32 above 88.7,
+    and inf x 0 is NaN. The log-ratio is held at LOG_RATIO_LIMIT, so the token adds 0 to the loss."""
+    from sepo.training.objective import LOG_RATIO_LIMIT
+
+    logp = torch.tensor([[-0.1, -0.2]], requires_grad=True)
+    old = torch.tensor([[-100.1, -0.2]])
+    loss, stats = token_loss(logp, old, None, torch.tensor([0.0]), torch.ones(1, 2), 0.2, 0.0)
+    assert loss.item() == 0.0
+    assert stats["clip_fraction"].item() == 0.5
+    assert stats["kl_old"].item() == pytest.approx(
+        (np.exp(LOG_RATIO_LIMIT) * LOG_RATIO_LIMIT - (np.exp(LOG_RATIO_LIMIT) - 1)) / 2, rel=1e-5
+    )
+    loss.backward()
+    assert bool(torch.isfinite(logp.grad).all())
+
+
 @pytest.mark.parametrize("length_norm", ["answer", "budget"])
 def test_a_value_offset_moves_the_policy_only_under_the_token_mean(length_norm):
     """Two answers, a (2 tokens) and b (5 tokens), chosen at the first token with p = sigmoid(theta); both

@@ -176,8 +176,13 @@ def test_a_non_finite_loss_takes_no_step_and_ends_the_run_as_diverged(setup, mon
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     batch.advantages[0] = float("nan")
-    with pytest.raises(Diverged, match="non-finite loss or gradient"):
+    with pytest.raises(Diverged) as err:
         update(model, policy, opt, batch, ref, s, step=0)
+    line = str(err.value)  # the pass, and what in it was not finite: the one line a remote run leaves
+    assert line.startswith("diverged at step 1: the loss of pass ")
+    assert "is nan: log-probs non-finite at 0 of " in line
+    assert "sampler's log-probs 0; reference log-probs 0; advantages 1 of " in line
+    assert line.endswith("; the checkpoints before it are kept")
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters() if p.requires_grad)
 
 

@@ -57,9 +57,9 @@ from sepo.stages.evaluate import evaluate_and_write, evaluation_policy
 from sepo.tracking import NO_TRACKING, NullTracker
 from sepo.training.best_response import BestResponseSchedule
 from sepo.training.checkpoints import load_checkpoint, save_checkpoint
-from sepo.training.divergence import check_step
+from sepo.training.divergence import check_step, first_non_finite, non_finite_inputs
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
-from sepo.training.objective import EstimatorState, old_policy_kl, sepo_settings, token_loss
+from sepo.training.objective import EstimatorState, masked, old_policy_kl, sepo_settings, token_loss
 from sepo.training.rollouts import BatchBuilder, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,8 @@ def accumulate_gradients(
         "clip_fraction": 0.0,
         **({"kl_ref": 0.0} if ref is not None else {}),
     }
-    for part in _passes(policy, batch.decisions, s):
+    passes = _passes(policy, batch.decisions, s)
+    for k, part in enumerate(passes):
         decisions = [batch.decisions[i] for i in part]
         with section("update_forward"):
             lp, mask = _policy_logprobs(model, policy, decisions, s)
@@ -203,10 +204,17 @@ def accumulate_gradients(
         loss, stats = token_loss(
             lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens, answer_tokens=per_answer
         )
+        value = loss.item()
+        if not math.isfinite(value):  # said before the backward pass, with what in this pass made it so
+            model.eval()
+            raise Diverged(
+                f"the loss of pass {k + 1} of {len(passes)} ({len(part)} decisions) is {value}: "
+                + non_finite_inputs(lp, old, reference, adv, mask)
+            )
         with section("backward"):
             loss.backward()
         share = float(mask.sum()) / max(tokens, 1)  # token-mean statistics: weight by this part's tokens
-        sums["loss"] += loss.item()
+        sums["loss"] += value
         sums["policy_loss"] += float(stats["policy_loss"])
         for key in ("kl_ref", "kl_old", "clip_fraction"):
             if key in stats:
@@ -228,7 +236,7 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
             decisions = [batch.decisions[i] for i in part]
             lp, mask = _policy_logprobs(model, policy, decisions, s)
             old = _pad([d.tokens.logprobs.float() for d in decisions], lp.shape[1]).to(lp)
-            total += float((old_policy_kl(lp, old) * mask).sum())
+            total += float(masked(old_policy_kl(lp, old), mask.bool()).sum())
             tokens += int(mask.sum())
     total, tokens = distributed.sum_floats(total, tokens)
     return total / max(tokens, 1)
@@ -349,12 +357,23 @@ def update(
     lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
     set_learning_rate(optimizer, lr)
     optimizer.zero_grad(set_to_none=True)
-    stats = accumulate_gradients(model, policy, batch, ref, s)
-    params = [p for p in model.parameters() if p.requires_grad]
-    distributed.sum_gradients(params)  # data parallel: every process now holds the whole batch's gradient
-    if not (math.isfinite(stats["loss"]) and all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)):
+    try:
+        stats = accumulate_gradients(model, policy, batch, ref, s)
+    except Diverged as err:
         optimizer.zero_grad(set_to_none=True)
-        raise Diverged(f"diverged at step {step + 1}: non-finite loss or gradient; the checkpoints before it are kept")
+        raise Diverged(f"diverged at step {step + 1}: {err}; the checkpoints before it are kept") from None
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in trainable]
+    distributed.sum_gradients(params)  # data parallel: every process now holds the whole batch's gradient
+    bad = first_non_finite((n, p.grad) for n, p in trainable)
+    if bad is not None or not math.isfinite(stats["loss"]):  # the loss: summed over processes
+        optimizer.zero_grad(set_to_none=True)
+        what = (
+            f"the loss is {stats['loss']}"
+            if bad is None
+            else f"the loss is {stats['loss']} but the gradient of {bad} is not finite"
+        )
+        raise Diverged(f"diverged at step {step + 1}: {what}; the checkpoints before it are kept")
     with section("optimizer"):
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, float(s.grad_clip)))
         optimizer.step()

@@ -36,3 +36,32 @@ def check_step(step: int, loss: float | None, model: torch.nn.Module, when: str)
     if bad is not None:
         what = "the gradient of" if when == "before" else "the weight"
         raise Diverged(f"diverged at step {step}: {what} {bad} is not finite; the checkpoints before it are kept")
+
+
+def non_finite_inputs(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_ref: torch.Tensor | None,
+    advantage: torch.Tensor,
+    mask: torch.Tensor,
+) -> str:
+    """What in one pass's loss inputs is not finite, counted at the answers' real positions and at their
+    padding, and the largest log-ratio between the policy and the sampler: the one line a run that
+    diverged on a machine nobody can log into leaves behind."""
+    real = mask.bool()
+
+    def count(t: torch.Tensor, where: torch.Tensor) -> int:
+        return int((~torch.isfinite(t) & where).sum())
+
+    parts = [
+        f"log-probs non-finite at {count(logp, real)} of {int(real.sum())} answer positions and "
+        f"{count(logp, ~real)} of {int((~real).sum())} padded ones"
+    ]
+    parts.append(f"sampler's log-probs {count(logp_old, real)}")
+    if logp_ref is not None:
+        parts.append(f"reference log-probs {count(logp_ref, real)}")
+    parts.append(f"advantages {int((~torch.isfinite(advantage)).sum())} of {advantage.numel()}")
+    both = real & torch.isfinite(logp) & torch.isfinite(logp_old)
+    if bool(both.any()):
+        parts.append(f"largest |log-ratio| {float((logp - logp_old)[both].abs().max()):.3g}")
+    return "; ".join(parts)

@@ -41,6 +41,10 @@ from sepo.training.options import ADV_NORMS, CREDITS
 log = logging.getLogger(__name__)
 
 TERMS = ("u", "e", "c", "x")
+#: |log pi_theta - log pi_old| beyond which the importance ratio is held (as verl does): exp overflows
+#: float32 above 88.7, and an infinite ratio times a zero advantage is NaN, which would end the run for a
+#: token whose every term is zero. At e^20 the clip has long taken over, so nothing trainable is lost.
+LOG_RATIO_LIMIT = 20.0
 
 
 def sepo_settings(cfg: DictConfig) -> DictConfig:
@@ -266,24 +270,31 @@ def token_loss(
     scale depends on how many opponents there are. `logp_ref=None` (beta = 0: the reference pass is skipped) drops the KL
     term and its statistic.
     """
-    ratio = torch.exp(logp - logp_old)
+    real = mask.bool()
+    ratio = torch.exp(torch.clamp(logp - logp_old, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     adv = advantage[:, None]
     surrogate = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     kl_ref = torch.clamp(logp - logp_ref, min=0.0) if logp_ref is not None else torch.zeros_like(logp)
     tokens = mask.sum(dim=1).clamp(min=1) if answer_tokens is None else float(answer_tokens)
     denominator = float(kl_tokens) if kl_tokens else float(mask.sum().clamp(min=1))
-    policy_loss = ((surrogate * mask).sum(dim=1) / tokens).sum()
-    kl_loss = (kl_ref * mask).sum() / denominator
+    policy_loss = (masked(surrogate, real).sum(dim=1) / tokens).sum()
+    kl_loss = masked(kl_ref, real).sum() / denominator
     loss = policy_loss + beta * kl_loss
     with torch.no_grad():
         n_tok = mask.sum().clamp(min=1)
         stats = {
             "policy_loss": policy_loss.detach(),
-            **({"kl_ref": (kl_ref * mask).sum() / n_tok} if logp_ref is not None else {}),
-            "kl_old": (old_policy_kl(logp, logp_old) * mask).sum() / n_tok,
-            "clip_fraction": ((((ratio - 1).abs() > clip_eps).float() * mask).sum() / n_tok),
+            **({"kl_ref": masked(kl_ref, real).sum() / n_tok} if logp_ref is not None else {}),
+            "kl_old": masked(old_policy_kl(logp, logp_old), real).sum() / n_tok,
+            "clip_fraction": masked(((ratio - 1).abs() > clip_eps).float(), real).sum() / n_tok,
         }
     return loss, stats
+
+
+def masked(values: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """`values` at real positions, exactly 0 elsewhere: padded positions hold whatever the pass computed
+    there (`sepo.lm.logprobs.token_logprobs`), and NaN x 0 is NaN, so multiplying by the mask is not enough."""
+    return torch.where(real, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def old_policy_kl(logp: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
@@ -291,6 +302,6 @@ def old_policy_kl(logp: torch.Tensor, logp_old: torch.Tensor) -> torch.Tensor:
 
     Unbiased and non-negative per token; drives the refresh of docs/spec.md §4.3.
     """
-    log_ratio = logp - logp_old
+    log_ratio = torch.clamp(logp - logp_old, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
     return ratio * log_ratio - (ratio - 1)
