@@ -1,54 +1,64 @@
-"""Peak resident memory of a SEPO step on every game, against a bound: the check of a model's memory target.
+"""Peak resident memory of the SEPO stage on every game, as a process, against a bound: the check of a
+model's memory target.
 
     python -m benchmarks.speed.sepo_memory [--model smollm2] [--games ipd,kuhn,...] [--limit-gb 3]
                                      [--model-path-kuhn DIR ...] [--threads 2] [overrides]
 
-Runs `python -m benchmarks step --steps 1` once per game, each in its own process (a peak is a process's),
-at the model's own SEPO settings (those the launcher uses: `conf/model/<model>.yaml`) plus any Hydra
-overrides given. The warm-up step of the bench is the heaviest: it adds Kuhn's best-response read. Without
-`--model-path-<game>` a game starts from the untrained build, whose rambling answers run to the
+Runs the real stage, `python main.py stage=sepo`, once per game in a process of its own, at the model's own
+SEPO settings (those the launcher uses: `conf/model/<model>.yaml`) plus any Hydra overrides given, and
+stops it right after its first step (`sepo.debug_kill_after_step=1` of a 2-step run, so the step is a
+middle one: the KL after the update is measured too). The peak is the kernel's count for that process
+(`ru_maxrss` from `wait4`): loading, Kuhn's best-response read, the rollouts, the reference pass and the
+update, on top of whatever each phase left behind. Per-section peaks (`python -m benchmarks step`) say
+where the memory goes, but each section starts from a trimmed heap, so they understate this figure.
+
+Without `--model-path-<game>` a game starts from the untrained build, whose rambling answers run to the
 generation budget: the worst case for the rollouts' memory; an SFT'd model answers in ~20 tokens.
-Prints, per game, the highest section's peak and which section it was, and whether it is within
-`--limit-gb` (decimal GB, as targets are written: 3 GB = 2.79 GiB). The last line is JSON:
-{game: {"peak_gib": ..., "section": ..., "within": ..., "seconds_per_step": ...}}.
+Prints, per game, the peak and whether it is within `--limit-gb` (decimal GB, as targets are written:
+3 GB = 2.79 GiB). The last line is JSON: {game: {"peak_gib": ..., "within": ..., "seconds_per_step": ...}}.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from analysis.collect import GAMES
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
-
-
 GIB = 1024**3
+STEP_LINE = re.compile(r"step 1 .* ([0-9.]+) s")  # sepo.stages.sepo_loop.log_step's line
 
 
-def step_profile(model: str, game: str, model_path: str | None, threads: int, overrides: list[str]) -> dict:
-    """One game's step profile (`python -m benchmarks step`'s JSON), from a process of its own."""
-    command = [sys.executable, "-m", "benchmarks", "step", "--model", model, "--game", game, "--steps", "1"]
-    command += ["--threads", str(threads)] + (["--model-path", model_path] if model_path else []) + overrides
-    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    if done.returncode:
-        raise SystemExit(f"python -m benchmarks step failed on {game} (rc {done.returncode}): {' '.join(command)}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def stage_command(model: str, game: str, model_path: str | None, run_dir: str, overrides: list[str]) -> list[str]:
+    """`main.py stage=sepo` for two steps that dies after the first, with no checkpoint evaluation."""
+    command = [sys.executable, "main.py", "stage=sepo", f"model={model}", f"game={game}", "logger=none"]
+    command += ["sepo.steps=2", "sepo.debug_kill_after_step=1", "sepo.checkpoint_steps=[]", f"hydra.run.dir={run_dir}"]
+    return command + ([f"model.path='{Path(model_path).resolve()}'"] if model_path else []) + overrides
 
 
-def verdict(profile: dict, limit_gib: float) -> dict:
-    peaks = profile["peak_rss_gib"]
-    section = max(peaks, key=peaks.get)
-    return {
-        "peak_gib": round(peaks[section], 3),
-        "section": section,
-        "within": peaks[section] <= limit_gib,
-        "seconds_per_step": profile["seconds_per_step"],
-        "decisions": profile["decisions"],
-    }
+def first_step(model: str, game: str, model_path: str | None, threads: int, overrides: list[str]) -> dict:
+    """One game's SEPO process up to the end of its first step: its peak resident memory and step time."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    with tempfile.TemporaryDirectory(prefix=f"sepo_memory_{game}_") as run_dir:
+        command = stage_command(model, game, model_path, run_dir, overrides)
+        with open(Path(run_dir) / "stage.log", "w+") as log:
+            proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            log.seek(0)
+            text = log.read()
+    step = STEP_LINE.search(text)
+    if step is None:  # it ended before its first step was logged: not the kill the command asks for
+        tail = "\n".join(text.splitlines()[-5:])
+        raise SystemExit(f"{game}: the SEPO stage ended (rc {proc.returncode}) before its first step:\n{tail}")
+    return {"peak_gib": usage.ru_maxrss * 1024 / GIB, "seconds_per_step": float(step.group(1))}  # ru_maxrss: KiB
 
 
 def main() -> None:
@@ -56,7 +66,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--games", default=",".join(GAMES))
     parser.add_argument("--limit-gb", type=float, default=3.0, help="the bound, in decimal GB")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the stage (OMP_NUM_THREADS)")
     for game in GAMES:
         parser.add_argument(f"--model-path-{game}", default=None, help=f"a merged SFT model to start {game} from")
     args, overrides = parser.parse_known_args()
@@ -67,13 +77,12 @@ def main() -> None:
     limit_gib = args.limit_gb * 1e9 / GIB
     results = {}
     for game in games:
-        path = getattr(args, f"model_path_{game}")
-        results[game] = verdict(step_profile(args.model, game, path, args.threads, overrides), limit_gib)
-        r = results[game]
+        r = first_step(args.model, game, getattr(args, f"model_path_{game}"), args.threads, overrides)
+        results[game] = {**r, "peak_gib": round(r["peak_gib"], 3), "within": r["peak_gib"] <= limit_gib}
         print(
-            f"{game:<8} peak {r['peak_gib']:.2f} GiB in {r['section']:<20} "
-            f"{'within' if r['within'] else 'OVER'} {args.limit_gb:g} GB ({limit_gib:.2f} GiB); "
-            f"{r['decisions']} decisions, {r['seconds_per_step']:.0f} s/step",
+            f"{game:<8} peak {r['peak_gib']:.2f} GiB as a process "
+            f"{'within' if results[game]['within'] else 'OVER'} {args.limit_gb:g} GB ({limit_gib:.2f} GiB); "
+            f"{r['seconds_per_step']:.0f} s/step",
             file=sys.stderr,
             flush=True,
         )
