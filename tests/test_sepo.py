@@ -186,6 +186,21 @@ def test_a_non_finite_loss_takes_no_step_and_ends_the_run_as_diverged(setup, mon
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters() if p.requires_grad)
 
 
+def test_a_non_finite_gradient_behind_a_finite_loss_names_the_parameter(setup):
+    cfg, s, game, model, policy = setup()
+    batch = collect(cfg, s, game, policy)
+    ref = reference_logprobs(model, policy, batch, s)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    name, param = next((n, p) for n, p in model.named_parameters() if p.requires_grad)
+    param.register_hook(lambda grad: grad * float("inf"))  # an overflow in the backward pass alone
+    with pytest.raises(Diverged) as err:
+        update(model, policy, opt, batch, ref, s, step=3)
+    line = str(err.value)
+    assert line.startswith("diverged at step 4: the loss is ")
+    assert f"but the gradient of {name} is not finite; the checkpoints before it are kept" in line
+    assert all(p.grad is None for p in model.parameters())  # no step, nothing left to leak into the next
+
+
 def test_ref_4bit_without_cuda_is_a_clear_error(cli):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")

@@ -192,7 +192,7 @@ def accumulate_gradients(
         "clip_fraction": 0.0,
         **({"kl_ref": 0.0} if ref is not None else {}),
     }
-    passes = _passes(policy, batch.decisions, s)
+    passes, diagnosis = _passes(policy, batch.decisions, s), ""
     for k, part in enumerate(passes):
         decisions = [batch.decisions[i] for i in part]
         with section("update_forward"):
@@ -205,22 +205,24 @@ def accumulate_gradients(
             lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens, answer_tokens=per_answer
         )
         value = loss.item()
-        if not math.isfinite(value):  # said before the backward pass, with what in this pass made it so
-            model.eval()
-            raise Diverged(
-                f"the loss of pass {k + 1} of {len(passes)} ({len(part)} decisions) is {value}: "
-                + non_finite_inputs(lp, old, reference, adv, mask)
-            )
+        sums["loss"] += value
+        if not math.isfinite(value):  # no backward: the step is lost; say what in this pass made it so
+            diagnosis = f"the loss of pass {k + 1} of {len(passes)} ({len(part)} decisions) is {value}: "
+            diagnosis += non_finite_inputs(lp, old, reference, adv, mask)
+            break
         with section("backward"):
             loss.backward()
         share = float(mask.sum()) / max(tokens, 1)  # token-mean statistics: weight by this part's tokens
-        sums["loss"] += value
         sums["policy_loss"] += float(stats["policy_loss"])
         for key in ("kl_ref", "kl_old", "clip_fraction"):
             if key in stats:
                 sums[key] += float(stats[key]) * share
     model.eval()
-    return dict(zip(sums, distributed.sum_floats(*sums.values())))  # each process held a share of the sums
+    # each process held a share of the sums; every process reaches this sum, so a NaN reaches them all
+    summed = dict(zip(sums, distributed.sum_floats(*sums.values())))
+    if diagnosis:
+        raise Diverged(diagnosis)
+    return summed
 
 
 def answer_divisor(s: DictConfig) -> float | None:
@@ -359,21 +361,17 @@ def update(
     optimizer.zero_grad(set_to_none=True)
     try:
         stats = accumulate_gradients(model, policy, batch, ref, s)
+        if not math.isfinite(stats["loss"]):  # summed over processes: another one's pass was not finite
+            raise Diverged(f"the loss is {stats['loss']} (another process's pass)")
+        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        params = [p for _, p in trainable]
+        distributed.sum_gradients(params)  # data parallel: every process now holds the whole batch's gradient
+        bad = first_non_finite((n, p.grad) for n, p in trainable)
+        if bad is not None:
+            raise Diverged(f"the loss is {stats['loss']} but the gradient of {bad} is not finite")
     except Diverged as err:
         optimizer.zero_grad(set_to_none=True)
         raise Diverged(f"diverged at step {step + 1}: {err}; the checkpoints before it are kept") from None
-    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    params = [p for _, p in trainable]
-    distributed.sum_gradients(params)  # data parallel: every process now holds the whole batch's gradient
-    bad = first_non_finite((n, p.grad) for n, p in trainable)
-    if bad is not None or not math.isfinite(stats["loss"]):  # the loss: summed over processes
-        optimizer.zero_grad(set_to_none=True)
-        what = (
-            f"the loss is {stats['loss']}"
-            if bad is None
-            else f"the loss is {stats['loss']} but the gradient of {bad} is not finite"
-        )
-        raise Diverged(f"diverged at step {step + 1}: {what}; the checkpoints before it are kept")
     with section("optimizer"):
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, float(s.grad_clip)))
         optimizer.step()
