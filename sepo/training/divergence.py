@@ -48,7 +48,7 @@ def non_finite_inputs(
     """What in one pass's loss inputs is not finite, counted at the answers' real positions and at their
     padding, and the largest log-ratio between the policy and the sampler: the one line a run that
     diverged on a machine nobody can log into leaves behind."""
-    real = mask.bool()
+    real, logp = mask.bool(), logp.detach()
 
     def count(t: torch.Tensor, where: torch.Tensor) -> int:
         return int((~torch.isfinite(t) & where).sum())
