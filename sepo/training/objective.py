@@ -43,7 +43,9 @@ log = logging.getLogger(__name__)
 TERMS = ("u", "e", "c", "x")
 #: |log pi_theta - log pi_old| beyond which the importance ratio is held (as verl does): exp overflows
 #: float32 above 88.7, and an infinite ratio times a zero advantage is NaN, which would end the run for a
-#: token whose every term is zero. At e^20 the clip has long taken over, so nothing trainable is lost.
+#: token whose every term is zero. Past the limit a token's gradient is 0: with a positive advantage the
+#: clip has long held it there anyway; with a negative one it would be e^20 times the score, a step the
+#: gradient clip would cut to its norm whatever the rest of the batch said.
 LOG_RATIO_LIMIT = 20.0
 
 
