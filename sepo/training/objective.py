@@ -280,13 +280,14 @@ def token_loss(
     tokens = mask.sum(dim=1).clamp(min=1) if answer_tokens is None else float(answer_tokens)
     denominator = float(kl_tokens) if kl_tokens else float(mask.sum().clamp(min=1))
     policy_loss = (masked(surrogate, real).sum(dim=1) / tokens).sum()
-    kl_loss = masked(kl_ref, real).sum() / denominator
+    kl_sum = masked(kl_ref, real).sum()
+    kl_loss = kl_sum / denominator
     loss = policy_loss + beta * kl_loss
     with torch.no_grad():
         n_tok = mask.sum().clamp(min=1)
         stats = {
             "policy_loss": policy_loss.detach(),
-            **({"kl_ref": masked(kl_ref, real).sum() / n_tok} if logp_ref is not None else {}),
+            **({"kl_ref": kl_sum.detach() / n_tok} if logp_ref is not None else {}),
             "kl_old": masked(old_policy_kl(logp, logp_old), real).sum() / n_tok,
             "clip_fraction": masked(((ratio - 1).abs() > clip_eps).float(), real).sum() / n_tok,
         }
