@@ -405,6 +405,11 @@ def check_model(cfg: DictConfig) -> None:
             f"model.path is not set for model={cfg.model.name}; set model.path to "
             "a local checkpoint directory (or a hub id already in the Hugging Face cache)",
         )
+    _require(
+        not (cfg.model.get("prefix_tree") and not cfg.model.get("prefix_cache")),
+        f"model.prefix_tree=true needs plain full attention (model.prefix_cache=true), which model={cfg.model.name} "
+        "does not declare; allowed: model.prefix_tree=false",
+    )
 
 
 def available_memory() -> int | None:

@@ -146,6 +146,17 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def scores_and_gradient(model, score) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-probs `score()` gives at its real positions (it returns log-probs and a bool mask of them) and
+    the model's parameter gradient of their sum, flattened: what two layouts of one pass must agree on."""
+    model.zero_grad()
+    lp, real = score()
+    lp[real].sum().backward()
+    gradient = torch.cat([p.grad.flatten() for p in model.parameters()])
+    model.zero_grad()
+    return lp[real].detach(), gradient
+
+
 def teach(bundle, examples: list[tuple[list[dict[str, str]], str]], steps: int):
     """A copy of the model after `steps` Adam steps (batches of 8) on (chat messages, answer) pairs,
     loss on the answer tokens only, no EOS."""

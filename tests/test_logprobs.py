@@ -18,7 +18,7 @@ from sepo.lm.logprobs import (
     token_logprobs_reference,
 )
 
-from .conftest import CONF, ROOT
+from .conftest import CONF, ROOT, scores_and_gradient
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -93,22 +93,22 @@ def test_a_shared_prefix_run_once_gives_the_same_values_and_gradients(tiny):
     gens = [torch.randint(3, len(tokenizer), (n,), generator=g).tolist() for n in (6, 11, 3)]
     shared = policy.shared_prefix_length(prompts)
     assert shared >= 16
-    values, grads = [], []
-    for layout in ("plain", "shared"):
-        model.zero_grad()
-        if layout == "plain":
-            ids, mask, start = policy.pack(prompts, gens)
-            lp = token_logprobs(model, ids, mask, start, chunk=4)
-        else:
-            ids, mask, start = policy.pack_shared(prompts, shared, gens)
-            lp = token_logprobs(model, ids, mask, start, chunk=4, shared_prefix=shared)
-        valid = mask[:, start:].bool()
-        lp[valid].sum().backward()
-        values.append(lp[valid].detach())
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-    model.zero_grad()
-    torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=0)
-    torch.testing.assert_close(grads[1], grads[0], atol=1e-4, rtol=1e-4)
+
+    def plain():
+        ids, mask, start = policy.pack(prompts, gens)
+        return token_logprobs(model, ids, mask, start, chunk=4), mask[:, start:].bool()
+
+    def shared_once():
+        ids, mask, start = policy.pack_shared(prompts, shared, gens)
+        return token_logprobs(model, ids, mask, start, chunk=4, shared_prefix=shared), mask[:, start:].bool()
+
+    (values, grads), (shared_values, shared_grads) = (
+        scores_and_gradient(model, plain),
+        scores_and_gradient(model, shared_once),
+    )
+    torch.testing.assert_close(shared_values, values, atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared_grads, grads, atol=1e-4, rtol=1e-4)
+    ids, mask, start = policy.pack_shared(prompts, shared, gens)
     with pytest.raises(ValueError, match="shared_prefix"):
         token_logprobs(model, ids, mask, shared, shared_prefix=shared)
 

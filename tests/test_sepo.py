@@ -79,13 +79,21 @@ def test_pooled_trains_on_every_pool_and_the_paper_modes_on_the_train_pool_only(
     assert train_trace(batches["pooled"]) == train_trace(batches["per_rollout"]) == train_trace(batches["shared"])
 
 
-@pytest.mark.parametrize("passes", ["sepo.micro_batch=5", "sepo.micro_batch_tokens=400"])
+@pytest.mark.parametrize(
+    "passes",
+    [
+        ["sepo.micro_batch=5"],
+        ["sepo.micro_batch_tokens=400"],
+        ["sepo.micro_batch_tokens=400", "model.prefix_tree=true"],
+    ],
+)
 def test_the_loss_gradient_is_the_advantage_weighted_score(setup, passes):
     """At ratio 1 (a fresh batch) and beta 0, the step is sum_d A_d * grad(token mean of log pi_d): the
-    gradient the estimator's advantages were built for, whatever the passes (by decisions or by tokens)."""
+    gradient the estimator's advantages were built for, whatever the passes (by decisions, by tokens, or
+    as prefix trees; the direct computation below is one padded pass)."""
     from sepo.stages.sepo_loop import _passes, _policy_logprobs
 
-    cfg, s, game, model, policy = setup("sepo.beta=0", passes)
+    cfg, s, game, model, policy = setup("sepo.beta=0", *passes)
     batch = collect(cfg, s, game, policy)
     assert len(_passes(policy, batch.decisions, s)) > 1, "the setting must split the batch into several passes"
     batch.advantages = torch.randn(len(batch.decisions), generator=torch.Generator().manual_seed(0)).numpy()
@@ -95,6 +103,7 @@ def test_the_loss_gradient_is_the_advantage_weighted_score(setup, passes):
 
     model.zero_grad()
     model.train()
+    policy.prefix_tree = False  # one padded pass
     lp, mask = _policy_logprobs(model, policy, batch.decisions, s)
     per_decision = (lp * mask).sum(dim=1) / mask.sum(dim=1)
     (-(torch.tensor(batch.advantages, dtype=lp.dtype) * per_decision).sum()).backward()
@@ -160,7 +169,7 @@ def test_passes_without_gradients_take_their_own_token_cap_and_count_the_shared_
         SimpleNamespace(tokens=SimpleNamespace(prompt_ids=torch.tensor(rules + [i] * 10), gen_ids=torch.zeros(5)))
         for i in range(12)
     ]
-    policy = SimpleNamespace(shared_prefix_length=lambda prompts: 40)
+    policy = SimpleNamespace(shared_prefix_length=lambda prompts: 40, prefix_tree=False)
     s = OmegaConf.create({"micro_batch": 32, "micro_batch_tokens": 100, "no_grad_micro_batch_tokens": 0})
     assert [len(p) for p in _passes(policy, decisions, s)] == [4, 4, 4]  # 40 + 4 x 15 = 100
     assert [len(p) for p in _passes(policy, decisions, s, grad=False)] == [4, 4, 4]

@@ -14,7 +14,8 @@ so that training keeps the same bound.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -123,6 +124,23 @@ def forward_inputs(
     return kwargs
 
 
+@contextmanager
+def head_inputs(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """The hidden states handed to the output head while the block runs (appended to the yielded list);
+    the head itself gets the last position only, so no [B, T, V] logits are computed."""
+    captured: list[torch.Tensor] = []
+
+    def grab(_module: torch.nn.Module, args: tuple) -> tuple:
+        captured.append(args[0])
+        return (densely_strided(args[0][:, -1:]),) + tuple(args[1:])
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(grab)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
 def final_hidden_states(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -141,15 +159,7 @@ def final_hidden_states(
     then attend to it. Gradients flow through the cache (the adapter acts on the prefix too).
     Returns the states of positions P..T-1 only, [B, T - P, H].
     """
-    head = model.get_output_embeddings()
-    captured: list[torch.Tensor] = []
-
-    def grab(_module: torch.nn.Module, args: tuple) -> tuple:
-        captured.append(args[0])
-        return (densely_strided(args[0][:, -1:]),) + tuple(args[1:])
-
-    handle = head.register_forward_pre_hook(grab)
-    try:
+    with head_inputs(model) as captured:
         if shared_prefix:
             from transformers import DynamicCache
 
@@ -165,8 +175,6 @@ def final_hidden_states(
             model(**kwargs, past_key_values=cache, use_cache=True)
         else:
             model(**forward_inputs(model, input_ids, attention_mask, **forward_kwargs), use_cache=False)
-    finally:
-        handle.remove()
     return captured[-1]
 
 

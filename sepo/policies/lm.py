@@ -58,6 +58,7 @@ from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the s
 from sepo.lm import batching
 from sepo.lm.batching import MIN_SHARED_PREFIX, end_of_turn_ids, score_passes  # noqa: F401  (re-exported)
 from sepo.lm.logprobs import next_token_logits, token_logprobs
+from sepo.lm.prefix_tree import tree_token_logprobs
 from sepo.lm.prompt_cache import EncodedPrompt, PromptCache, start_cache
 from sepo.lm.sampling import PLAIN_SAMPLING, RowSampler
 from sepo.lm.stopping import StopWhen
@@ -160,6 +161,9 @@ class LMPolicy:
         self.eos_ids = end_of_turn_ids(model, tokenizer)
         #: compute a prompt prefix shared by every row of a generate call once (`shared_prefix_length`)
         self.prefix_cache = bool(model_cfg.get("prefix_cache", False))
+        #: teacher-forced passes encode their sequences as one prefix tree (`sepo.lm.prefix_tree`): each token
+        #: that several share once, where padded rows encode every row's own prompt whole
+        self.prefix_tree = bool(model_cfg.get("prefix_tree", False)) and self.prefix_cache
         #: preallocate the KV cache instead of growing it at every decoding step (`start_cache`)
         self.static_cache = bool(model_cfg.get("static_cache", False))
         #: the encoded prompt of each episode's last decision, for its next one (`model.prefix_cache`)
@@ -413,6 +417,17 @@ class LMPolicy:
         out: list[torch.Tensor] = []
         for part in self._chunks(len(prompts), batch or self.score_batch):
             rows, conts = [prompts[i] for i in part], [continuations[i] for i in part]
+            if self.prefix_tree:
+                with torch.no_grad():
+                    lp, _ = tree_token_logprobs(
+                        self.model,
+                        [list(p) + list(c) for p, c in zip(rows, conts)],
+                        [len(p) for p in rows],
+                        self.logprob_chunk,
+                        temperature,
+                    )
+                out += [lp[row, : len(continuations[i])].cpu() for row, i in enumerate(part)]
+                continue
             shared = self.shared_prefix_length(rows)
             ids, mask, width_p = self.pack_shared(rows, shared, conts) if shared else self.pack(rows, conts)
             if ids.shape[1] == width_p:  # nothing to score

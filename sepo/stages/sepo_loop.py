@@ -49,6 +49,7 @@ from sepo.errors import Diverged, NonFiniteLogits
 from sepo.games import Game, make_game
 from sepo.heap import release_freed_memory
 from sepo.lm.logprobs import token_logprobs
+from sepo.lm.prefix_tree import tree_passes, tree_token_logprobs
 from sepo.models import adapter_folded, attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
@@ -112,17 +113,30 @@ def _micro_batches(decisions: list[Decision], size: int, budget: int, shared: in
 
 
 def _passes(policy: LMPolicy, decisions: list[Decision], s: DictConfig, grad: bool = True) -> list[list[int]]:
-    """`_micro_batches` with the prefix every decision's prompt shares (what each pass encodes once); a
-    pass without gradients keeps no activations, so it takes `sepo.no_grad_micro_batch_tokens` when set."""
+    """`_micro_batches` with the prefix every decision's prompt shares (what each pass encodes once), or,
+    with `model.prefix_tree`, runs of the decisions' prefix tree (`tree_passes`: every token shared
+    within a pass once); a pass without gradients keeps no activations, so it takes
+    `sepo.no_grad_micro_batch_tokens` when set."""
     budget = int(s.micro_batch_tokens) if grad else int(s.no_grad_micro_batch_tokens or s.micro_batch_tokens)
+    if policy.prefix_tree:
+        return tree_passes([_sequence(d) for d in decisions], int(s.micro_batch), budget)
     shared = policy.shared_prefix_length([d.tokens.prompt_ids.tolist() for d in decisions])
     return _micro_batches(decisions, int(s.micro_batch), budget, shared)
+
+
+def _sequence(decision: Decision) -> list[int]:
+    return decision.tokens.prompt_ids.tolist() + decision.tokens.gen_ids.tolist()
 
 
 def _policy_logprobs(
     model: Any, policy: LMPolicy, decisions: list[Decision], s: DictConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[D, L] log-probs of the decisions' generated tokens under `model` as it is now, and their mask."""
+    if policy.prefix_tree:
+        starts = [len(d.tokens.prompt_ids) for d in decisions]
+        return tree_token_logprobs(
+            model, [_sequence(d) for d in decisions], starts, int(s.logprob_chunk), float(s.temperature)
+        )
     prompts = [d.tokens.prompt_ids.tolist() for d in decisions]
     gens = [d.tokens.gen_ids.tolist() for d in decisions]
     shared = policy.shared_prefix_length(prompts)  # the rules, encoded once per pass (model.prefix_cache)

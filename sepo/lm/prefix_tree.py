@@ -1,0 +1,152 @@
+"""Many token sequences as one prefix tree, scored in one row: a token two sequences share is encoded once.
+
+A SEPO batch holds every decision of every episode, and an episode's prompts grow by a history line per
+round: its later prompts repeat the rules and the whole earlier history of the earlier ones. Padded rows
+encode each prompt whole (with `model.prefix_cache`, all but the rules every prompt shares). Here the
+sequences of a pass (prompt + answer) become one prefix tree (a trie), laid out as one row in depth-first
+order: each token attends to itself and its ancestors only (a 4-D attention mask) and sits at its depth
+(position ids), so every token sees exactly the context it has in its own sequence, and its log-prob is
+the one a padded row gives, up to the order of floating-point sums. On Kuhn poker's and IPD's scripted
+play, a pass then encodes 1.6 and 2.0 times fewer positions (docs/speed.md §5f).
+
+Only for plain full attention (`model.prefix_cache`): a sliding window counts columns, and a
+linear-attention layer's recurrent state runs through every earlier token of the row, tree or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
+
+
+def tree_order(sequences: Sequence[Sequence[int]]) -> list[int]:
+    """Indices of `sequences` in lexicographic order: neighbours then share their longest prefixes, so
+    each adds to the tree only where it leaves the one before (`tree_size`)."""
+    return sorted(range(len(sequences)), key=lambda i: list(sequences[i]))
+
+
+def tree_size(sequences: Sequence[Sequence[int]]) -> int:
+    """Tokens of the prefix tree of `sequences`, taken in lexicographic order."""
+    ordered = [sequences[i] for i in tree_order(sequences)]
+    return sum(len(s) - (common_prefix(s, ordered[k - 1]) if k else 0) for k, s in enumerate(ordered))
+
+
+@dataclass
+class PackedTree:
+    """Sequences laid out as one prefix tree.
+
+    `ids`, `positions`: [1, N] token ids and depths of the N tree nodes; `attend`: [1, 1, N, N] bool,
+    node j attends to node i iff i is j or one of its ancestors; `paths[k]`: the nodes of sequence k, in
+    order (len(paths[k]) == len(sequences[k])).
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    attend: torch.Tensor
+    paths: list[np.ndarray]
+
+    @property
+    def nodes(self) -> int:
+        return int(self.ids.shape[1])
+
+
+def pack_tree(sequences: Sequence[Sequence[int]]) -> PackedTree:
+    """The prefix tree of `sequences` (each at least one token long), depth first in lexicographic order.
+
+    In that order a sequence's new nodes are one contiguous run after the tree built so far, and its
+    shared part is the path of the sequence before it, up to their common prefix.
+    """
+    ids: list[int] = []
+    positions: list[int] = []
+    rows: list[tuple[np.ndarray, np.ndarray, int]] = []  # (new nodes, whole path, shared length) per sequence
+    paths: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(sequences)
+    previous: Sequence[int] = []
+    previous_path = np.zeros(0, dtype=np.int64)
+    for k in tree_order(sequences):
+        sequence = sequences[k]
+        shared = common_prefix(sequence, previous)
+        new = np.arange(len(ids), len(ids) + len(sequence) - shared, dtype=np.int64)
+        paths[k] = np.concatenate([previous_path[:shared], new])
+        rows.append((new, paths[k], shared))
+        ids += list(sequence[shared:])
+        positions += range(shared, len(sequence))
+        previous, previous_path = sequence, paths[k]
+
+    attend = np.zeros((len(ids), len(ids)), dtype=bool)
+    for new, path, shared in rows:  # a new node attends to the path up to itself
+        attend[new[:, None], path[None, :]] = np.tri(len(path), dtype=bool)[shared:]
+    return PackedTree(
+        ids=torch.tensor([ids], dtype=torch.long),
+        positions=torch.tensor([positions], dtype=torch.long),
+        attend=torch.from_numpy(attend)[None, None],
+        paths=paths,
+    )
+
+
+def tree_passes(sequences: Sequence[Sequence[int]], size: int, budget: int) -> list[list[int]]:
+    """Indices of `sequences` in passes of at most `size` sequences and, when `budget` is not 0, at most
+    `budget` tree nodes (what a pass encodes, so what its activations grow with). Passes are runs of the
+    lexicographic order, so each is one subtree of the batch's prefix tree: the rules once, each history
+    once."""
+    passes: list[list[int]] = []
+    nodes, previous = 0, None
+    for i in tree_order(sequences):
+        added = len(sequences[i]) - (common_prefix(sequences[i], sequences[previous]) if previous is not None else 0)
+        if not passes or len(passes[-1]) >= size or (budget and nodes + added > budget):
+            passes.append([])
+            nodes, added = 0, len(sequences[i])
+        passes[-1].append(i)
+        nodes, previous = nodes + added, i
+    return passes
+
+
+def tree_token_logprobs(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    starts: Sequence[int],
+    chunk: int = 32,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(sequence[t] | sequence[:t]) for t in [start, len) of every sequence, from one pass over their
+    prefix tree: float32 [D, L] (L the longest scored part; padded positions hold values callers must mask
+    out) and the mask of real positions [D, L]. Gradients flow when enabled, as in `token_logprobs`."""
+    from sepo.lm.logprobs import _softcap, chunked_logprobs_from_hidden, head_inputs
+
+    device = next(model.parameters()).device
+    tree = pack_tree(sequences)
+    with head_inputs(model) as captured:
+        model(
+            input_ids=tree.ids.to(device),
+            attention_mask=tree.attend.to(device),
+            position_ids=tree.positions.to(device),
+            use_cache=False,
+        )
+    hidden = captured[-1][0]  # [N, H]
+    width = max(len(s) - start for s, start in zip(sequences, starts))
+    predictors = torch.zeros((len(sequences), width), dtype=torch.long)
+    targets = torch.zeros((len(sequences), width), dtype=torch.long)
+    mask = torch.zeros((len(sequences), width))
+    for k, (sequence, start) in enumerate(zip(sequences, starts)):
+        scored = len(sequence) - start
+        predictors[k, :scored] = torch.from_numpy(tree.paths[k][start - 1 : len(sequence) - 1])
+        targets[k, :scored] = torch.tensor(list(sequence[start:]), dtype=torch.long)
+        mask[k, :scored] = 1.0
+    lp = chunked_logprobs_from_hidden(
+        hidden[predictors.to(device)],
+        model.get_output_embeddings(),
+        targets.to(device),
+        chunk,
+        temperature,
+        _softcap(model),
+    )
+    return lp, mask.to(lp)
