@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 #: A prompt prefix shared by every row is computed once only when it is at least this long: below it the
@@ -67,6 +68,13 @@ def pack_split(
         return ids, mask, width, 0
     head_ids, head_mask = left_pad(heads, width_a, pad)
     return torch.cat([head_ids, ids], dim=1), torch.cat([head_mask, mask], dim=1), width_a + width, width_a
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
 
 
 def shared_prefix_length(prompts: Sequence[Sequence[int]], minimum: int = MIN_SHARED_PREFIX) -> int:

@@ -21,12 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(differ[0]) if len(differ) else n
+from sepo.lm.batching import common_prefix
 
 
 def tree_order(sequences: Sequence[Sequence[int]]) -> list[int]:

@@ -15,10 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from sepo.lm.batching import MIN_SHARED_PREFIX
+from sepo.lm.batching import MIN_SHARED_PREFIX, common_prefix
 
 
 def prompt_columns(t: torch.Tensor, row: int, shared: int, width_a: int, own: int, width_p: int) -> torch.Tensor:
@@ -43,9 +42,7 @@ class EncodedPrompt:
 
     def common_prefix(self, prompt: Sequence[int]) -> int:
         """How many leading tokens `prompt` shares with this entry's prompt."""
-        n = min(len(self.ids), len(prompt))
-        differ = np.flatnonzero(np.asarray(self.ids[:n]) != np.asarray(prompt[:n]))
-        return int(differ[0]) if len(differ) else n
+        return common_prefix(self.ids, prompt)
 
 
 class PromptCache:
