@@ -208,6 +208,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.ref_4bit", boolean()),
     (SEPO, "sepo.fold_adapter_for_reads", boolean()),
     (SEPO, "sepo.debug_kill_after_step", integer(1, optional=True)),
+    (SEPO, "sepo.debug_detect_anomaly", boolean()),
 ]
 
 

@@ -37,6 +37,7 @@ RESULT_NEUTRAL_KEYS = (
     "sft.data_dir",
     "eval.progress",
     "sepo.debug_kill_after_step",
+    "sepo.debug_detect_anomaly",
     "sweep_name",
 )
 SETTINGS = "run_settings.yaml"  # written when a run starts

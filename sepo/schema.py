@@ -68,6 +68,7 @@ class SepoSchema:
     ref_4bit: bool = MISSING
     fold_adapter_for_reads: bool = MISSING
     debug_kill_after_step: int | None = MISSING
+    debug_detect_anomaly: bool = MISSING
     lora: LoraSchema = field(default_factory=LoraSchema)
 
 

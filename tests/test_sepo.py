@@ -204,9 +204,11 @@ def test_a_non_finite_gradient_behind_a_finite_loss_names_the_parameter(setup):
     param.register_hook(lambda grad: grad * float("inf"))  # an overflow in the backward pass alone
     with pytest.raises(Diverged) as err:
         update(model, policy, opt, batch, ref, s, step=3)
-    line = str(err.value)
-    assert line.startswith("diverged at step 4: the loss is ")
-    assert f"but the gradient of {name} is not finite; the checkpoints before it are kept" in line
+    line = str(err.value)  # the first pass whose backward made it so, and what that pass's inputs held
+    assert line.startswith("diverged at step 4: pass 1 of ")
+    assert f"positions) made the gradient of {name} non-finite, its loss " in line
+    assert ": log-probs non-finite at 0 of " in line and " and 0 of " in line and "; advantages 0 of " in line
+    assert line.endswith("; the checkpoints before it are kept")
     assert all(p.grad is None for p in model.parameters())  # no step, nothing left to leak into the next
 
 

@@ -15,6 +15,8 @@
 #             eval, SEPO (2 steps, n = 4, the three pools), SEPO eval (2 episodes per opponent), for
 #             each model:game of $PIPELINES, in order, each under $PIPELINE_S seconds (default: qwen:kuhn
 #             gemma4:ipd qwen:ipd gemma4:kuhn, 400 s: the phases measured on an H100 add up to 6-7 min for one) -> $OUT/results_<model>_<game>.csv
+#             A pipeline whose SEPO diverged is followed, with RETRY_S set (seconds), by two stage=sepo runs from
+#             its SFT model side by side: eager attention, and SDPA under torch's anomaly mode (retry_sepo).
 #   The log of everything: $OUT/session.log. More settings: BENCH_ARGS (e.g. "--override sepo.micro_batch=8")
 #   reaches every benchmark run, RUN_ARGS (e.g. "sepo.micro_batch=4") every main.py run.
 #
@@ -64,6 +66,23 @@ pipeline() {  # pipeline SECONDS MODEL GAME: the main job's every stage, small, 
         sepo.max_new_tokens=32 eval.episodes_per_opponent=2 eval.max_new_tokens=32 eval.action_samples=16 \
         eval.progress=false "hydra.run.dir=/tmp/sepo_runs/${model}_$game" paths.cache_dir=/tmp/sepo_cache ${RUN_ARGS:-}
     cp "/tmp/sepo_runs/${model}_$game/tables/results.csv" "$OUT/results_${model}_$game.csv" 2>/dev/null
+    [ -n "${RETRY_S:-}" ] && grep -qs diverged "/tmp/sepo_runs/${model}_$game/FAILED" && retry_sepo "$model" "$game"
+}
+SEPO_SIZES=(logger=none sepo.steps=2 sepo.rollouts_per_opponent=4 "sepo.checkpoint_steps=[]" sepo.max_new_tokens=32
+    eval.episodes_per_opponent=2 eval.max_new_tokens=32 eval.action_samples=16 eval.progress=false paths.cache_dir=/tmp/sepo_cache)
+retry_sepo() {  # retry_sepo MODEL GAME: after SEPO diverged, two runs of stage=sepo from the pipeline's SFT model, side
+    # by side within $RETRY_S seconds: one with eager attention (does the SDPA kernel's backward make the NaN?), one
+    # on SDPA with torch's anomaly mode (which operation makes it, and where in the forward pass)
+    local model=$1 game=$2 merged="/tmp/sepo_runs/${model}_$game/sft/merged" limit=$RETRY_S
+    [ -n "${DEADLINE_EPOCH:-}" ] && limit=$((DEADLINE_EPOCH - $(date +%s) - 15 < limit ? DEADLINE_EPOCH - $(date +%s) - 15 : limit))
+    [ -d "$merged" ] && [ "$limit" -gt 30 ] || return
+    step "$limit" "sepo $model $game eager attention" env OMP_NUM_THREADS="${RETRY_THREADS:-4}" python3 main.py stage=sepo "game=$game" "model=$model" \
+        "model.path=$merged" model.attn_implementation=eager "${SEPO_SIZES[@]}" \
+        "hydra.run.dir=/tmp/sepo_runs/${model}_${game}_eager" ${RUN_ARGS:-} &
+    step "$limit" "sepo $model $game anomaly mode" env OMP_NUM_THREADS="${RETRY_THREADS:-4}" python3 main.py stage=sepo "game=$game" "model=$model" \
+        "model.path=$merged" sepo.debug_detect_anomaly=true "${SEPO_SIZES[@]}" \
+        "hydra.run.dir=/tmp/sepo_runs/${model}_${game}_anomaly" ${RUN_ARGS:-}
+    wait
 }
 
 # in order of worth: the GPU tests (a minute), each model's figures, the main job through main.py (a run cut

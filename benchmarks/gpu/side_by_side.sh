@@ -7,11 +7,14 @@
 # $BUDGET_S seconds and is packed into $OUT/session.tgz (a call returns at most 8 files).
 #
 #   bash benchmarks/gpu/side_by_side.sh      (after carrying .whl/, as benchmarks/gpu/session.sh)
+# STATIC=0 leaves the static-cache decode out (its compile is CPU work that slows the pipelines beside it);
+# RETRY_S reaches session.sh (a diverged SEPO is retried twice, side by side, within that many seconds).
 # Rehearsal on a CPU: WHEELS=none SAVE_ARGS="--tiny --device cpu" BENCH_ARGS="--tiny --device cpu" bash benchmarks/gpu/side_by_side.sh
 set -uo pipefail
 OUT=${OUT:-gpu_session}
 BUDGET_S=${BUDGET_S:-550}
 DEADLINE=$((SECONDS + BUDGET_S))
+export DEADLINE_EPOCH=$(($(date +%s) + BUDGET_S))  # where session.sh's retries must end
 WORK=/tmp/side_by_side
 mkdir -p "$WORK" "$OUT"
 [ "${WHEELS:-}" = none ] || . benchmarks/gpu/wheels.sh install
@@ -24,10 +27,10 @@ for pair in ${PIPELINES:-qwen:kuhn gemma4:ipd}; do
         bash benchmarks/gpu/session.sh pipeline &
 done
 OUT="$WORK/tests" bash benchmarks/gpu/session.sh tests
-OUT="$WORK/static_beside" STATIC_S="${STATIC_S:-170}" bash benchmarks/gpu/session.sh static
+[ "${STATIC:-1}" = 1 ] && OUT="$WORK/static_beside" STATIC_S="${STATIC_S:-170}" bash benchmarks/gpu/session.sh static
 wait
 per_model=$(($(left) / 2 - 5))
-if [ "$per_model" -gt 30 ]; then
+if [ "${STATIC:-1}" = 1 ] && [ "$per_model" -gt 30 ]; then
     OUT="$WORK/static_alone" STATIC_S="$per_model" bash benchmarks/gpu/session.sh static
 fi
 nvidia-smi --query-gpu=memory.used --format=csv >>"$WORK/machine.txt" 2>&1

@@ -224,8 +224,13 @@ def accumulate_gradients(
             diagnosis = f"the loss of pass {k + 1} of {len(passes)} ({len(part)} decisions) is {value}: "
             diagnosis += non_finite_inputs(lp, old, reference, adv, mask)
             break
-        with section("backward"):
+        with section("backward"), torch.autograd.set_detect_anomaly(bool(s.get("debug_detect_anomaly", False))):
             loss.backward()
+        bad = first_non_finite_gradient(model)
+        if bad is not None:  # name the first pass that made it so, with what its inputs held
+            diagnosis = f"pass {k + 1} of {len(passes)} ({len(part)} decisions, {width} positions) made the gradient of {bad} non-finite, its loss {value:.4g}: "
+            diagnosis += non_finite_inputs(lp, old, reference, adv, mask)
+            break
         share = float(mask.sum()) / max(tokens, 1)  # token-mean statistics: weight by this part's tokens
         sums["policy_loss"] += float(stats["policy_loss"])
         for key in ("kl_ref", "kl_old", "clip_fraction"):
@@ -237,6 +242,14 @@ def accumulate_gradients(
     if diagnosis:
         raise Diverged(diagnosis)
     return summed
+
+
+def first_non_finite_gradient(model: Any) -> str | None:
+    """The first trainable parameter whose gradient holds a NaN or an infinity, checked with one device sync."""
+    named = [(n, p.grad) for n, p in model.named_parameters() if p.requires_grad and p.grad is not None]
+    if not named or bool(torch.stack([torch.isfinite(g).all() for _, g in named]).all()):
+        return None
+    return first_non_finite(named)
 
 
 def answer_divisor(s: DictConfig) -> float | None:
