@@ -113,6 +113,16 @@ def _resolve(name: str, what: str, module: Any) -> Any:
     return value
 
 
+def without_cudnn_attention() -> None:
+    """Leave scaled_dot_product_attention's cuDNN kernel out (torch then picks flash or memory-efficient).
+
+    On an H200 with torch 2.11 SDPA chose cuDNN for the teacher-forced passes, and its backward returned
+    NaN (torch's anomaly mode: `ScaledDotProductCudnnAttentionBackward0` returned nan values) on finite
+    log-probs and loss: SEPO diverged at its first or second update on both Gemma 4 and Qwen 3.5, while
+    the same runs with eager attention trained (docs/speed.md §4e)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None):
     """The model at `path` (a directory or hub id; eval mode, on `device`, default cuda when
     available) and its tokenizer, with the settings of `model_cfg` (class, dtype, attention).
@@ -125,6 +135,8 @@ def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None)
 
     path = str(path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        without_cudnn_attention()
     model_class = _resolve(model_cfg.get("model_class", "AutoModelForCausalLM"), "model.model_class", transformers)
     dtype = resolve_dtype(model_cfg.get("dtype", "float32"), device)
     common = {

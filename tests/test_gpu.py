@@ -19,7 +19,7 @@ import torch
 
 from benchmarks.gpu import full_size as gpu_bench
 from sepo.lm.logprobs import token_logprobs, token_logprobs_reference
-from sepo.models import forward_extras, quantized_reference
+from sepo.models import forward_extras, load_pretrained, quantized_reference
 
 from .conftest import ROOT, model_cfg
 
@@ -451,3 +451,25 @@ def test_saved_activations_counts_what_each_layer_keeps_and_no_weight():
     tokens, width = 5, 8
     totals = saved_bytes_by_layer(ToyLM(vocab=11, width=width, layers=2), ["first", "second"], tokens, seed=0)
     assert totals == {"first": tokens * width * 4, "second": tokens * width * 4}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_a_model_loaded_on_cuda_trains_without_cudnn_attention(arch, tmp_path):
+    """cuDNN's attention backward returned NaN in SEPO's update on an H200 (docs/speed.md §4e): a model
+    loaded for a run leaves that kernel out, and its left-padded teacher-forced pass has finite gradients."""
+    gpu_bench.run(
+        bench_args(
+            "--tiny", "--device", "cpu", "--cache-dir", str(tmp_path), "--model", arch, "--save-to", str(tmp_path)
+        )
+    )
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    model, _ = load_pretrained(tmp_path / arch, model_cfg(arch), device="cuda")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    ids, mask = left_padded(model.config.get_text_config().vocab_size, "cuda")
+    extras = forward_extras(model, model_cfg(arch), ids)
+    model.train()
+    lp = token_logprobs(model, ids, mask, start=6, chunk=4, **extras)
+    torch.where(mask[:, 6:].bool(), lp, torch.zeros_like(lp)).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

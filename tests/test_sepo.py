@@ -212,6 +212,33 @@ def test_a_non_finite_gradient_behind_a_finite_loss_names_the_parameter(setup):
     assert all(p.grad is None for p in model.parameters())  # no step, nothing left to leak into the next
 
 
+def nan_in_the_backward_alone(module, _args, output):
+    """Adds exactly 0 to the layer's output in the forward, and NaN in the backward: z * sqrt(z) at z = 0
+    has SqrtBackward0 divide 0 by 0."""
+    hidden = output[0] if isinstance(output, tuple) else output
+    zero = hidden.float().sum() * 0
+    hidden = hidden + (zero * torch.sqrt(zero)).to(hidden.dtype)
+    return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+
+@pytest.mark.parametrize("anomaly", [False, True])
+def test_a_nan_made_in_the_backward_is_named_by_its_pass_or_in_anomaly_mode_by_its_operation(setup, anomaly):
+    cfg, s, game, model, policy = setup()
+    batch = collect(cfg, s, game, policy)
+    ref = reference_logprobs(model, policy, batch, s)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    layer = next(m for n, m in model.named_modules() if n.endswith("layers.0"))
+    layer.register_forward_hook(nan_in_the_backward_alone)
+    s.debug_detect_anomaly = anomaly
+    if anomaly:
+        with pytest.raises(RuntimeError, match="Function 'SqrtBackward0' returned nan values"):
+            update(model, policy, opt, batch, ref, s, step=0)
+        assert not torch.is_anomaly_enabled()  # only for the update's passes
+    else:
+        with pytest.raises(Diverged, match="diverged at step 1: pass 1 of .* made the gradient of .* non-finite"):
+            update(model, policy, opt, batch, ref, s, step=0)
+
+
 def test_ref_4bit_without_cuda_is_a_clear_error(cli):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")

@@ -262,6 +262,10 @@ def build_model(arch: str, config: Any, device: str = "cpu", dtype: Any = None):
     import torch
     import transformers
 
+    from sepo.models import without_cudnn_attention
+
+    if str(device).startswith("cuda"):
+        without_cudnn_attention()  # as the runs load it: cuDNN attention's backward returned NaN
     cls = getattr(transformers, MODEL_CLASS[arch])
     with torch.device(device):
         model = cls._from_config(config, dtype=dtype or torch.float32)

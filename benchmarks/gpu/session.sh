@@ -10,6 +10,8 @@
 #             128 -> $OUT/gpu-<model>-static.json (not in the default parts: compiling takes minutes)
 #             (limit $STATIC_S seconds each, default 180)
 #   tests     pytest -m gpu tests/test_gpu.py
+#   sepo      stage=sepo alone from the saved random checkpoint of each model:game of $PIPELINES, side by side
+#             (limit $SEPO_S seconds, default 240)
 #   pipeline  the main job's every stage through main.py at full size, random weights saved once as a
 #             local checkpoint with the tiny tokenizer: datagen, Base eval, SFT (a few steps), SFT
 #             eval, SEPO (2 steps, n = 4, the three pools), SEPO eval (2 episodes per opponent), for
@@ -90,6 +92,15 @@ retry_sepo() {  # retry_sepo MODEL GAME: after SEPO diverged, two runs of stage=
 has tests && step 90 "pytest -m gpu" python3 -m pytest -q -n 0 -m gpu tests/test_gpu.py -p no:cacheprovider
 has bench && bench 150 gpu-gemma4 --model gemma4 "${SIZES[@]}"
 has bench && bench 130 gpu-qwen --model qwen "${SIZES[@]}"
+if has sepo; then  # stage=sepo alone on the saved random checkpoints, side by side (no SFT before it)
+    for pair in ${PIPELINES:-qwen:kuhn gemma4:ipd}; do
+        model=${pair%%:*} game=${pair##*:}
+        [ -d "$CKPT/$model" ] || step 90 "save $model" python3 -m benchmarks gpu --model "$model" --save-to "$CKPT" ${SAVE_ARGS:-}
+        step "${SEPO_S:-240}" "sepo $model $game" python3 main.py stage=sepo "game=$game" "model=$model" \
+            "model.path=$CKPT/$model" "${SEPO_SIZES[@]}" "hydra.run.dir=/tmp/sepo_runs/${model}_${game}_sepo" ${RUN_ARGS:-} &
+    done
+    wait
+fi
 if has pipeline; then
     for pair in ${PIPELINES:-qwen:kuhn gemma4:ipd qwen:ipd gemma4:kuhn}; do
         pipeline "${PIPELINE_S:-400}" "${pair%%:*}" "${pair##*:}"

@@ -207,9 +207,13 @@ def accumulate_gradients(
         **({"kl_ref": 0.0} if ref is not None else {}),
     }
     passes, diagnosis = _passes(policy, batch.decisions, s), ""
+    anomaly = bool(s.get("debug_detect_anomaly", False))
     for k, part in enumerate(passes):
         decisions = [batch.decisions[i] for i in part]
-        with section("update_forward"):
+        with (
+            section("update_forward"),
+            torch.autograd.set_detect_anomaly(anomaly),
+        ):  # in the forward too: its traceback names the layer
             lp, mask = _policy_logprobs(model, policy, decisions, s)
         width = lp.shape[1]
         old = _pad([d.tokens.logprobs.float() for d in decisions], width).to(lp)
@@ -224,7 +228,7 @@ def accumulate_gradients(
             diagnosis = f"the loss of pass {k + 1} of {len(passes)} ({len(part)} decisions) is {value}: "
             diagnosis += non_finite_inputs(lp, old, reference, adv, mask)
             break
-        with section("backward"), torch.autograd.set_detect_anomaly(bool(s.get("debug_detect_anomaly", False))):
+        with section("backward"), torch.autograd.set_detect_anomaly(anomaly):
             loss.backward()
         bad = first_non_finite_gradient(model)
         if bad is not None:  # name the first pass that made it so, with what its inputs held
