@@ -411,6 +411,16 @@ def check_model(cfg: DictConfig) -> None:
         f"model.prefix_tree=true needs plain full attention (model.prefix_cache=true), which model={cfg.model.name} "
         "does not declare; allowed: model.prefix_tree=false",
     )
+    _require(
+        not (cfg.model.get("cascade_attention") and not cfg.model.get("prefix_cache")),
+        f"model.cascade_attention=true needs plain full attention (model.prefix_cache=true), which model={cfg.model.name} "
+        "does not declare; allowed: model.cascade_attention=false",
+    )
+    _require(
+        not (cfg.model.get("cascade_attention") and cfg.model.get("attn_implementation") not in (None, "sdpa")),
+        f"model.cascade_attention=true runs on SDPA, not model.attn_implementation={cfg.model.get('attn_implementation')}; "
+        "allowed: model.attn_implementation=null or sdpa, or model.cascade_attention=false",
+    )
 
 
 def available_memory() -> int | None:

@@ -183,6 +183,10 @@ def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None)
     if gen.eos_token_id is None:
         gen.eos_token_id = tokenizer.eos_token_id
     dense_head_input(model)
+    if model_cfg.get("cascade_attention", False):
+        from sepo.lm.cascade_attention import use_cascade_attention
+
+        use_cascade_attention(model)
     model.eval()
     return model, tokenizer
 

@@ -319,6 +319,41 @@ def test_the_shared_prefix_and_the_static_cache_change_nothing(taught, temperatu
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_policy_decoding_with_cascade_attention_plays_what_the_plain_cache_plays(taught, temperature, monkeypatch):
+    """model.cascade_attention: decoding reads the rules every row shares once for the batch. Answers and
+    log-probs are those of transformers' plain dynamic cache, and the cascade really ran."""
+    import sepo.lm.cascade_attention as cascade
+    from sepo.lm.cascade_attention import use_cascade_attention
+
+    model, tokenizer, cfg = taught
+    plain = LMPolicy(
+        model, tokenizer, OmegaConf.merge(cfg, {"prefix_cache": False, "static_cache": False}), temperature, 24, 0
+    )
+    b = plain.act_batch(requests_with_streams(), return_logprobs=True)
+    steps = []
+    counted = cascade.decode_step_attention
+    monkeypatch.setattr(cascade, "decode_step_attention", lambda *a: steps.append(a[1].shape[1]) or counted(*a))
+    fast_cfg = OmegaConf.merge(cfg, {"prefix_cache": True, "static_cache": True, "cascade_attention": True})
+    use_cascade_attention(model)
+    try:
+        # SEPO's rollout policy declines it (sepo_loop.training_parts): no cascaded step
+        LMPolicy(model, tokenizer, fast_cfg, temperature, 24, 0, cascade_attention=False).act_batch(
+            requests_with_streams()
+        )
+        assert not steps
+        a = LMPolicy(model, tokenizer, fast_cfg, temperature, 24, 0).act_batch(
+            requests_with_streams(), return_logprobs=True
+        )
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert steps and min(steps) >= 100  # it ran, over the rules every row shares
+    assert [d.text for d in a] == [d.text for d in b]
+    for x, y in zip(a, b):
+        assert torch.equal(x.tokens.gen_ids, y.tokens.gen_ids)
+        torch.testing.assert_close(x.tokens.logprobs, y.tokens.logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_reusing_each_episodes_encoded_prompt_changes_nothing(taught, temperature):
     """Whole IPD episodes in lockstep: from round 2 on, each row reuses its episode's previous prompt
     encoding and encodes only the new history. Same games, answers and log-probs as encoding every

@@ -57,6 +57,7 @@ from transformers import LogitsProcessorList, StoppingCriteriaList
 from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the stopping rule; re-exported)
 from sepo.lm import batching
 from sepo.lm.batching import MIN_SHARED_PREFIX, end_of_turn_ids, score_passes  # noqa: F401  (re-exported)
+from sepo.lm.cascade_attention import shared_prefix
 from sepo.lm.logprobs import next_token_logits, token_logprobs
 from sepo.lm.prefix_tree import tree_token_logprobs
 from sepo.lm.prompt_cache import EncodedPrompt, PromptCache, start_cache
@@ -134,6 +135,7 @@ class LMPolicy:
         logprob_chunk: int = 32,
         score_batch: int = 16,
         action_samples: int = 128,
+        cascade_attention: bool | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -166,6 +168,11 @@ class LMPolicy:
         self.prefix_tree = bool(model_cfg.get("prefix_tree", False)) and self.prefix_cache
         #: preallocate the KV cache instead of growing it at every decoding step (`start_cache`)
         self.static_cache = bool(model_cfg.get("static_cache", False))
+        #: decoding reads the rows' shared prefix once (`sepo.lm.cascade_attention`): `model.cascade_attention`
+        #: unless the caller says otherwise (SEPO's rollouts do not: see `sepo.stages.sepo_loop.training_parts`)
+        self.cascade_attention = self.prefix_cache and bool(
+            model_cfg.get("cascade_attention", False) if cascade_attention is None else cascade_attention
+        )
         #: the encoded prompt of each episode's last decision, for its next one (`model.prefix_cache`)
         self.prompt_cache = PromptCache(self.prefix_cache)
 
@@ -323,7 +330,7 @@ class LMPolicy:
         cache_kwargs = {"past_key_values": cache} if cache is not None else {}
         stop = ActionStoppingCriteria(self.tokenizer, width_p, requests, [think_open(t) for t in texts])
         sampler = RowSampler([self.row_seed(r) for r in requests], self.temperature, self.logprob_temperature)
-        with torch.no_grad(), section("generate"):
+        with torch.no_grad(), section("generate"), shared_prefix(shared if self.cascade_attention else 0):
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,

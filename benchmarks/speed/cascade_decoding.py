@@ -1,0 +1,92 @@
+"""One checkpoint's evaluation decoded with SDPA and with cascade attention, side by side.
+
+    python -m benchmarks.speed.cascade_decoding --model-path <sft run>/merged [--model smollm2] [--game kuhn]
+                                                [--threads 2] [--repeats 1] [overrides]
+
+What `model.cascade_attention` buys (sepo/lm/cascade_attention.py): the test evaluation of the model's own
+`eval` settings (the played table's read, then the episodes), once with transformers' SDPA and once with the
+decoding steps reading the rows' shared prefix once, alternated `--repeats` times on the same episodes and
+sampling streams, on one loaded model. Prints each run's seconds, decoding seconds per decoded token, their
+ratios, and the metrics: the two attend in different roundings, so a sampled token that flips sends an episode
+elsewhere and their metrics differ as two evaluations on nearby streams do. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from sepo.compose import compose_config as compose
+
+METRICS = ("parse_rate", "exploit_exact", "train_payoff", "safety")
+
+
+def timed_evaluation(cfg, game, model, tokenizer, cascade: bool) -> dict:
+    from sepo.lm.cascade_attention import use_cascade_attention
+    from sepo.profiling import profiled
+    from sepo.stages.evaluate import evaluate_with_protocol, evaluation_policy
+
+    use_cascade_attention(model) if cascade else model.set_attn_implementation("sdpa")
+    with profiled() as sections:
+        started = time.perf_counter()
+        result = evaluate_with_protocol(cfg, game, evaluation_policy(cfg, model, tokenizer))
+        seconds = time.perf_counter() - started
+        decoding, tokens = sections.seconds["decoding"], sections.tokens["decoding"]
+    return {
+        "seconds": round(seconds, 1),
+        "decoding_seconds": round(decoding, 1),
+        "decoding_ms_per_token": round(1e3 * decoding / max(tokens, 1), 3),
+        "metrics": {k: float(v) for k, v in result["metrics"].items() if k in METRICS},
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--game", default="kuhn")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from sepo.builders import load_model_and_tokenizer
+    from sepo.games import make_game
+    from sepo.profiling import matmul_gflops, time_model_forwards
+
+    cfg = compose(
+        [
+            f"model={args.model}",
+            f"game={args.game}",
+            f"model.path={args.model_path}",
+            "eval.progress=false",
+            *args.overrides,
+        ]
+    )
+    model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
+    time_model_forwards(model)  # bills generate's forwards to prompt processing or decoding
+    game = make_game(cfg.game)
+    runs = {"sdpa": [], "cascade": []}
+    for _ in range(args.repeats):
+        for name in runs:
+            runs[name].append(timed_evaluation(cfg, game, model, tokenizer, cascade=name == "cascade"))
+            print(name, json.dumps(runs[name][-1]), flush=True)
+    mean = {name: sum(r["seconds"] for r in rs) / len(rs) for name, rs in runs.items()}
+    per_token = {name: sum(r["decoding_ms_per_token"] for r in rs) / len(rs) for name, rs in runs.items()}
+    out = {
+        "matmul_gflops_bf16": round(matmul_gflops(torch.bfloat16), 1),
+        "seconds": mean,
+        "speedup": round(mean["sdpa"] / mean["cascade"], 3),
+        "decoding_speedup_per_token": round(per_token["sdpa"] / per_token["cascade"], 3),
+        "runs": runs,
+    }
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
