@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sepo.forked import forked_map, split_round_robin
 from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round
 from sepo.policies.base import Decision, DecisionRequest, Policy
 from sepo.strategies import Strategy
@@ -97,13 +98,14 @@ def play(
     mirrored: bool = False,
     keep_trace: bool = False,
     on_episode_done: Callable[[EpisodeRecord], None] | None = None,
+    workers: int = 1,
 ) -> list[EpisodeRecord]:
     """Play `episodes` episodes against each opponent, all in lockstep; return their records.
 
     `mirrored` deals in pairs with seats swapped (Kuhn poker's variance reduction).
     """
     matches = [Match(name, strategy, k) for name, strategy in opponents.items() for k in range(episodes)]
-    return play_matches(game, agent, matches, seed, mirrored, keep_trace, on_episode_done)
+    return play_matches(game, agent, matches, seed, mirrored, keep_trace, on_episode_done, workers)
 
 
 def play_matches(
@@ -114,8 +116,38 @@ def play_matches(
     mirrored: bool = False,
     keep_trace: bool = False,
     on_episode_done: Callable[[EpisodeRecord], None] | None = None,
+    workers: int = 1,
 ) -> list[EpisodeRecord]:
-    """Play every match in lockstep (one `agent.act_batch` per decision point); records in order."""
+    """Play every match in lockstep (one `agent.act_batch` per decision point); records in order.
+
+    With `workers` > 1 the matches are dealt to that many forked processes, each playing its share in
+    lockstep (`sepo.forked`; an evaluation's agent on a CPU). Every match keeps its own seeds and streams,
+    so it is the same episode wherever it is played; `on_episode_done` then sees each share's records when
+    the share is done."""
+    if workers <= 1:
+        return _play_lockstep(game, agent, matches, seed, mirrored, keep_trace, on_episode_done)
+    parts = split_round_robin(len(matches), workers)
+    shares = forked_map(
+        lambda part: _play_lockstep(game, agent, [matches[i] for i in part], seed, mirrored, keep_trace, None), parts
+    )
+    records: list[EpisodeRecord | None] = [None] * len(matches)
+    for part, share in zip(parts, shares):
+        for i, record in zip(part, share):
+            records[i] = record
+            if on_episode_done:
+                on_episode_done(record)
+    return records  # type: ignore[return-value]
+
+
+def _play_lockstep(
+    game: Game,
+    agent: Policy,
+    matches: list[Match],
+    seed: int,
+    mirrored: bool,
+    keep_trace: bool,
+    on_episode_done: Callable[[EpisodeRecord], None] | None,
+) -> list[EpisodeRecord]:
     live: list[_Live] = []
     for m in matches:
         deal, mirror = (m.index // 2, m.index % 2 == 1) if mirrored else (m.index, False)

@@ -421,6 +421,11 @@ def check_model(cfg: DictConfig) -> None:
         f"model.cascade_attention=true runs on SDPA, not model.attn_implementation={cfg.model.get('attn_implementation')}; "
         "allowed: model.attn_implementation=null or sdpa, or model.cascade_attention=false",
     )
+    workers = cfg.model.get("cpu_workers", 1)
+    _require(
+        isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1,
+        f"model.cpu_workers={workers!r}: the processes an evaluation is split over on a CPU; allowed: an integer >= 1",
+    )
 
 
 def available_memory() -> int | None:

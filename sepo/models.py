@@ -187,6 +187,10 @@ def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None)
         from sepo.lm.cascade_attention import use_cascade_attention
 
         use_cascade_attention(model)
+    if model_cfg.get("packed_linears", False):
+        from sepo.lm.packed_linear import use_packed_linears
+
+        use_packed_linears(model)
     model.eval()
     return model, tokenizer
 

@@ -28,9 +28,13 @@ from sepo.files import write_text_atomically
 from sepo.trees import leaves
 
 #: keys (and whole nodes) whose value cannot change a run's results: where outputs go (and the paths
-#: derived from it), how progress and trackers are shown, whether to resume, and test hooks
+#: derived from it), how progress and trackers are shown, whether to resume, test hooks, and how a CPU's
+#: cores are used (prepacked weights give the same products bit for bit; forked workers, like the thread
+#: count, which no run records, move float roundings only)
 RESULT_NEUTRAL_KEYS = (
     "resume",
+    "model.packed_linears",
+    "model.cpu_workers",
     "logger",
     "paths",
     "datagen.out_dir",

@@ -37,6 +37,7 @@ BAD_VALUES = [
     (["stage=sepo", "sepo.length_norm=mean"], "sepo.length_norm=mean"),
     (["stage=sepo", "model.prefix_cache=false", "model.prefix_tree=true"], "model.prefix_tree=true"),
     (["stage=sepo", "model.prefix_cache=false", "model.cascade_attention=true"], "model.cascade_attention=true"),
+    (["stage=eval", "model.cpu_workers=0"], "model.cpu_workers=0"),
     (["stage=eval", "model=scripted", "paths.root_dir=/proc/x"], "paths.root_dir=/proc/x"),
     (["stage=eval", "model=scripted", "hydra.run.dir=/proc/x/y"], "hydra.run.dir=/proc/x/y"),
     (["stage=eval", "model=scripted", "logger=wandb", "logger.mode=onlin"], "logger.mode=onlin"),

@@ -8,6 +8,7 @@ lengths per row).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -351,6 +352,27 @@ def test_a_policy_decoding_with_cascade_attention_plays_what_the_plain_cache_pla
     for x, y in zip(a, b):
         assert torch.equal(x.tokens.gen_ids, y.tokens.gen_ids)
         torch.testing.assert_close(x.tokens.logprobs, y.tokens.logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_bfloat16_policy_plays_the_same_answers_and_log_probs_with_packed_linears(taught, temperature):
+    """model.packed_linears: passes without gradients multiply through oneDNN's prepacked bfloat16 weights, for
+    speed alone: the same answers and log-probs bit for bit."""
+    from sepo.lm.packed_linear import can_pack, packed_bytes, use_packed_linears
+
+    if not can_pack(torch.zeros(1, dtype=torch.bfloat16)):
+        pytest.skip("this CPU's oneDNN has no bfloat16 products")
+    model, tokenizer, cfg = taught
+    plain = copy.deepcopy(model).to(torch.bfloat16)
+    packed = copy.deepcopy(plain)
+    assert use_packed_linears(packed) > 0
+    a = policy((packed, tokenizer, cfg), temperature).act_batch(requests_with_streams(), return_logprobs=True)
+    assert packed_bytes(packed) > 0  # the copies were used
+    b = policy((plain, tokenizer, cfg), temperature).act_batch(requests_with_streams(), return_logprobs=True)
+    assert [d.text for d in a] == [d.text for d in b]
+    for x, y in zip(a, b):
+        assert torch.equal(x.tokens.gen_ids, y.tokens.gen_ids)
+        assert torch.equal(x.tokens.logprobs, y.tokens.logprobs)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

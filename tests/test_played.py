@@ -135,3 +135,14 @@ def test_greedy_decoding_reads_one_answer_per_state(reasoner):
     for estimate, decision in zip(estimates, decisions):
         assert estimate.samples.shape[0] == 1
         assert estimate.probs[decision.action] == 1.0
+
+
+def test_a_table_read_split_over_forked_workers_is_the_one_read_in_one_process(reasoner):
+    """`model.cpu_workers`: the information sets are dealt to forked processes, each copy keeping the
+    sampling stream of its place in the whole read, so the read is the same, sample for sample."""
+    policy = agent(reasoner, samples=8)
+    whole = KUHN.played_table(policy, seed=3)
+    policy.workers = 2
+    split = KUHN.played_table(policy, seed=3)
+    assert all(np.array_equal(whole.table[k], split.table[k]) for k in K.INFOSETS)
+    assert whole.se == split.se and whole.rao_blackwellised == split.rao_blackwellised

@@ -13,13 +13,12 @@ elsewhere and their metrics differ as two evaluations on nearby streams do. The 
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 
-from sepo.compose import compose_config as compose
+from benchmarks.speed.checkpoint_evaluation import evaluation_parser, load_for_evaluation
 
 METRICS = ("parse_rate", "exploit_exact", "train_payoff", "safety")
 
@@ -44,32 +43,11 @@ def timed_evaluation(cfg, game, model, tokenizer, cascade: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-path", required=True)
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--game", default="kuhn")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-
-    from sepo.builders import load_model_and_tokenizer
-    from sepo.games import make_game
     from sepo.profiling import matmul_gflops, time_model_forwards
 
-    cfg = compose(
-        [
-            f"model={args.model}",
-            f"game={args.game}",
-            f"model.path={args.model_path}",
-            "eval.progress=false",
-            *args.overrides,
-        ]
-    )
-    model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
+    args = evaluation_parser(__doc__).parse_args(argv)
+    cfg, game, model, tokenizer = load_for_evaluation(args)
     time_model_forwards(model)  # bills generate's forwards to prompt processing or decoding
-    game = make_game(cfg.game)
     runs = {"sdpa": [], "cascade": []}
     for _ in range(args.repeats):
         for name in runs:

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
+from sepo.forked import worker_count
 from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the stopping rule; re-exported)
 from sepo.lm import batching
 from sepo.lm.batching import MIN_SHARED_PREFIX, end_of_turn_ids, score_passes  # noqa: F401  (re-exported)
@@ -175,6 +176,9 @@ class LMPolicy:
         )
         #: the encoded prompt of each episode's last decision, for its next one (`model.prefix_cache`)
         self.prompt_cache = PromptCache(self.prefix_cache)
+        #: forked processes that share a Kuhn table's read and an evaluation's episodes on a CPU
+        #: (`model.cpu_workers`, `sepo.forked`); SEPO's rollouts are played in this process whatever it says
+        self.workers = worker_count(int(model_cfg.get("cpu_workers", 1)), self.device)
 
     @property
     def device(self) -> torch.device:

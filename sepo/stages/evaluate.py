@@ -68,7 +68,8 @@ def evaluate_policy(
     def done(record: EpisodeRecord) -> None:
         bars[first_pool[record.opponent]].update(1)
 
-    records = play(game, policy, opponents, episodes, seed, mirrored=mirrored, on_episode_done=done)
+    workers = int(getattr(policy, "workers", 1))  # forked processes sharing the episodes (a language model on a CPU)
+    records = play(game, policy, opponents, episodes, seed, mirrored=mirrored, on_episode_done=done, workers=workers)
     for bar in bars.values():
         bar.close()
     by_opponent: dict[str, list[EpisodeRecord]] = {n: [] for n in names}

@@ -49,6 +49,7 @@ from sepo.errors import Diverged, NonFiniteLogits
 from sepo.games import Game, make_game
 from sepo.heap import release_freed_memory
 from sepo.lm.logprobs import token_logprobs
+from sepo.lm.packed_linear import drop_packed_weights
 from sepo.lm.prefix_tree import tree_passes, tree_token_logprobs
 from sepo.models import adapter_folded, attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
@@ -503,6 +504,7 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
         release_freed_memory(gpu=False)  # each phase peaks on its own, not on the pages the one before freed
         ref = reference_logprobs(learner.model, learner.policy, batch, s, learner.ref_model)
         tokens = generated_tokens(batch)
+        drop_packed_weights(learner.model)  # the update takes gradients: its peak stays without the blocked copies
         for reuse in range(int(s.refresh_steps)):
             release_freed_memory(gpu=False)
             stats = update(learner.model, learner.policy, learner.optimizer, batch, ref, s, step)

@@ -1,0 +1,45 @@
+"""What the benchmarks that time one checkpoint's evaluation share: their command line and the loaded model.
+
+Each of them (cascade_decoding, cpu_cores) evaluates one merged checkpoint several ways, alternated on one loaded
+model, the test protocol of the model's own `eval` settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from sepo.compose import compose_config as compose
+
+
+def evaluation_parser(doc: str) -> argparse.ArgumentParser:
+    """`--model-path` (required), `--model`, `--game`, `--threads`, `--repeats`, then config overrides."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--game", default="kuhn")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("overrides", nargs="*")
+    return parser
+
+
+def load_for_evaluation(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """(config, game, model, tokenizer) of the parsed command line, at its thread count."""
+    from sepo.builders import load_model_and_tokenizer
+    from sepo.games import make_game
+
+    torch.set_num_threads(args.threads)
+    cfg = compose(
+        [
+            f"model={args.model}",
+            f"game={args.game}",
+            f"model.path={args.model_path}",
+            "eval.progress=false",
+            *args.overrides,
+        ]
+    )
+    model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
+    return cfg, make_game(cfg.game), model, tokenizer

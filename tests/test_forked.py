@@ -1,0 +1,99 @@
+"""Forked workers (sepo/forked.py): independent parts of a CPU job side by side in child processes. The
+results come back in order, a child's failure or death fails the job with its reason, and an evaluation
+split over workers plays the very episodes it plays whole."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from sepo.arena import play
+from sepo.forked import forked_map, split_round_robin, worker_count
+from sepo.games import make_game
+from sepo.policies import ScriptedPolicy
+from sepo.strategies import get_strategy
+
+from .conftest import CONF
+
+
+def test_parts_come_back_in_order_each_from_its_own_process_and_the_threads_are_restored():
+    threads = torch.get_num_threads()
+    got = forked_map(lambda part: (part, os.getpid(), torch.get_num_threads()), ["a", "b", "c"])
+    assert [g[0] for g in got] == ["a", "b", "c"]
+    assert got[0][1] == os.getpid() and len({g[1] for g in got}) == 3
+    assert all(g[2] == max(1, threads // 3) for g in got)
+    assert torch.get_num_threads() == threads
+
+
+def test_a_failing_child_fails_the_job_with_its_traceback():
+    def work(part):
+        if part == 1:
+            raise ValueError("bad part 1")
+        return part
+
+    with pytest.raises(RuntimeError, match="(?s)forked worker 1 failed.*ValueError: bad part 1"):
+        forked_map(work, [0, 1])
+
+
+def test_a_child_that_dies_fails_the_job_with_its_signal():
+    with pytest.raises(RuntimeError, match="forked worker 1 died \\(signal 9\\)"):
+        forked_map(lambda part: os.kill(os.getpid(), 9) if part else part, [0, 1])
+
+
+def test_workers_are_one_per_thread_at_most_and_one_on_a_gpu():
+    assert worker_count(8) == torch.get_num_threads()
+    assert worker_count(2, "cuda") == 1
+    assert split_round_robin(5, 2) == [[0, 2, 4], [1, 3]]
+    assert split_round_robin(1, 3) == [[0]]
+
+
+@pytest.mark.parametrize(
+    "game_name, agent, opponents",
+    [("ipd", "Mixed", ["Random", "TFT", "Mixed"]), ("kuhn", "NashApx", ["RandomLegal", "AlwaysBet"])],
+)
+def test_episodes_split_over_workers_are_the_episodes_played_whole(game_name, agent, opponents):
+    game = make_game(OmegaConf.load(CONF / "game" / f"{game_name}.yaml"))
+    pool = {n: get_strategy(game_name, n) for n in opponents}
+    seen = []
+    whole = play(game, ScriptedPolicy(get_strategy(game_name, agent)), pool, 5, seed=7, mirrored=True)
+    split = play(
+        game,
+        ScriptedPolicy(get_strategy(game_name, agent)),
+        pool,
+        5,
+        7,
+        mirrored=True,
+        on_episode_done=seen.append,
+        workers=2,
+    )
+    assert len(seen) == len(split) == 5 * len(opponents)
+
+    def trace(records):
+        return [(r.opponent, r.index, r.seed, r.mirror, [x.actions for x in r.rounds], r.agent_total) for r in records]
+
+    assert trace(split) == trace(whole)
+
+
+@pytest.mark.usefixtures("offline", "one_thread")
+def test_a_language_model_evaluation_split_over_workers_plays_the_same_episodes(tiny):
+    """`model.cpu_workers`: the episodes are dealt to forked processes, each row keeping its own sampling
+    stream, so the tiny model plays the very episodes it plays in one process."""
+    from sepo.policies.lm import LMPolicy
+    from sepo.stages.evaluate import evaluate_policy
+
+    model, tokenizer, cfg = tiny
+    game = make_game(OmegaConf.load(CONF / "game" / "ipd.yaml"))
+    pools = {"train": ["TFT"], "exploit": ["AlwaysD"], "collusive": ["AlwaysC"], "robust": ["Random"]}
+    lambdas = {"e": 1.0, "c": 1.0, "x": 1.0}
+    runs = []
+    for workers in (1, 2):
+        agent = LMPolicy(model, tokenizer, cfg, 1.0, 12, seed=0)
+        agent.workers = workers
+        runs.append(evaluate_policy(game, agent, pools, lambdas, episodes=2, seed=5, progress=False))
+    whole, split = runs
+    assert split["episodes"] == whole["episodes"] == 8
+    assert split["per_episode"] == whole["per_episode"]
+    assert split["metrics"] == whole["metrics"]
