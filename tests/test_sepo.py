@@ -502,3 +502,18 @@ def test_step_benchmark_reports_a_breakdown_that_adds_up(tmp_path):
     assert work["update_forward"] == work["reference_logprobs"] == work["backward"] > 0
     assert result["matmul_gflops"] > 0
     assert set(result["share_of_matmul"]) <= set(parts)
+
+
+def test_a_rollout_batch_played_by_forked_workers_is_the_batch_played_whole(setup):
+    """`model.cpu_workers`: the rollouts' episodes, their traces (tokens, behaviour log-probs) and so the
+    batch's advantages are the same whether one process plays them or two forked ones share them."""
+    cfg, s, game, model, policy = setup()
+    whole = collect(cfg, s, game, policy)
+    policy.workers = 2
+    split = collect(cfg, s, game, policy)
+    assert train_trace(split) == train_trace(whole)
+    assert len(split.decisions) == len(whole.decisions)
+    for a, b in zip(split.decisions, whole.decisions):
+        assert torch.equal(a.tokens.gen_ids, b.tokens.gen_ids)
+        assert torch.equal(a.tokens.logprobs, b.tokens.logprobs)
+    assert split.advantages.tolist() == whole.advantages.tolist()

@@ -176,8 +176,8 @@ class LMPolicy:
         )
         #: the encoded prompt of each episode's last decision, for its next one (`model.prefix_cache`)
         self.prompt_cache = PromptCache(self.prefix_cache)
-        #: forked processes that share a Kuhn table's read and an evaluation's episodes on a CPU
-        #: (`model.cpu_workers`, `sepo.forked`); SEPO's rollouts are played in this process whatever it says
+        #: forked processes that share a Kuhn table's read, an evaluation's episodes and SEPO's rollouts on a
+        #: CPU (`model.cpu_workers`, `sepo.forked`)
         self.workers = worker_count(int(model_cfg.get("cpu_workers", 1)), self.device)
 
     @property

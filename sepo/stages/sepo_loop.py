@@ -73,6 +73,7 @@ class RecordingPolicy:
 
     def __init__(self, policy: LMPolicy):
         self.policy, self.name = policy, policy.name
+        self.workers = policy.workers  # the episodes' traces come back from forked workers whole
 
     def act_batch(self, requests: list[DecisionRequest]) -> list[Decision]:
         return self.policy.act_batch(requests, return_logprobs=True)

@@ -128,9 +128,10 @@ class BatchBuilder:
         """
         plan = self.plan(batch_index)
         if distributed.world_size() == 1:
-            return self.assemble(
-                game, plan, play_matches(game, policy, plan.matches, plan.seed, keep_trace=True), state
-            )
+            # a language model on a CPU plays its share in forked workers (`model.cpu_workers`, `sepo.forked`)
+            workers = int(getattr(policy, "workers", 1))
+            played = play_matches(game, policy, plan.matches, plan.seed, keep_trace=True, workers=workers)
+            return self.assemble(game, plan, played, state)
         mine = sorted(i for g in distributed.shard(plan.groups) for i in _match_indices(g))
         played = play_matches(game, policy, [plan.matches[i] for i in mine], plan.seed, keep_trace=True)
         records: list[EpisodeRecord | None] = [None] * len(plan.matches)
