@@ -16,6 +16,7 @@ child that fails or dies fails the whole job with the child's traceback or signa
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import signal
@@ -71,6 +72,7 @@ def _start_child(work: Callable[[Part], Any], part: Part, threads: int) -> tuple
     pid = os.fork()
     if pid == 0:  # the child: do the part, hand it back, leave without running the parent's exit handlers
         os.close(read_fd)
+        _die_with_parent()
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the tokenizer's thread pool did not survive the fork
         code = 0
         try:
@@ -85,6 +87,14 @@ def _start_child(work: Callable[[Part], Any], part: Part, threads: int) -> tuple
             os._exit(code)
     os.close(write_fd)
     return pid, read_fd
+
+
+def _die_with_parent() -> None:
+    """A job killed (preempted, or its parent failed) takes its children with it (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _collect(index: int, pid: int, fd: int) -> Any:

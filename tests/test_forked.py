@@ -16,7 +16,7 @@ from sepo.games import make_game
 from sepo.policies import ScriptedPolicy
 from sepo.strategies import get_strategy
 
-from .conftest import CONF
+from .conftest import CONF, ROOT
 
 
 def test_parts_come_back_in_order_each_from_its_own_process_and_the_threads_are_restored():
@@ -97,3 +97,38 @@ def test_a_language_model_evaluation_split_over_workers_plays_the_same_episodes(
     assert split["episodes"] == whole["episodes"] == 8
     assert split["per_episode"] == whole["per_episode"]
     assert split["metrics"] == whole["metrics"]
+
+
+def test_the_children_of_a_killed_job_die_with_it(tmp_path):
+    """A preempted job leaves no worker running on: each child is killed with its parent."""
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "child"
+    script = (
+        "import os, time\nfrom sepo.forked import forked_map\n"
+        "def work(part):\n"
+        f"    if part: open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(600)\n"
+        "forked_map(work, [0, 1])\n"
+    )
+    job = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    deadline = time.time() + 60
+    while not (marker.exists() and marker.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    child = int(marker.read_text())
+    job.kill()
+    job.wait()
+
+    def alive() -> bool:
+        try:
+            state = next(x for x in open(f"/proc/{child}/status") if x.startswith("State:"))
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        return "Z" not in state.split()[1]  # a zombie has ended; only its reaping is left
+
+    deadline = time.time() + 10
+    while alive() and time.time() < deadline:
+        time.sleep(0.1)
+    assert not alive()

@@ -23,7 +23,8 @@ def test_the_stage_runs_to_its_first_step_and_its_process_peak_is_reported(tiny_
     assert 0.2 < result["peak_gib"] < 50
     assert result["within"] is True
     assert result["seconds_per_step"] > 0
-    assert "ipd      peak " in done.stderr and "GiB as a process within 50 GB" in done.stderr
+    assert 0.2 < result["tree_pss_peak_gib"] <= result["peak_gib"]  # the sampled tree: the process at least
+    assert "ipd      peak " in done.stderr and "PSS" in done.stderr and "within 50 GB" in done.stderr
 
 
 def test_a_stage_that_ends_before_its_first_step_is_named(tiny_dir):

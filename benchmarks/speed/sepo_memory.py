@@ -11,6 +11,10 @@ middle one: the KL after the update is measured too). The peak is the kernel's c
 (`ru_maxrss` from `wait4`): loading, Kuhn's best-response read, the rollouts, the reference pass and the
 update, on top of whatever each phase left behind. Per-section peaks (`python -m benchmarks step`) say
 where the memory goes, but each section starts from a trimmed heap, so they understate this figure.
+With `model.cpu_workers` > 1 the rollouts and reads run in forked children beside the process, which the
+kernel's count for one process leaves out; so the process tree's memory is sampled too, every
+`--sample-s` seconds, as the sum of each process's proportional set size (PSS: a page the children share
+with the parent counts once in all), and the peak reported is the larger of the two.
 
 Without `--model-path-<game>` a game starts from the untrained build, whose rambling answers run to the
 generation budget: the worst case for the rollouts' memory; an SFT'd model answers in ~20 tokens.
@@ -27,6 +31,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from analysis.collect import GAMES
@@ -43,14 +48,22 @@ def stage_command(model: str, game: str, model_path: str | None, run_dir: str, o
     return command + ([f"model.path='{Path(model_path).resolve()}'"] if model_path else []) + overrides
 
 
-def first_step(model: str, game: str, model_path: str | None, threads: int, overrides: list[str]) -> dict:
-    """One game's SEPO process up to the end of its first step: its peak resident memory and step time."""
+def first_step(
+    model: str, game: str, model_path: str | None, threads: int, overrides: list[str], sample_s: float = 0.2
+) -> dict:
+    """One game's SEPO process up to the end of its first step: its peak memory and step time."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    tree_peak = 0
     with tempfile.TemporaryDirectory(prefix=f"sepo_memory_{game}_") as run_dir:
         command = stage_command(model, game, model_path, run_dir, overrides)
         with open(Path(run_dir) / "stage.log", "w+") as log:
             proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-            _, status, usage = os.wait4(proc.pid, 0)
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                tree_peak = max(tree_peak, tree_pss_bytes(proc.pid))
+                time.sleep(sample_s)
             proc.returncode = os.waitstatus_to_exitcode(status)
             log.seek(0)
             text = log.read()
@@ -58,7 +71,30 @@ def first_step(model: str, game: str, model_path: str | None, threads: int, over
     if step is None:  # it ended before its first step was logged: not the kill the command asks for
         tail = "\n".join(text.splitlines()[-5:])
         raise SystemExit(f"{game}: the SEPO stage ended (rc {proc.returncode}) before its first step:\n{tail}")
-    return {"peak_gib": usage.ru_maxrss * 1024 / GIB, "seconds_per_step": float(step.group(1))}  # ru_maxrss: KiB
+    process_gib = usage.ru_maxrss * 1024 / GIB  # ru_maxrss: KiB
+    return {
+        "peak_gib": max(process_gib, tree_peak / GIB),
+        "process_peak_gib": process_gib,
+        "tree_pss_peak_gib": tree_peak / GIB,
+        "seconds_per_step": float(step.group(1)),
+    }
+
+
+def tree_pss_bytes(root: int) -> int:
+    """The summed proportional set size of `root` and every process below it now (Linux; 0 elsewhere)."""
+    total, pending = 0, [root]
+    while pending:
+        pid = pending.pop()
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                pending += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):  # it ended between two reads
+            continue
+    return total
 
 
 def main() -> None:
@@ -67,6 +103,7 @@ def main() -> None:
     parser.add_argument("--games", default=",".join(GAMES))
     parser.add_argument("--limit-gb", type=float, default=3.0, help="the bound, in decimal GB")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the stage (OMP_NUM_THREADS)")
+    parser.add_argument("--sample-s", type=float, default=0.2, help="seconds between two samples of the tree's PSS")
     for game in GAMES:
         parser.add_argument(f"--model-path-{game}", default=None, help=f"a merged SFT model to start {game} from")
     args, overrides = parser.parse_known_args()
@@ -77,10 +114,11 @@ def main() -> None:
     limit_gib = args.limit_gb * 1e9 / GIB
     results = {}
     for game in games:
-        r = first_step(args.model, game, getattr(args, f"model_path_{game}"), args.threads, overrides)
+        r = first_step(args.model, game, getattr(args, f"model_path_{game}"), args.threads, overrides, args.sample_s)
         results[game] = {**r, "peak_gib": round(r["peak_gib"], 3), "within": r["peak_gib"] <= limit_gib}
         print(
-            f"{game:<8} peak {r['peak_gib']:.2f} GiB as a process "
+            f"{game:<8} peak {r['peak_gib']:.2f} GiB as a process (alone {r['process_peak_gib']:.2f}, with its "
+            f"forked workers' PSS {r['tree_pss_peak_gib']:.2f}) "
             f"{'within' if results[game]['within'] else 'OVER'} {args.limit_gb:g} GB ({limit_gib:.2f} GiB); "
             f"{r['seconds_per_step']:.0f} s/step",
             file=sys.stderr,
