@@ -424,7 +424,7 @@ def check_model(cfg: DictConfig) -> None:
     workers = cfg.model.get("cpu_workers", 1)
     _require(
         isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1,
-        f"model.cpu_workers={workers!r}: the processes an evaluation is split over on a CPU; allowed: an integer >= 1",
+        f"model.cpu_workers={workers!r}: the processes evaluations and rollouts are split over on a CPU; allowed: an integer >= 1",
     )
 
 

@@ -1,10 +1,9 @@
 """Linear layers that multiply through a prepacked copy of their weight when no gradient is taken.
 
 torch's bfloat16 `F.linear` on a CPU hands the weight to oneDNN in its plain row-major layout, and oneDNN
-reorders it into its blocked layout at every call: a decoding step of SmolLM2 (211 products) streams its
-270 MB of weights twice and writes them once. Reordering once and keeping the blocked copy took the step's
-products from 50 to 28 ms at 32 rows and from 27 to 15 ms at one row, and a 1,024-row pass 1.2x faster
-(2 threads, AVX512-BF16; docs/speed.md §5h). The blocked product is oneDNN's own, so its outputs equal
+reorders it into its blocked layout at every call. Reordering once and keeping the blocked copy took the 211
+products of one SmolLM2 decoding step at 32 rows from 49 to 35 ms (2 threads, AVX512-BF16; a whole Kuhn
+evaluation 1.06x faster: docs/speed.md §5h). The blocked product is oneDNN's own, so its outputs equal
 `F.linear`'s bit for bit in bfloat16 (tested); in float32 torch multiplies through another library and the
 two differ in the last bits, so float32 layers are left as they are.
 
@@ -24,8 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-#: rows oneDNN is told to expect when it picks the blocked layout; 32 (a decoding step's rows) did best
-#: at 1, 32 and 1,024 rows alike among 1, 32 and 1,024 (docs/speed.md §5h)
+#: rows oneDNN is told to expect when it picks the blocked layout: a decoding step's; among hints of 1, 32 and
+#: 1,024, 32 was within 5% of the fastest at 1, 32 and 1,024 rows (products timed alone, 2 threads)
 ROWS_HINT = 32
 
 

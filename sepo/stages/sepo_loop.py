@@ -73,7 +73,11 @@ class RecordingPolicy:
 
     def __init__(self, policy: LMPolicy):
         self.policy, self.name = policy, policy.name
-        self.workers = policy.workers  # the episodes' traces come back from forked workers whole
+
+    @property
+    def workers(self) -> int:
+        """The policy's forked workers: the episodes' traces come back from them whole."""
+        return self.policy.workers
 
     def act_batch(self, requests: list[DecisionRequest]) -> list[Decision]:
         return self.policy.act_batch(requests, return_logprobs=True)
