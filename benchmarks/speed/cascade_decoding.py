@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from benchmarks.speed.checkpoint_evaluation import evaluation_parser, load_for_evaluation
+from benchmarks.speed.checkpoint_evaluation import alternated, evaluation_parser, load_for_evaluation, mean_of
 
 METRICS = ("parse_rate", "exploit_exact", "train_payoff", "safety")
 
@@ -48,13 +48,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = evaluation_parser(__doc__).parse_args(argv)
     cfg, game, model, tokenizer = load_for_evaluation(args)
     time_model_forwards(model)  # bills generate's forwards to prompt processing or decoding
-    runs = {"sdpa": [], "cascade": []}
-    for _ in range(args.repeats):
-        for name in runs:
-            runs[name].append(timed_evaluation(cfg, game, model, tokenizer, cascade=name == "cascade"))
-            print(name, json.dumps(runs[name][-1]), flush=True)
-    mean = {name: sum(r["seconds"] for r in rs) / len(rs) for name, rs in runs.items()}
-    per_token = {name: sum(r["decoding_ms_per_token"] for r in rs) / len(rs) for name, rs in runs.items()}
+    runs = alternated(
+        ("sdpa", "cascade"),
+        args.repeats,
+        lambda arm: timed_evaluation(cfg, game, model, tokenizer, cascade=arm == "cascade"),
+    )
+    mean, per_token = mean_of(runs, "seconds"), mean_of(runs, "decoding_ms_per_token")
     out = {
         "matmul_gflops_bf16": round(matmul_gflops(torch.bfloat16), 1),
         "seconds": mean,

@@ -7,6 +7,8 @@ model, the test protocol of the model's own `eval` settings.
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,3 +45,19 @@ def load_for_evaluation(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     )
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     return cfg, make_game(cfg.game), model, tokenizer
+
+
+def alternated(arms: tuple[str, ...], repeats: int, evaluate: Callable[[str], dict]) -> dict[str, list[dict]]:
+    """`evaluate(arm)` for every arm in turn, `repeats` rounds, each result printed as it comes: the machine
+    drifts, so arms are compared round by round, never block against block."""
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for _ in range(repeats):
+        for arm in arms:
+            runs[arm].append(evaluate(arm))
+            print(arm, json.dumps(runs[arm][-1]), flush=True)
+    return runs
+
+
+def mean_of(runs: dict[str, list[dict]], key: str) -> dict[str, float]:
+    """Each arm's mean of `key` over its rounds."""
+    return {arm: sum(r[key] for r in rs) / len(rs) for arm, rs in runs.items()}

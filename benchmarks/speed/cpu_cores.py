@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from benchmarks.speed.checkpoint_evaluation import evaluation_parser, load_for_evaluation
+from benchmarks.speed.checkpoint_evaluation import alternated, evaluation_parser, load_for_evaluation, mean_of
 
 METRICS = ("parse_rate", "exploit_exact", "train_payoff", "safety")
 ARMS = ("plain", "packed", "packed_workers")
@@ -76,12 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, game, model, tokenizer = load_for_evaluation(args)
     products = decoding_products(model, args.rows)
     print("decoding step products, ms:", json.dumps(products), flush=True)
-    runs = {arm: [] for arm in ARMS}
-    for _ in range(args.repeats):
-        for arm in ARMS:
-            runs[arm].append(timed_evaluation(cfg, game, model, tokenizer, arm, args.workers))
-            print(arm, json.dumps(runs[arm][-1]), flush=True)
-    mean = {arm: round(sum(r["seconds"] for r in rs) / len(rs), 1) for arm, rs in runs.items()}
+    runs = alternated(ARMS, args.repeats, lambda arm: timed_evaluation(cfg, game, model, tokenizer, arm, args.workers))
+    mean = {arm: round(seconds, 1) for arm, seconds in mean_of(runs, "seconds").items()}
     out = {
         "matmul_gflops_bf16": round(matmul_gflops(torch.bfloat16), 1),
         "threads": args.threads,

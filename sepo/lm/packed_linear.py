@@ -16,6 +16,7 @@ the layer's weight again in memory, so callers about to take a step with gradien
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 from typing import Any
@@ -30,10 +31,14 @@ ROWS_HINT = 32
 
 def can_pack(weight: torch.Tensor) -> bool:
     """oneDNN's prepacked product serves this weight: a bfloat16 tensor on a CPU whose oneDNN runs bfloat16."""
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and onednn_bfloat16()
+
+
+@functools.cache
+def onednn_bfloat16() -> bool:
+    """This build and CPU multiply bfloat16 through oneDNN (asked once: every product of every step asks)."""
     return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
+        torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
         and torch.ops.mkldnn._is_mkldnn_bf16_supported()  # else F.linear takes another path, with other roundings
     )
