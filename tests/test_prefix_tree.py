@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sepo.lm.prefix_tree import pack_tree, tree_passes, tree_size, tree_token_logprobs
+from sepo.lm.prefix_tree import encode_root, pack_tree, root_length, tree_passes, tree_size, tree_token_logprobs
 
 from .conftest import scores_and_gradient
 
@@ -82,6 +82,59 @@ def test_tree_log_probs_and_gradients_are_the_padded_rows(tiny):
     (values, grads), (tree_values, tree_grads) = scores_and_gradient(model, padded), scores_and_gradient(model, tree)
     torch.testing.assert_close(tree_values, values, atol=1e-5, rtol=0)
     torch.testing.assert_close(tree_grads, grads, atol=1e-4, rtol=1e-4)
+
+
+def test_the_root_ends_before_the_first_scored_predictor_and_is_long_enough_or_none():
+    starts = [len(s) - 2 for s in EPISODE]  # two scored tokens each; the shortest starts at 4
+    assert root_length(EPISODE, starts, minimum=1) == 3  # the rules are 4 tokens, but position 3 predicts a score
+    assert root_length(EPISODE, [7, 7, 7, 5, 7], minimum=1) == 4  # the whole shared rules
+    assert root_length(EPISODE, [7, 7, 7, 5, 7], minimum=5) == 0  # too short to be worth a pass of its own
+    assert root_length([[1, 2, 3], [9, 2, 3]], [2, 2], minimum=1) == 0
+
+
+def test_a_root_encoded_once_for_several_passes_gives_the_one_tree_pass(tiny):
+    """Passes that attend to the batch's root, encoded once, score every token as the whole tree does,
+    and their backwards plus one through the root give the same gradient: each pass leaves its share on
+    the root's keys and values."""
+    model, tokenizer, cfg = tiny
+    rules = tokenizer(
+        "You are playing an iterated prisoner's dilemma against one opponent for eight rounds.\n",
+        add_special_tokens=False,
+    )["input_ids"]
+    g = torch.Generator().manual_seed(3)
+    sequences = [rules + torch.randint(3, len(tokenizer), (n,), generator=g).tolist() for n in (9, 4, 12, 6)]
+    sequences[1] = sequences[0][: len(rules) + 5] + sequences[1]  # a later decision of the first episode
+    starts = [len(s) - 3 for s in sequences]
+    shared = root_length(sequences, starts)
+    assert shared == len(rules)
+
+    def whole():
+        lp, real = tree_token_logprobs(model, sequences, starts, chunk=4)
+        return lp, real.bool()
+
+    def with_root():  # two passes (two backwards), the root once, as the SEPO update runs them
+        model.zero_grad()
+        root = encode_root(model, sequences[0][:shared])
+        values = []
+        for part in ([0, 1], [2, 3]):
+            lp, real = tree_token_logprobs(
+                model, [sequences[i] for i in part], [starts[i] for i in part], chunk=4, root=root
+            )
+            lp[real.bool()].sum().backward()
+            values.append(lp[real.bool()].detach())
+        root.backward()
+        gradient = torch.cat([p.grad.flatten() for p in model.parameters()])
+        model.zero_grad()
+        return torch.cat(values), gradient
+
+    values, grads = scores_and_gradient(model, whole)
+    root_values, root_grads = with_root()
+    torch.testing.assert_close(root_values, values, atol=1e-5, rtol=0)
+    torch.testing.assert_close(root_grads, grads, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # without gradients the root's own tensors are read, and nothing waits for a backward
+        root = encode_root(model, sequences[0][:shared])
+        lp, real = tree_token_logprobs(model, sequences, starts, chunk=4, root=root)
+    torch.testing.assert_close(lp[real.bool()], values, atol=1e-5, rtol=0)
 
 
 def test_the_policys_action_scores_as_a_tree_are_the_padded_ones(tiny):

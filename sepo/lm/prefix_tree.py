@@ -9,6 +9,11 @@ order: each token attends to itself and its ancestors only (a 4-D attention mask
 the one a padded row gives, up to the order of floating-point sums. On Kuhn poker's and IPD's scripted
 play, a pass then encodes 1.6 and 2.0 times fewer positions (docs/speed.md §5f).
 
+The root every sequence of a batch shares (the game's rules) would otherwise head every pass's tree
+again: `encode_root` encodes it once per batch and every pass attends to its keys and values
+(`EncodedRoot`); with gradients, each pass leaves its share of the root's gradient on them and one
+backward through the root's own pass carries the sum (docs/speed.md §5i).
+
 Only for plain full attention (`model.prefix_cache`): a sliding window counts columns, and a
 linear-attention layer's recurrent state runs through every earlier token of the row, tree or not.
 """
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sepo.lm.batching import common_prefix
+from sepo.lm.batching import MIN_SHARED_PREFIX, common_prefix
 
 
 def tree_order(sequences: Sequence[Sequence[int]]) -> list[int]:
@@ -105,26 +110,106 @@ def tree_passes(sequences: Sequence[Sequence[int]], size: int, budget: int) -> l
     return passes
 
 
+def root_length(sequences: Sequence[Sequence[int]], starts: Sequence[int], minimum: int = MIN_SHARED_PREFIX) -> int:
+    """Tokens at the start of every sequence that `encode_root` can encode once for all their passes (0:
+    fewer than `minimum`): their common prefix, ending before the first scored token's predictor, so
+    every scored position's hidden state comes from a pass."""
+    if not sequences:
+        return 0
+    first = sequences[0]
+    shared = min([len(first)] + [common_prefix(first, s) for s in sequences[1:]])
+    shared = min(shared, min(starts) - 1)
+    return shared if shared >= minimum else 0
+
+
+@dataclass
+class EncodedRoot:
+    """A prefix every sequence of a batch shares, encoded once for all the batch's passes.
+
+    `computed`: each layer's keys and values as the root's own pass made them (with its graph when it
+    ran with gradients); `read`: what the passes attend to, detached leaves in that case, so each pass's
+    backward stops there and leaves its share of the root's gradient on them.
+    """
+
+    ids: list[int]
+    computed: list[tuple[torch.Tensor, torch.Tensor]]
+    read: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    def cache(self, model: torch.nn.Module):
+        """A fresh KV cache holding the root, for one pass to extend (the root's own tensors stay as they are)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        for layer, (keys, values) in enumerate(self.read):
+            cache.update(keys, values, layer)
+        return cache
+
+    def backward(self) -> None:
+        """Carry the gradient the passes left on the root's keys and values through the root's own pass,
+        once (after the batch's last pass): the sum over passes, as if each had encoded the root itself."""
+        outputs, grads = [], []
+        for made, leaves in zip(self.computed, self.read):
+            for tensor, leaf in zip(made, leaves):
+                if leaf is not tensor and leaf.grad is not None:
+                    outputs.append(tensor)
+                    grads.append(leaf.grad)
+        if outputs:
+            torch.autograd.backward(outputs, grads)
+
+
+def encode_root(model: torch.nn.Module, ids: Sequence[int]) -> EncodedRoot:
+    """One pass over `ids` (gradients as the caller has them enabled), kept for `tree_token_logprobs`."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    device = next(model.parameters()).device
+    model(
+        input_ids=torch.tensor([list(ids)], dtype=torch.long, device=device),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,  # only the keys and values are wanted
+    )
+    computed = [(layer.keys, layer.values) for layer in cache.layers]
+    if torch.is_grad_enabled():
+        read = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in computed]
+    else:
+        read = computed
+    return EncodedRoot(list(ids), computed, read)
+
+
 def tree_token_logprobs(
     model: torch.nn.Module,
     sequences: Sequence[Sequence[int]],
     starts: Sequence[int],
     chunk: int = 32,
     temperature: float = 1.0,
+    root: EncodedRoot | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(sequence[t] | sequence[:t]) for t in [start, len) of every sequence, from one pass over their
     prefix tree: float32 [D, L] (L the longest scored part; padded positions hold values callers must mask
-    out) and the mask of real positions [D, L]. Gradients flow when enabled, as in `token_logprobs`."""
+    out) and the mask of real positions [D, L]. Gradients flow when enabled, as in `token_logprobs`.
+
+    With `root` (`encode_root` of the sequences' first `root.length` tokens, at most `root_length`), the
+    tree holds the rest of each sequence only and every node also attends to the root's keys and values."""
     from sepo.lm.logprobs import _softcap, chunked_logprobs_from_hidden, head_inputs
 
     device = next(model.parameters()).device
-    tree = pack_tree(sequences)
+    skip = root.length if root is not None else 0
+    tree = pack_tree([s[skip:] for s in sequences])
+    attend, extra = tree.attend, {"use_cache": False}
+    if root is not None:
+        attend = torch.cat([torch.ones((1, 1, tree.nodes, skip), dtype=torch.bool), attend], dim=-1)
+        extra = {"past_key_values": root.cache(model), "use_cache": True}
     with head_inputs(model) as captured:
         model(
             input_ids=tree.ids.to(device),
-            attention_mask=tree.attend.to(device),
-            position_ids=tree.positions.to(device),
-            use_cache=False,
+            attention_mask=attend.to(device),
+            position_ids=(tree.positions + skip).to(device),
+            **extra,
         )
     hidden = captured[-1][0]  # [N, H]
     width = max(len(s) - start for s, start in zip(sequences, starts))
@@ -133,7 +218,7 @@ def tree_token_logprobs(
     mask = torch.zeros((len(sequences), width))
     for k, (sequence, start) in enumerate(zip(sequences, starts)):
         scored = len(sequence) - start
-        predictors[k, :scored] = torch.from_numpy(tree.paths[k][start - 1 : len(sequence) - 1])
+        predictors[k, :scored] = torch.from_numpy(tree.paths[k][start - 1 - skip : len(sequence) - 1 - skip])
         targets[k, :scored] = torch.tensor(list(sequence[start:]), dtype=torch.long)
         mask[k, :scored] = 1.0
     lp = chunked_logprobs_from_hidden(

@@ -50,7 +50,7 @@ from sepo.games import Game, make_game
 from sepo.heap import release_freed_memory
 from sepo.lm.logprobs import token_logprobs
 from sepo.lm.packed_linear import drop_packed_weights
-from sepo.lm.prefix_tree import tree_passes, tree_token_logprobs
+from sepo.lm.prefix_tree import EncodedRoot, encode_root, root_length, tree_passes, tree_token_logprobs
 from sepo.models import adapter_folded, attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
@@ -118,14 +118,17 @@ def _micro_batches(decisions: list[Decision], size: int, budget: int, shared: in
     return passes
 
 
-def _passes(policy: LMPolicy, decisions: list[Decision], s: DictConfig, grad: bool = True) -> list[list[int]]:
+def _passes(
+    policy: LMPolicy, decisions: list[Decision], s: DictConfig, grad: bool = True, root: EncodedRoot | None = None
+) -> list[list[int]]:
     """`_micro_batches` with the prefix every decision's prompt shares (what each pass encodes once), or,
     with `model.prefix_tree`, runs of the decisions' prefix tree (`tree_passes`: every token shared
-    within a pass once); a pass without gradients keeps no activations, so it takes
-    `sepo.no_grad_micro_batch_tokens` when set."""
+    within a pass once; the batch's `root`, encoded once for all passes, counts in none); a pass
+    without gradients keeps no activations, so it takes `sepo.no_grad_micro_batch_tokens` when set."""
     budget = int(s.micro_batch_tokens) if grad else int(s.no_grad_micro_batch_tokens or s.micro_batch_tokens)
     if policy.prefix_tree:
-        return tree_passes([_sequence(d) for d in decisions], int(s.micro_batch), budget)
+        skip = root.length if root is not None else 0
+        return tree_passes([_sequence(d)[skip:] for d in decisions], int(s.micro_batch), budget)
     shared = policy.shared_prefix_length([d.tokens.prompt_ids.tolist() for d in decisions])
     return _micro_batches(decisions, int(s.micro_batch), budget, shared)
 
@@ -134,14 +137,25 @@ def _sequence(decision: Decision) -> list[int]:
     return decision.tokens.prompt_ids.tolist() + decision.tokens.gen_ids.tolist()
 
 
+def _root(model: Any, policy: LMPolicy, decisions: list[Decision]) -> EncodedRoot | None:
+    """With `model.prefix_tree`, the prefix every decision of the batch shares (the game's rules), encoded
+    once by `model` as it is now for all the batch's passes (with gradients when they are enabled)."""
+    if not policy.prefix_tree or not decisions:
+        return None
+    sequences = [_sequence(d) for d in decisions]
+    shared = root_length(sequences, [len(d.tokens.prompt_ids) for d in decisions])
+    return encode_root(model, sequences[0][:shared]) if shared else None
+
+
 def _policy_logprobs(
-    model: Any, policy: LMPolicy, decisions: list[Decision], s: DictConfig
+    model: Any, policy: LMPolicy, decisions: list[Decision], s: DictConfig, root: EncodedRoot | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[D, L] log-probs of the decisions' generated tokens under `model` as it is now, and their mask."""
+    """[D, L] log-probs of the decisions' generated tokens under `model` as it is now, and their mask
+    (`root`: the batch's shared root, `_root`, with `model.prefix_tree`)."""
     if policy.prefix_tree:
         starts = [len(d.tokens.prompt_ids) for d in decisions]
         return tree_token_logprobs(
-            model, [_sequence(d) for d in decisions], starts, int(s.logprob_chunk), float(s.temperature)
+            model, [_sequence(d) for d in decisions], starts, int(s.logprob_chunk), float(s.temperature), root
         )
     prompts = [d.tokens.prompt_ids.tolist() for d in decisions]
     gens = [d.tokens.gen_ids.tolist() for d in decisions]
@@ -181,8 +195,9 @@ def reference_logprobs(
     scorer = ref_model if ref_model is not None else model
     adapter_off = model.disable_adapter() if ref_model is None else contextlib.nullcontext()
     with torch.no_grad(), adapter_off, section("reference_logprobs"):
-        for part in _passes(policy, batch.decisions, s, grad=False):
-            lp, mask = _policy_logprobs(scorer, policy, [batch.decisions[i] for i in part], s)
+        root = _root(scorer, policy, batch.decisions)
+        for part in _passes(policy, batch.decisions, s, grad=False, root=root):
+            lp, mask = _policy_logprobs(scorer, policy, [batch.decisions[i] for i in part], s, root)
             for i, row, m in zip(part, lp, mask):
                 out[i] = row[m.bool()]
     return out
@@ -212,15 +227,17 @@ def accumulate_gradients(
         "clip_fraction": 0.0,
         **({"kl_ref": 0.0} if ref is not None else {}),
     }
-    passes, diagnosis = _passes(policy, batch.decisions, s), ""
     anomaly = bool(s.get("debug_detect_anomaly", False))
+    with section("update_forward"), torch.autograd.set_detect_anomaly(anomaly):
+        root = _root(model, policy, batch.decisions)
+    passes, diagnosis = _passes(policy, batch.decisions, s, root=root), ""
     for k, part in enumerate(passes):
         decisions = [batch.decisions[i] for i in part]
         with (
             section("update_forward"),
             torch.autograd.set_detect_anomaly(anomaly),
         ):  # in the forward too: its traceback names the layer
-            lp, mask = _policy_logprobs(model, policy, decisions, s)
+            lp, mask = _policy_logprobs(model, policy, decisions, s, root)
         width = lp.shape[1]
         old = _pad([d.tokens.logprobs.float() for d in decisions], width).to(lp)
         reference = _pad([ref[i] for i in part], width).to(lp) if ref is not None else None
@@ -246,6 +263,15 @@ def accumulate_gradients(
         for key in ("kl_ref", "kl_old", "clip_fraction"):
             if key in stats:
                 sums[key] += float(stats[key]) * share
+    if root is not None and not diagnosis:  # the passes' shares of the root's gradient, through its pass once
+        with section("backward"), torch.autograd.set_detect_anomaly(anomaly):
+            root.backward()
+        bad = first_non_finite_gradient(model)
+        if bad is not None:
+            diagnosis = (
+                f"the backward through the shared root ({root.length} tokens) made the gradient of {bad} non-finite"
+            )
+    del root
     model.eval()
     # each process held a share of the sums; every process reaches this sum, so a NaN reaches them all
     summed = dict(zip(sums, distributed.sum_floats(*sums.values())))
@@ -271,9 +297,10 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
     """KL(pi_theta || pi_old) over the batch's tokens with the parameters as they are now (no gradient)."""
     total, tokens = 0.0, 0
     with torch.no_grad(), section("kl_after_update"):
-        for part in _passes(policy, batch.decisions, s, grad=False):
+        root = _root(model, policy, batch.decisions)
+        for part in _passes(policy, batch.decisions, s, grad=False, root=root):
             decisions = [batch.decisions[i] for i in part]
-            lp, mask = _policy_logprobs(model, policy, decisions, s)
+            lp, mask = _policy_logprobs(model, policy, decisions, s, root)
             old = _pad([d.tokens.logprobs.float() for d in decisions], lp.shape[1]).to(lp)
             total += float(masked(old_policy_kl(lp, old), mask.bool()).sum())
             tokens += int(mask.sum())
