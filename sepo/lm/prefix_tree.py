@@ -131,13 +131,9 @@ class EncodedRoot:
     backward stops there and leaves its share of the root's gradient on them.
     """
 
-    ids: list[int]
+    length: int
     computed: list[tuple[torch.Tensor, torch.Tensor]]
     read: list[tuple[torch.Tensor, torch.Tensor]]
-
-    @property
-    def length(self) -> int:
-        return len(self.ids)
 
     def cache(self, model: torch.nn.Module):
         """A fresh KV cache holding the root, for one pass to extend (the root's own tensors stay as they are)."""
@@ -162,7 +158,8 @@ class EncodedRoot:
 
 
 def encode_root(model: torch.nn.Module, ids: Sequence[int]) -> EncodedRoot:
-    """One pass over `ids` (gradients as the caller has them enabled), kept for `tree_token_logprobs`."""
+    """One pass over `ids` (gradients as the caller has them enabled), kept for `tree_token_logprobs`.
+    Not `sepo.lm.prompt_cache.encode_prefix`: that pass never takes gradients."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -178,7 +175,7 @@ def encode_root(model: torch.nn.Module, ids: Sequence[int]) -> EncodedRoot:
         read = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in computed]
     else:
         read = computed
-    return EncodedRoot(list(ids), computed, read)
+    return EncodedRoot(len(ids), computed, read)
 
 
 def tree_token_logprobs(
