@@ -235,6 +235,36 @@ def test_decode_steps_lost_in_timing_noise_are_an_error_row_not_a_figure(monkeyp
     assert "decode steps took no measurable time" in row["error"]
 
 
+def test_a_random_gemma4_samples_what_its_teacher_forced_pass_scores_only_once_tempered():
+    """As transformers initialises it, a random Gemma 4 at E4B depth attends nearly one-hot (q . k unscaled,
+    norms at 1): bfloat16 rounding changes its log-probs by tenths, so its sampler and its teacher-forced
+    pass disagree, as SEPO's first ratios did on an H200 (86% clipped). With the attention logits tempered,
+    both agree within rounding, as they do for Qwen 3.5."""
+    from benchmarks.gpu import logprob_agreement
+
+    args = "--shape narrow --device cpu --rows 2 --prompt-tokens 96 --new-tokens 16 --model gemma4".split()
+    raw, tempered = logprob_agreement.main(args)
+    assert raw["bf16_vs_fp32"]["mean_abs"] > 0.1
+    assert raw["sampled_vs_forced"]["clipped"] > 0.1
+    assert tempered["bf16_vs_fp32"]["mean_abs"] < 0.02
+    assert tempered["sampled_vs_forced"]["clipped"] == 0
+    assert tempered["sampled_vs_forced"]["mean_abs"] < 0.02
+
+
+def test_tempering_scales_every_text_attention_norm_and_nothing_else():
+    model = gpu_bench.build_model("gemma4", gpu_bench.tiny_config("gemma4", VOCAB), "cpu", temper=False)
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    changed = gpu_bench.temper_attention_logits(model)
+    text = model.config.text_config
+    assert changed == 2 * text.num_hidden_layers - text.num_kv_shared_layers  # shared layers have no k norm
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("language_model" in n and n.endswith(("q_norm.weight", "k_norm.weight")) for n in moved)
+    assert len(moved) == changed
+    for n in moved:
+        weight = dict(model.named_parameters())[n]
+        assert torch.allclose(weight, torch.full_like(weight, weight.shape[0] ** -0.25))
+
+
 def test_linear_attention_path_is_reported():
     info = gpu_bench.linear_attention_kernels()
     assert set(info["paths"]) == {

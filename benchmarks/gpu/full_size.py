@@ -256,9 +256,10 @@ def tiny_config(arch: str, vocab: int, pad_id: int = 0, eos_id: int = 2):
     raise ValueError(f"arch {arch!r}; allowed: {', '.join(ARCHS)}")
 
 
-def build_model(arch: str, config: Any, device: str = "cpu", dtype: Any = None):
+def build_model(arch: str, config: Any, device: str = "cpu", dtype: Any = None, temper: bool = True):
     """The architecture's class with random weights, created and initialised on `device` (the
-    full-size models never pass through host memory; `device='meta'` only counts parameters)."""
+    full-size models never pass through host memory; `device='meta'` only counts parameters).
+    `temper`: Gemma 4's attention logits at a trained model's scale (`temper_attention_logits`)."""
     import torch
     import transformers
 
@@ -269,7 +270,35 @@ def build_model(arch: str, config: Any, device: str = "cpu", dtype: Any = None):
     cls = getattr(transformers, MODEL_CLASS[arch])
     with torch.device(device):
         model = cls._from_config(config, dtype=dtype or torch.float32)
+    if temper:
+        temper_attention_logits(model)
     return model.eval()
+
+
+def temper_attention_logits(model: Any) -> int:
+    """Give a random Gemma 4 the attention-logit scale a trained one has; returns the norms changed.
+
+    Gemma 4 scores attention as q . k with no 1/sqrt(head_dim): its q and k norms carry the scale, and
+    a trained checkpoint has learned it. transformers initialises those norms' weights to 1, so a random
+    model's attention logits have a standard deviation of sqrt(head_dim) (16 in E4B's sliding layers,
+    22.6 in its global ones) and every query attends to nearly one key. Such a model is a chaotic function
+    of rounding: in bfloat16 its log-probs differ from float32's by 0.45 on average after 42 layers, and
+    its sampler's log-probs (cached decode) from the teacher-forced pass's, which on an H200 clipped 86%
+    of SEPO's first ratios on a fresh batch (docs/speed.md §4f). Weights of head_dim**-0.25 on both norms
+    give q . k the usual 1/sqrt(head_dim) (the KV-shared layers have only a q norm; the keys they reuse
+    were scaled by the layer that made them). Other architectures are left as they are."""
+    import torch
+
+    changed = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ != "Gemma4TextAttention":
+                continue
+            for norm in (module.q_norm, getattr(module, "k_norm", None)):
+                if norm is not None and getattr(norm, "with_scale", False):
+                    norm.weight.fill_(norm.weight.shape[0] ** -0.25)
+                    changed += 1
+    return changed
 
 
 # ------------------------------------------------------------------------------------- arithmetic

@@ -10,6 +10,9 @@
 #             128 -> $OUT/gpu-<model>-static.json (not in the default parts: compiling takes minutes)
 #             (limit $STATIC_S seconds each, default 180)
 #   tests     pytest -m gpu tests/test_gpu.py
+#   agreement whether each full-size random model's sampler and teacher-forced pass agree on the sampled tokens'
+#             log-probs (Gemma 4 raw and tempered) -> $OUT/logprob_agreement.jsonl (limit $AGREEMENT_S, default 150;
+#             AGREEMENT_ARGS reach it, e.g. "--shape narrow --device cpu" for a rehearsal)
 #   sepo      stage=sepo alone from the saved random checkpoint of each model:game of $PIPELINES, side by side
 #             (limit $SEPO_S seconds, default 240)
 #   pipeline  the main job's every stage through main.py at full size, random weights saved once as a
@@ -90,6 +93,13 @@ retry_sepo() {  # retry_sepo MODEL GAME: after SEPO diverged, two runs of stage=
 # in order of worth: the GPU tests (a minute), each model's figures, the main job through main.py (a run cut
 # by its limit is marked FAILED; the same command on the still-warm machine resumes it), the fast-kernel decode
 has tests && step 90 "pytest -m gpu" python3 -m pytest -q -n 0 -m gpu tests/test_gpu.py -p no:cacheprovider
+if has agreement; then
+    say "start logprob agreement (limit ${AGREEMENT_S:-150}s)"
+    t0=$SECONDS
+    timeout --kill-after=10 "${AGREEMENT_S:-150}" python3 -m benchmarks.gpu.logprob_agreement ${AGREEMENT_ARGS:-} \
+        >"$OUT/logprob_agreement.jsonl" 2>>"$LOG"
+    say "end logprob agreement: rc $? after $((SECONDS - t0))s"
+fi
 has bench && bench 150 gpu-gemma4 --model gemma4 "${SIZES[@]}"
 has bench && bench 130 gpu-qwen --model qwen "${SIZES[@]}"
 if has sepo; then  # stage=sepo alone on the saved random checkpoints, side by side (no SFT before it)

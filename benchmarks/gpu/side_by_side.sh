@@ -7,6 +7,7 @@
 # $BUDGET_S seconds and is packed into $OUT/session.tgz (a call returns at most 8 files).
 #
 #   bash benchmarks/gpu/side_by_side.sh      (after carrying .whl/, as benchmarks/gpu/session.sh)
+# AGREEMENT=0 leaves out the log-prob agreement of the full-size random models (sampler against teacher-forced).
 # STATIC=0 leaves the static-cache decode out (its compile is CPU work that slows the pipelines beside it);
 # RETRY_S reaches session.sh (a diverged SEPO is retried twice, side by side, within that many seconds).
 # Rehearsal on a CPU: WHEELS=none SAVE_ARGS="--tiny --device cpu" BENCH_ARGS="--tiny --device cpu" bash benchmarks/gpu/side_by_side.sh
@@ -27,6 +28,7 @@ for pair in ${PIPELINES:-qwen:kuhn gemma4:ipd}; do
         bash benchmarks/gpu/session.sh pipeline &
 done
 OUT="$WORK/tests" bash benchmarks/gpu/session.sh tests
+[ "${AGREEMENT:-1}" = 1 ] && OUT="$WORK/agreement" bash benchmarks/gpu/session.sh agreement
 [ "${STATIC:-1}" = 1 ] && OUT="$WORK/static_beside" STATIC_S="${STATIC_S:-170}" bash benchmarks/gpu/session.sh static
 wait
 per_model=$(($(left) / 2 - 5))
