@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from analysis import collect
@@ -167,11 +168,20 @@ def bold_mask(values: pd.DataFrame, groups: pd.Series, cols: list[Column]) -> pd
     return mask
 
 
+def bold_css(bold: pd.DataFrame) -> pd.DataFrame:
+    """Styler's LaTeX bold where `bold` is True. Built with numpy, not `DataFrame.replace`: pandas 2.x's
+    replace of True/False on a frame of several bool blocks (as `reindex(fill_value=False)` leaves it)
+    raised IndexError inside its copy-on-write bookkeeping on the GPU machine's image."""
+    return pd.DataFrame(
+        np.where(bold.to_numpy(dtype=bool), "textbf:--rwrap;", ""), index=bold.index, columns=bold.columns
+    )
+
+
 def render(shown: pd.DataFrame, bold: pd.DataFrame, column_format: str, caption: str, label: str) -> str:
     """Styler -> LaTeX (booktabs), then marker rows -> `\\midrule` + `\\multicolumn` group headers."""
     styler = (
         shown.style.hide(axis="index")
-        .apply(lambda _: bold.replace({True: "textbf:--rwrap;", False: ""}), axis=None)
+        .apply(lambda _: bold_css(bold), axis=None)
         .map_index(lambda _: "textbf:--rwrap;", axis="columns")
     )
     latex = styler.to_latex(

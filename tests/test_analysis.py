@@ -536,3 +536,17 @@ def test_tables_show_what_is_missing(tmp_path):
     ipd = (tmp_path / "tables" / "table_ipd.tex").read_text()
     assert r"SEPO & --$^\dagger$" in ipd  # the tiny model's SEPO cell: its only results file is unreadable
     assert any(p.name == "results.csv" for p in written)
+
+
+def test_bold_cells_are_marked_on_a_reindexed_bool_frame():
+    """The frame `degradation_table` hands to `render` (bool, widened by `reindex(fill_value=False)`): pandas
+    3.0.6's `DataFrame.replace` raised IndexError on it on the GPU machine's image; `bold_css` marks it."""
+    from analysis.tables import bold_css
+
+    values = pd.DataFrame([[0.8, 0.5, 0.6, float("nan")]], columns=["Base", "SFT", "SEPO", "Payoff-only"])
+    best = values.round(3).min(axis=1)
+    bold = values.round(3).eq(best, axis=0).reindex(columns=["Game", *values.columns], fill_value=False)
+    css = bold_css(bold)
+    assert css.loc[0, "SFT"] == "textbf:--rwrap;"
+    assert (css.drop(columns="SFT") == "").all(axis=None)
+    assert list(css.columns) == list(bold.columns)
