@@ -1,20 +1,24 @@
 """The paper's tables for all five games on a model small enough for a CPU, in one resumable command.
 
-    launch/tiny_paper.sh [--model tiny|smollm2] [--dry-run] [--root DIR] [--seeds 0,1,2] [--games ipd,...]
-                         [--jobs 2] [--tables-anyway] [overrides]
+    launch/tiny_paper.sh [--model tiny|smollm2|gemma4|qwen] [--dry-run] [--root DIR] [--seeds 0,1,2]
+                         [--games ipd,...] [--arms sepo,payoff_only] [--launch local|slurm] [--jobs 2]
+                         [--tables-anyway] [overrides]
+    launch/paper_plan.sh ...   (the same command, named for the full-size models on a cluster)
 
 `--model M` (default tiny, the embedded model) takes its settings from the preset
 `conf/experiment/M_paper.yaml` (and `M_paper_<game>.yaml` where one exists) and writes under
 `<root>/M_paper/`: `--model smollm2` is the same plan on SmolLM2-135M-Instruct, a pretrained chat model,
-where the Base row means something. Phases, in order; each is one Hydra sweep through the local
-launcher (`+launch=local`, `--jobs` at a time, each job given cores // jobs threads), under
+where the Base row means something; `--model gemma4|qwen --launch slurm` is the paper's grid on a cluster,
+training each SFT once per model and dataset as the paper does (`launch/grid.sh` trains `multi` once per
+game: 3 times per model). Phases, in order; each is one Hydra sweep through the local launcher
+(`+launch=local`, `--jobs` at a time, each job given cores // jobs threads) or SLURM's, under
 `<root>/M_paper/<phase>/`:
   sft            the model's three SFTs, as in the paper: `multi` (serves IPD, auction, neg_v1), `kuhn`,
                  `neg_gt` (neg_v2), each evaluated on its own game
   sft_eval       the `multi` SFT evaluated on auction and neg_v1 (the SFT rows of those tables)
   base           the model before any training, on every game
-  sepo_<game>    per game, from its SFT: SEPO (the game's lambdas) and payoff-only (`lambdas=zero`), one
-                 run per seed (`sepo.seed`), every run evaluated on the same test episodes (and the same
+  sepo_<game>    per game, from its SFT: SEPO (the game's lambdas) and payoff-only (`lambdas=zero`; `--arms`
+                 picks), one run per seed (`sepo.seed`), every run evaluated on the same test episodes (and the same
                  validation episodes, which choose each run's best checkpoint)
   tables         `python -m analysis.tables` and `python -m analysis.summary` into `<root>/tiny_paper/tables`
 The settings every job shares are the preset `conf/experiment/tiny_paper.yaml`; a game's SEPO runs use
@@ -44,6 +48,9 @@ GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
 #: game -> the game whose SFT run it starts from (the paper trains `multi` once for IPD, auction, neg_v1)
 SFT_RUN_OF = {"ipd": "ipd", "auction": "ipd", "neg_v1": "ipd", "neg_v2": "neg_v2", "kuhn": "kuhn"}
 CONF = ROOT / "conf" / "experiment"
+#: the arms each game's SEPO phase trains per seed: SEPO with the game's lambdas, and GRPO on the payoff alone
+ARMS = ("sepo", "payoff_only")
+LAUNCHERS = ("local", "slurm", "submitit_local")
 
 
 def models() -> list[str]:
@@ -66,7 +73,9 @@ class Phase:
     preset: str  # the experiment preset of every job of the phase
 
 
-def phases(out: Path, seeds: list[int], games: tuple[str, ...] = GAMES, model: str = "tiny") -> list[Phase]:
+def phases(
+    out: Path, seeds: list[int], games: tuple[str, ...] = GAMES, model: str = "tiny", arms: tuple[str, ...] = ARMS
+) -> list[Phase]:
     """The phases for `games` (all five by default; a subset runs only the SFTs those games start from)."""
     shared_preset = preset_of(model)
     sft_dir = out / "sft"
@@ -95,7 +104,7 @@ def phases(out: Path, seeds: list[int], games: tuple[str, ...] = GAMES, model: s
                 [
                     "stage=sepo",
                     f"game={game}",
-                    f"lambdas={game},zero",
+                    "lambdas=" + ",".join(game if arm == "sepo" else "zero" for arm in arms),
                     f"model.path={sft_dir / SFT_RUN_OF[game] / 'merged'}",
                     f"sepo.seed={','.join(map(str, seeds))}",
                 ],
@@ -122,14 +131,24 @@ def games_of(text: str) -> tuple[str, ...]:
     return games
 
 
-def sweep_command(phase: Phase, out: Path, jobs: int, overrides: list[str]) -> list[str]:
+def arms_of(text: str) -> tuple[str, ...]:
+    arms = tuple(a.strip() for a in text.split(",") if a.strip())
+    if not arms or any(a not in ARMS for a in arms):
+        raise argparse.ArgumentTypeError(f"--arms {text!r}: allowed: a comma-separated subset of {','.join(ARMS)}")
+    return arms
+
+
+def sweep_command(phase: Phase, out: Path, jobs: int, overrides: list[str], launch: str = "local") -> list[str]:
+    """One phase as one sweep: on this machine `jobs` at a time (`+launch=local`), or submitted to SLURM
+    (`+launch=slurm`, which waits for the phase's jobs before the next phase starts from their outputs)."""
+    parallel = [f"hydra.launcher.n_jobs={jobs}"] if launch == "local" else []
     return [
         sys.executable,
         "main.py",
         "-m",
         phase.preset,
-        "+launch=local",
-        f"hydra.launcher.n_jobs={jobs}",
+        f"+launch={launch}",
+        *parallel,
         f"hydra.sweep.dir={out / phase.name}",
         f"hydra.sweep.subdir={phase.subdir}",
         *phase.overrides,
@@ -197,7 +216,19 @@ def main() -> int:
         default=GAMES,
         help=f"comma-separated subset of {','.join(GAMES)} (default: all five)",
     )
-    parser.add_argument("--jobs", type=int, default=2, help="jobs at a time (each gets cores // jobs threads)")
+    parser.add_argument(
+        "--arms",
+        type=arms_of,
+        default=ARMS,
+        help=f"the arms of each game's SEPO phase, comma-separated subset of {','.join(ARMS)} (default: both)",
+    )
+    parser.add_argument(
+        "--launch",
+        choices=LAUNCHERS,
+        default="local",
+        help="local: this machine, --jobs at a time; slurm: every phase submitted to SLURM (conf/launch/slurm.yaml)",
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="local: jobs at a time (each gets cores // jobs threads)")
     parser.add_argument("--tables-anyway", action="store_true", help="write the tables even when a job failed")
     args, overrides = parser.parse_known_args()
     name = f"{args.model}_paper"
@@ -205,7 +236,7 @@ def main() -> int:
     overrides = [f"paths.root_dir={args.root.resolve()}", *overrides]
 
     if args.dry_run:
-        for phase in phases(out, args.seeds, args.games, args.model):
+        for phase in phases(out, args.seeds, args.games, args.model, args.arms):
             jobs = expand(phase, out, overrides)
             print(f"# {phase.name}: {len(jobs)} job(s) -> {out / phase.name}")
             for job in jobs:
@@ -214,9 +245,9 @@ def main() -> int:
         return 0
 
     started, seconds, failures = time.time(), {}, []
-    for phase in phases(out, args.seeds, args.games, args.model):
+    for phase in phases(out, args.seeds, args.games, args.model, args.arms):
         t0 = time.time()
-        code = run(sweep_command(phase, out, args.jobs, overrides))
+        code = run(sweep_command(phase, out, args.jobs, overrides, args.launch))
         seconds[phase.name] = round(time.time() - t0, 1)
         failed = failed_jobs(out / phase.name) or ([f"the sweep itself exited {code}"] if code else [])
         failures += [f"{phase.name}/{name}" for name in failed]

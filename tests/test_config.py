@@ -126,6 +126,8 @@ EXPECTED_CHOICES = {
     "tiny_paper_ipd": {"model": "tiny", "logger": "none"},  # ... and what was tuned per game on top
     "tiny_paper_kuhn": {"model": "tiny", "logger": "none"},
     "smollm2_paper": {"model": "smollm2", "logger": "none"},  # `launch/tiny_paper.sh --model smollm2`
+    "gemma4_paper": {"model": "gemma4", "logger": "wandb"},  # `launch/paper_plan.sh --model gemma4`
+    "qwen_paper": {"model": "qwen", "logger": "wandb"},
     "sepo_safety": {"model": "tiny", "logger": "none"},  # launch/sepo_safety.sh's shared settings
 }
 
@@ -135,6 +137,8 @@ PAPER_SETTINGS = {
     "tiny_paper_ipd": (80, "cosine", 5, 20),
     "tiny_paper_kuhn": (40, "constant", 1, 20),
     "smollm2_paper": (10, "cosine", 1, 8),  # conf/model/smollm2.yaml's own sizes
+    "gemma4_paper": (100, "constant", 5, 20),  # the paper's sizes: the stages' defaults
+    "qwen_paper": (100, "constant", 5, 20),
     "sepo_safety": (60, "constant", 5, 20),  # steps: tiny's own (the launcher's --steps sets every arm's)
 }
 

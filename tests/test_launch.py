@@ -22,6 +22,20 @@ def dry_run(script: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def phase_counts(lines: list[str]) -> dict[str, int]:
+    """{phase: jobs} from a launcher's dry run (its `# <phase>: <n> job(s) -> <dir>` lines)."""
+    return {
+        line.split()[1].rstrip(":"): int(line.split()[2]) for line in lines if line.startswith("# ") and "job" in line
+    }
+
+
+def all_games_plan(sepo_jobs_per_game: int) -> dict[str, int]:
+    """The phases of the plan on all five games: 3 SFTs, the `multi` SFT evaluated on auction and neg_v1, Base
+    on every game, and each game's SEPO jobs (arms x seeds)."""
+    games = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
+    return {"sft": 3, "sft_eval": 2, "base": 5, **{f"sepo_{g}": sepo_jobs_per_game for g in games}}
+
+
 def test_a_table_script_prints_one_command_per_job():
     proc = dry_run("paper_ipd.sh", "hydra.launcher.partition=gpu")
     assert proc.returncode == 0, proc.stderr
@@ -72,15 +86,8 @@ def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
     proc = dry_run("tiny_paper.sh", "--root", str(tmp_path), "--seeds", "0,1", "sepo.lr=1e-3")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    phases = {
-        line.split()[1].rstrip(":"): int(line.split()[2]) for line in lines if line.startswith("# ") and "job" in line
-    }
-    assert phases == {
-        "sft": 3,
-        "sft_eval": 2,
-        "base": 5,
-        **{f"sepo_{g}": 4 for g in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")},
-    }
+    phases = phase_counts(lines)
+    assert phases == all_games_plan(sepo_jobs_per_game=4)
     jobs = [dict(a.split("=", 1) for a in line.split()[2:] if "=" in a) for line in lines if not line.startswith("#")]
     assert len(jobs) == sum(phases.values())
     assert all(j["sepo.lr"] == "0.001" for j in jobs)  # the user's keys reach every job
@@ -117,9 +124,7 @@ def test_tiny_paper_on_some_games_runs_only_the_sfts_they_start_from(tmp_path, g
     proc = dry_run("tiny_paper.sh", "--root", str(tmp_path), "--seeds", "0,1,2", "--games", games)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    phases = {
-        line.split()[1].rstrip(":"): int(line.split()[2]) for line in lines if line.startswith("# ") and "job" in line
-    }
+    phases = phase_counts(lines)
     assert phases == expected
     sft_games = sorted(line.split("game=")[1].split()[0] for line in lines if " stage=sft " in line)
     assert sft_games == sorted({"neg_v1": "ipd", "kuhn": "kuhn", "neg_v2": "neg_v2"}[g] for g in games.split(","))
@@ -148,5 +153,42 @@ def test_tiny_paper_takes_a_model_with_a_paper_preset(tmp_path):
     assert (
         proc.stderr.strip()
         .splitlines()[-1]
-        .endswith("--model 'gpt5': allowed: smollm2, tiny (a model needs conf/experiment/<model>_paper.yaml)")
+        .endswith(
+            "--model 'gpt5': allowed: gemma4, qwen, smollm2, tiny (a model needs conf/experiment/<model>_paper.yaml)"
+        )
     )
+
+
+def test_the_paper_plan_on_a_full_size_model_trains_each_sft_once(tmp_path):
+    """`paper_plan.sh --model gemma4 --arms sepo`: the grid's jobs for one model with its three SFTs trained once
+    (grid.sh trains `multi` once per game), one SEPO run per game and seed, no payoff-only arm."""
+    proc = dry_run("paper_plan.sh", "--model", "gemma4", "--root", str(tmp_path), "--seeds", "42", "--arms", "sepo")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    phases = phase_counts(lines)
+    assert phases == all_games_plan(sepo_jobs_per_game=1)
+    jobs = [line.split() for line in lines if not line.startswith("#")]
+    assert {job[2] for job in jobs} == {"+experiment=gemma4_paper"}
+    sepo = [dict(a.split("=", 1) for a in job if "=" in a) for job in jobs if "stage=sepo" in job]
+    assert sorted((j["game"], j["lambdas"]) for j in sepo) == sorted(
+        (g, g) for g in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
+    )
+
+
+def test_a_phase_goes_to_slurm_as_one_sweep_that_hydra_waits_for(tmp_path):
+    from launch import tiny_paper
+
+    phase = tiny_paper.phases(tmp_path, [42], ("kuhn",), "qwen", ("sepo",))[0]
+    slurm = tiny_paper.sweep_command(phase, tmp_path, 2, ["hydra.launcher.partition=gpu"], "slurm")
+    assert "+launch=slurm" in slurm
+    assert not any(a.startswith("hydra.launcher.n_jobs=") for a in slurm)  # a local launcher's key
+    assert slurm[-1] == "hydra.launcher.partition=gpu"
+    local = tiny_paper.sweep_command(phase, tmp_path, 2, [])
+    assert "+launch=local" in local
+    assert "hydra.launcher.n_jobs=2" in local
+
+
+def test_the_paper_plan_refuses_an_unknown_arm_in_one_line(tmp_path):
+    proc = dry_run("paper_plan.sh", "--root", str(tmp_path), "--arms", "sepo,grpo")
+    assert proc.returncode == 2
+    assert "--arms 'sepo,grpo': allowed: a comma-separated subset of sepo,payoff_only" in proc.stderr
