@@ -36,6 +36,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,12 +196,22 @@ def reference_logprobs(
     scorer = ref_model if ref_model is not None else model
     adapter_off = model.disable_adapter() if ref_model is None else contextlib.nullcontext()
     with torch.no_grad(), adapter_off, section("reference_logprobs"):
-        root = _root(scorer, policy, batch.decisions)
-        for part in _passes(policy, batch.decisions, s, grad=False, root=root):
-            lp, mask = _policy_logprobs(scorer, policy, [batch.decisions[i] for i in part], s, root)
+        for part, lp, mask in scored_passes(scorer, policy, batch.decisions, s):
             for i, row, m in zip(part, lp, mask):
                 out[i] = row[m.bool()]
     return out
+
+
+def scored_passes(
+    scorer: Any, policy: LMPolicy, decisions: list[Decision], s: DictConfig
+) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Every decision's answer log-probs under `scorer`, pass by pass without gradients, the batch's root
+    (the rules) encoded once: (the pass's decision indices, their log-probs, their answer mask). What the
+    reference pass and the KL check after an update share; call it under `torch.no_grad()`."""
+    root = _root(scorer, policy, decisions)
+    for part in _passes(policy, decisions, s, grad=False, root=root):
+        lp, mask = _policy_logprobs(scorer, policy, [decisions[i] for i in part], s, root)
+        yield part, lp, mask
 
 
 def generated_tokens(batch: RolloutBatch) -> int:
@@ -297,11 +308,8 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
     """KL(pi_theta || pi_old) over the batch's tokens with the parameters as they are now (no gradient)."""
     total, tokens = 0.0, 0
     with torch.no_grad(), section("kl_after_update"):
-        root = _root(model, policy, batch.decisions)
-        for part in _passes(policy, batch.decisions, s, grad=False, root=root):
-            decisions = [batch.decisions[i] for i in part]
-            lp, mask = _policy_logprobs(model, policy, decisions, s, root)
-            old = _pad([d.tokens.logprobs.float() for d in decisions], lp.shape[1]).to(lp)
+        for part, lp, mask in scored_passes(model, policy, batch.decisions, s):
+            old = _pad([batch.decisions[i].tokens.logprobs.float() for i in part], lp.shape[1]).to(lp)
             total += float(masked(old_policy_kl(lp, old), mask.bool()).sum())
             tokens += int(mask.sum())
     total, tokens = distributed.sum_floats(total, tokens)
