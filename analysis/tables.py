@@ -169,9 +169,9 @@ def bold_mask(values: pd.DataFrame, groups: pd.Series, cols: list[Column]) -> pd
 
 
 def bold_css(bold: pd.DataFrame) -> pd.DataFrame:
-    """Styler's LaTeX bold where `bold` is True. Built with numpy, not `DataFrame.replace`: pandas 2.x's
+    """Styler's LaTeX bold where `bold` is True. Built with numpy, not `DataFrame.replace`: pandas 3.0.6's
     replace of True/False on a frame of several bool blocks (as `reindex(fill_value=False)` leaves it)
-    raised IndexError inside its copy-on-write bookkeeping on the GPU machine's image."""
+    raised IndexError inside its copy-on-write bookkeeping (the GPU machine's image; 3.1 does not)."""
     return pd.DataFrame(
         np.where(bold.to_numpy(dtype=bool), "textbf:--rwrap;", ""), index=bold.index, columns=bold.columns
     )

@@ -1,4 +1,4 @@
-"""The paper's tables for all five games on a model small enough for a CPU, in one resumable command.
+"""The paper's plan for all five games, phase by phase, in one resumable command: on a CPU or on SLURM.
 
     launch/tiny_paper.sh [--model tiny|smollm2|gemma4|qwen] [--dry-run] [--root DIR] [--seeds 0,1,2]
                          [--games ipd,...] [--arms sepo,payoff_only] [--launch local|slurm] [--jobs 2]
@@ -20,7 +20,7 @@ game: 3 times per model). Phases, in order; each is one Hydra sweep through the 
   sepo_<game>    per game, from its SFT: SEPO (the game's lambdas) and payoff-only (`lambdas=zero`; `--arms`
                  picks), one run per seed (`sepo.seed`), every run evaluated on the same test episodes (and the same
                  validation episodes, which choose each run's best checkpoint)
-  tables         `python -m analysis.tables` and `python -m analysis.summary` into `<root>/tiny_paper/tables`
+  tables         `python -m analysis.tables` and `python -m analysis.summary` into `<root>/M_paper/tables`
 The settings every job shares are the preset `conf/experiment/tiny_paper.yaml`; a game's SEPO runs use
 `tiny_paper_<game>.yaml` where one exists (it includes the shared one and adds what was tuned for that game:
 IPD, Kuhn). `key=value` arguments are passed to every job after its preset. `--dry-run` prints every job,

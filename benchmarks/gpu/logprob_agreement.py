@@ -14,7 +14,7 @@ on a fresh batch every ratio is 1 and nothing is clipped. On an H200 a full-size
 each as the mean and largest |difference| and the share of tokens whose ratio leaves [1 - clip, 1 + clip].
 Gemma 4 is measured as transformers initialises it and tempered (`temper_attention_logits`).
 
-    python -m benchmarks.gpu.logprob_agreement [--model gemma4 qwen] [--shape e4b|narrow] [--device cuda]
+    python -m benchmarks.gpu.logprob_agreement [--model gemma4 qwen] [--shape full|narrow] [--device cuda]
 
 `--shape narrow` keeps the full depth and layer pattern at a width a CPU runs in seconds.
 """
@@ -54,7 +54,7 @@ NARROW = {
 
 def model_config(arch: str, shape: str) -> Any:
     """The published shape, or the same depth, pattern and head sizes at `NARROW`'s width."""
-    if shape == "e4b":
+    if shape == "full":
         return gemma4_config("e4b", towers=False) if arch == "gemma4" else qwen35_config()
     if arch == "gemma4":
         from transformers import Gemma4Config, Gemma4TextConfig
@@ -134,7 +134,7 @@ def measure(arch: str, shape: str, temper: bool, args: argparse.Namespace) -> di
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", nargs="+", choices=["gemma4", "qwen"], default=["gemma4", "qwen"])
-    p.add_argument("--shape", choices=["e4b", "narrow"], default="e4b", help="e4b: the published shapes")
+    p.add_argument("--shape", choices=["full", "narrow"], default="full", help="full: the published shapes")
     p.add_argument("--device", default="cuda")
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=400, help="Kuhn's prompts run to ~430 tiny tokens")
