@@ -77,19 +77,19 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(differ[0]) if len(differ) else n
 
 
+def common_prefix_length(sequences: Sequence[Sequence[int]], limit: int) -> int:
+    """How many leading tokens every one of `sequences` shares, at most `limit` (<= the first's length)."""
+    first = sequences[0]
+    return min([limit] + [common_prefix(first, other) for other in sequences[1:]])
+
+
 def shared_prefix_length(prompts: Sequence[Sequence[int]], minimum: int = MIN_SHARED_PREFIX) -> int:
     """Tokens at the start of every prompt that one cached pass can serve for all rows (0: none): at
     least `minimum` long, and leaving every row at least one token of its own (generate needs a new
     token per row to start from)."""
     if len(prompts) < 2:
         return 0
-    first, shortest = prompts[0], min(len(p) for p in prompts)
-    length = shortest - 1
-    for other in prompts[1:]:
-        k = 0
-        while k < length and other[k] == first[k]:
-            k += 1
-        length = k
+    length = common_prefix_length(prompts, min(len(p) for p in prompts) - 1)
     return length if length >= minimum else 0
 
 

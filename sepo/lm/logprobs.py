@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from sepo.lm.prompt_cache import prefix_pass
+
 Head = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -161,12 +163,9 @@ def final_hidden_states(
     """
     with head_inputs(model) as captured:
         if shared_prefix:
-            from transformers import DynamicCache
-
             if forward_kwargs:
                 raise ValueError("shared_prefix works with plain input ids only (no extra model inputs)")
-            cache = DynamicCache(config=model.config)
-            model(input_ids=input_ids[:1, :shared_prefix], past_key_values=cache, use_cache=True)
+            cache = prefix_pass(model, input_ids[:1, :shared_prefix])
             cache.batch_repeat_interleave(input_ids.shape[0])
             kwargs = forward_inputs(model, input_ids, attention_mask)
             kwargs["input_ids"] = input_ids[:, shared_prefix:]

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sepo.lm.batching import MIN_SHARED_PREFIX, common_prefix
+from sepo.lm.batching import MIN_SHARED_PREFIX, common_prefix, common_prefix_length
+from sepo.lm.prompt_cache import prefix_pass
 
 
 def tree_order(sequences: Sequence[Sequence[int]]) -> list[int]:
@@ -116,9 +117,7 @@ def root_length(sequences: Sequence[Sequence[int]], starts: Sequence[int], minim
     every scored position's hidden state comes from a pass."""
     if not sequences:
         return 0
-    first = sequences[0]
-    shared = min([len(first)] + [common_prefix(first, s) for s in sequences[1:]])
-    shared = min(shared, min(starts) - 1)
+    shared = common_prefix_length(sequences, min(starts) - 1)
     return shared if shared >= minimum else 0
 
 
@@ -158,18 +157,9 @@ class EncodedRoot:
 
 
 def encode_root(model: torch.nn.Module, ids: Sequence[int]) -> EncodedRoot:
-    """One pass over `ids` (gradients as the caller has them enabled), kept for `tree_token_logprobs`.
-    Not `sepo.lm.prompt_cache.encode_prefix`: that pass never takes gradients."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
+    """One pass over `ids` (gradients as the caller has them enabled), kept for `tree_token_logprobs`."""
     device = next(model.parameters()).device
-    model(
-        input_ids=torch.tensor([list(ids)], dtype=torch.long, device=device),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,  # only the keys and values are wanted
-    )
+    cache = prefix_pass(model, torch.tensor([list(ids)], dtype=torch.long, device=device))
     computed = [(layer.keys, layer.values) for layer in cache.layers]
     if torch.is_grad_enabled():
         read = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in computed]

@@ -106,9 +106,11 @@ class PromptCache:
             )
 
 
-@torch.no_grad()
-def encode_prefix(model: Any, prefix: torch.Tensor, extras: Callable[[torch.Tensor], dict[str, torch.Tensor]]) -> Any:
-    """The KV cache of one pass over `prefix` ([1, tokens]), a prefix every row of a batch shares."""
+def prefix_pass(
+    model: Any, prefix: torch.Tensor, extras: Callable[[torch.Tensor], dict[str, torch.Tensor]] | None = None
+) -> Any:
+    """The KV cache of one pass over `prefix` ([1, tokens]), with gradients as the caller has them enabled:
+    SFT's and SEPO's passes train through it (its backward sums what every row that reads it leaves)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
@@ -117,9 +119,15 @@ def encode_prefix(model: Any, prefix: torch.Tensor, extras: Callable[[torch.Tens
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,  # only the cache is wanted: not [tokens, vocabulary] logits
-        **extras(prefix),
+        **(extras(prefix) if extras is not None else {}),
     )
     return cache
+
+
+@torch.no_grad()
+def encode_prefix(model: Any, prefix: torch.Tensor, extras: Callable[[torch.Tensor], dict[str, torch.Tensor]]) -> Any:
+    """`prefix_pass` without gradients: a prefix every row of a batch shares, for decoding."""
+    return prefix_pass(model, prefix, extras)
 
 
 def start_cache(

@@ -40,7 +40,7 @@ import torch
 
 from sepo.lm.batching import left_pad
 from sepo.lm.logprobs import position_ids_from_mask
-from sepo.lm.prompt_cache import encode_prefix
+from sepo.lm.prompt_cache import encode_prefix, prefix_pass
 from sepo.models import render_chat
 
 log = logging.getLogger(__name__)
@@ -160,16 +160,7 @@ def sft_logits(model: Any, batch: dict[str, Any], type_ids_key: str | None = Non
     for group in batch["groups"]:
         kwargs: dict[str, Any] = {"use_cache": False}
         if "prefix_ids" in group:
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=model.config)
-            model(
-                input_ids=group["prefix_ids"],
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-                **_extras(type_ids_key, group["prefix_ids"]),
-            )
+            cache = prefix_pass(model, group["prefix_ids"], lambda ids: _extras(type_ids_key, ids))
             cache.batch_repeat_interleave(len(group["rows"]))  # its backward sums the rows' gradients
             kwargs = {"past_key_values": cache, "use_cache": True}
         out = model(
