@@ -50,13 +50,18 @@ has() { [[ " ${PARTS[*]} " == *" $1 "* ]]; }
 say "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo no GPU)"
 python3 -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)' >>"$LOG" 2>&1
 
-bench() {  # bench SECONDS NAME args...: one `python -m benchmarks gpu` run, its JSON in $OUT/NAME.json
+json_run() {  # json_run SECONDS NAME MODULE args...: one `python -m MODULE` run, its output in $OUT/NAME
     local limit=$1 name=$2
     shift 2
     say "start $name (limit ${limit}s): $*"
     local t0=$SECONDS
-    timeout --kill-after=10 "$limit" python3 -m benchmarks gpu "$@" >"$OUT/$name.json" 2>>"$LOG"
+    timeout --kill-after=10 "$limit" python3 -m "$@" >"$OUT/$name" 2>>"$LOG"
     say "end $name: rc $? after $((SECONDS - t0))s"
+}
+bench() {  # bench SECONDS NAME args...: one `python -m benchmarks gpu` run, its JSON in $OUT/NAME.json
+    local limit=$1 name=$2
+    shift 2
+    json_run "$limit" "$name.json" benchmarks gpu "$@"
 }
 SIZES=(--decode-steps "${DECODE_STEPS:-32}" --sft-steps "${SFT_STEPS:-3}" ${BENCH_ARGS:-})
 CKPT=/tmp/sepo_ckpt
@@ -93,13 +98,7 @@ retry_sepo() {  # retry_sepo MODEL GAME: after SEPO diverged, two runs of stage=
 # in order of worth: the GPU tests (a minute), each model's figures, the main job through main.py (a run cut
 # by its limit is marked FAILED; the same command on the still-warm machine resumes it), the fast-kernel decode
 has tests && step 90 "pytest -m gpu" python3 -m pytest -q -n 0 -m gpu tests/test_gpu.py -p no:cacheprovider
-if has agreement; then
-    say "start logprob agreement (limit ${AGREEMENT_S:-150}s)"
-    t0=$SECONDS
-    timeout --kill-after=10 "${AGREEMENT_S:-150}" python3 -m benchmarks.gpu.logprob_agreement ${AGREEMENT_ARGS:-} \
-        >"$OUT/logprob_agreement.jsonl" 2>>"$LOG"
-    say "end logprob agreement: rc $? after $((SECONDS - t0))s"
-fi
+has agreement && json_run "${AGREEMENT_S:-150}" logprob_agreement.jsonl benchmarks.gpu.logprob_agreement ${AGREEMENT_ARGS:-}
 has bench && bench 150 gpu-gemma4 --model gemma4 "${SIZES[@]}"
 has bench && bench 130 gpu-qwen --model qwen "${SIZES[@]}"
 if has sepo; then  # stage=sepo alone on the saved random checkpoints, side by side (no SFT before it)
