@@ -231,6 +231,21 @@ def test_fallback_on_a_model_that_never_answers(tiny):
         assert agent.tokenizer.decode(d.tokens.gen_ids.tolist(), skip_special_tokens=True) == d.text
 
 
+def test_the_fallback_scored_as_prefix_trees_chooses_as_padded_rows(tiny):
+    """`model.prefix_tree`: the fallback's question is scored in prefix trees (the rules once), and every
+    forced action is the one padded rows choose."""
+    model, tokenizer, cfg = tiny
+    requests = [ipd_request(h) for h in HISTORIES]
+    actions = {}
+    for tree in (False, True):
+        agent = LMPolicy(model, tokenizer, OmegaConf.merge(cfg, {"prefix_cache": True, "prefix_tree": tree}), 1.0, 8, 0)
+        assert agent.prefix_tree is tree
+        decisions = agent.act_batch(requests)
+        assert not any(d.parsed for d in decisions)  # every action comes from the fallback
+        actions[tree] = [d.action for d in decisions]
+    assert actions[True] == actions[False]
+
+
 def test_fallback_question_lists_the_actions():
     assert fallback_question(IPD, [C, D]) == "State your final action (COOPERATE/DEFECT):"
     many = [str(i) for i in range(20)]

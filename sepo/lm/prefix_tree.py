@@ -168,21 +168,13 @@ def encode_root(model: torch.nn.Module, ids: Sequence[int]) -> EncodedRoot:
     return EncodedRoot(len(ids), computed, read)
 
 
-def tree_token_logprobs(
-    model: torch.nn.Module,
-    sequences: Sequence[Sequence[int]],
-    starts: Sequence[int],
-    chunk: int = 32,
-    temperature: float = 1.0,
-    root: EncodedRoot | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(sequence[t] | sequence[:t]) for t in [start, len) of every sequence, from one pass over their
-    prefix tree: float32 [D, L] (L the longest scored part; padded positions hold values callers must mask
-    out) and the mask of real positions [D, L]. Gradients flow when enabled, as in `token_logprobs`.
-
-    With `root` (`encode_root` of the sequences' first `root.length` tokens, at most `root_length`), the
-    tree holds the rest of each sequence only and every node also attends to the root's keys and values."""
-    from sepo.lm.logprobs import _softcap, chunked_logprobs_from_hidden, head_inputs
+def tree_hidden_states(
+    model: torch.nn.Module, sequences: Sequence[Sequence[int]], root: EncodedRoot | None = None
+) -> tuple[torch.Tensor, PackedTree]:
+    """The final hidden states [N, H] of one pass over the prefix tree of `sequences` (after `root.length`
+    tokens each when a root is given: every node then also attends to the root's keys and values), and
+    the tree, whose `paths` say which node is which sequence's token."""
+    from sepo.lm.logprobs import head_inputs
 
     device = next(model.parameters()).device
     skip = root.length if root is not None else 0
@@ -198,7 +190,28 @@ def tree_token_logprobs(
             position_ids=(tree.positions + skip).to(device),
             **extra,
         )
-    hidden = captured[-1][0]  # [N, H]
+    return captured[-1][0], tree
+
+
+def tree_token_logprobs(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    starts: Sequence[int],
+    chunk: int = 32,
+    temperature: float = 1.0,
+    root: EncodedRoot | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(sequence[t] | sequence[:t]) for t in [start, len) of every sequence, from one pass over their
+    prefix tree: float32 [D, L] (L the longest scored part; padded positions hold values callers must mask
+    out) and the mask of real positions [D, L]. Gradients flow when enabled, as in `token_logprobs`.
+
+    With `root` (`encode_root` of the sequences' first `root.length` tokens, at most `root_length`), the
+    tree holds the rest of each sequence only and every node also attends to the root's keys and values."""
+    from sepo.lm.logprobs import _softcap, chunked_logprobs_from_hidden
+
+    device = next(model.parameters()).device
+    skip = root.length if root is not None else 0
+    hidden, tree = tree_hidden_states(model, sequences, root)
     width = max(len(s) - start for s, start in zip(sequences, starts))
     predictors = torch.zeros((len(sequences), width), dtype=torch.long)
     targets = torch.zeros((len(sequences), width), dtype=torch.long)
@@ -217,3 +230,27 @@ def tree_token_logprobs(
         _softcap(model),
     )
     return lp, mask.to(lp)
+
+
+def tree_next_token_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int]], budget: int) -> torch.Tensor:
+    """Float32 logits [D, V] of the token after each sequence (no gradients), soft-capped like the model's:
+    the constrained fallback's question after every answer that did not parse.
+
+    The sequences' common prefix (the rules) is encoded once (`encode_root`), and the rest in passes of at
+    most `budget` tree nodes: a read's sampled answers all follow one prompt, and an episode's prompts
+    repeat its history. Padded rows encoded each prompt whole: Base's fallback on Kuhn (almost every
+    answer rambles) took 2.6x as long (docs/speed.md §5k)."""
+    from sepo.lm.logprobs import _logits, _softcap
+
+    with torch.no_grad():
+        shared = root_length(sequences, [len(s) for s in sequences])
+        root = encode_root(model, sequences[0][:shared]) if shared else None
+        skip = root.length if root is not None else 0
+        logits: list[torch.Tensor | None] = [None] * len(sequences)
+        for part in tree_passes([s[skip:] for s in sequences], len(sequences), budget):
+            hidden, tree = tree_hidden_states(model, [sequences[i] for i in part], root)
+            last = torch.tensor([path[-1] for path in tree.paths], device=hidden.device)
+            rows = _logits(hidden[last], model.get_output_embeddings(), 1.0, _softcap(model))
+            for k, i in enumerate(part):
+                logits[i] = rows[k]
+    return torch.stack(logits)  # type: ignore[arg-type]

@@ -16,7 +16,8 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
 2. Each answer is parsed with the game's `parse_action`. Rows that do not parse go through the
    constrained fallback: the answer becomes an assistant turn, a user turn asks
    "State your final action (A/B/...):", and one batched forward pass (`score_batch` rows at a
-   time) picks the legal action whose first token has the highest logit. When legal actions
+   time; with `model.prefix_tree` prefix trees that encode the rules and a read's shared prompt once)
+   picks the legal action whose first token has the highest logit. When legal actions
    share their first token (neg_v2 vectors such as "[1, 0, 2]"), the whole token sequence of
    every legal action is scored (teacher-forced log-prob sum, in passes of `score_batch` rows)
    and the best one is taken. Either way the action is legal.
@@ -46,7 +47,7 @@ the global torch RNG is never touched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +61,7 @@ from sepo.lm import batching
 from sepo.lm.batching import MIN_SHARED_PREFIX, end_of_turn_ids, score_passes  # noqa: F401  (re-exported)
 from sepo.lm.cascade_attention import shared_prefix
 from sepo.lm.logprobs import next_token_logits, token_logprobs
-from sepo.lm.prefix_tree import tree_token_logprobs
+from sepo.lm.prefix_tree import tree_next_token_logits, tree_token_logprobs
 from sepo.lm.prompt_cache import EncodedPrompt, PromptCache, start_cache
 from sepo.lm.sampling import PLAIN_SAMPLING, RowSampler
 from sepo.lm.stopping import StopWhen
@@ -135,6 +136,7 @@ class LMPolicy:
         batch_size: int = 0,
         logprob_chunk: int = 32,
         score_batch: int = 16,
+        score_tokens: int = 512,
         action_samples: int = 128,
         cascade_attention: bool | None = None,
     ):
@@ -149,6 +151,9 @@ class LMPolicy:
         #: activations of every row and position at once (and rows x `logprob_chunk` x vocab
         #: log-probs), unlike generate's one-token steps, so it is kept apart from `batch_size`
         self.score_batch = int(score_batch)
+        #: tree nodes per pass of the fallback's question (`model.prefix_tree`) beside the rules every row
+        #: shares: Base's Kuhn fallback ran 2.6x faster than padded rows at 512, 2.5x at 1,024 (docs/speed.md §5k)
+        self.score_tokens = int(score_tokens)
         #: log-probs are those of the sampled distribution; greedy decoding records the plain model's
         self.logprob_temperature = self.temperature if self.temperature > 0 else 1.0
         self.seed = int(seed)
@@ -398,11 +403,7 @@ class LMPolicy:
 
         # Distinct first tokens: one forward pass, logits masked to those tokens, argmax.
         simple = [i for i, toks in enumerate(tokenised) if len({t[0] for t in toks}) == len(toks)]
-        for part in self._chunks(len(simple), self.score_batch):
-            rows = [simple[k] for k in part]
-            ids, mask, _ = self.pack([prompts[i] for i in rows])
-            with torch.no_grad():
-                logits = next_token_logits(self.model, ids, mask, **self.extra_inputs(ids))
+        for rows, logits in self._next_token_logits([prompts[i] for i in simple], simple):
             for row, i in enumerate(rows):
                 firsts = torch.tensor([t[0] for t in tokenised[i]], device=logits.device)
                 choice[i] = int(logits[row, firsts].argmax())
@@ -416,6 +417,21 @@ class LMPolicy:
         return [requests[i].legal[c] for i, c in enumerate(choice)]
 
     # ----------------------------------------------------------------- scoring
+    def _next_token_logits(self, prompts: list[list[int]], keys: list[int]) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """(keys of some prompts, float32 logits [len, V] of the token after each): with `model.prefix_tree`
+        all at once from prefix trees of at most `score_tokens` nodes after the shared rules, else padded
+        rows, `score_batch` at a time."""
+        if not prompts:
+            return
+        if self.prefix_tree:
+            yield keys, tree_next_token_logits(self.model, prompts, self.score_tokens)
+            return
+        for part in self._chunks(len(prompts), self.score_batch):
+            ids, mask, _ = self.pack([prompts[k] for k in part])
+            with torch.no_grad():
+                logits = next_token_logits(self.model, ids, mask, **self.extra_inputs(ids))
+            yield [keys[k] for k in part], logits
+
     def sequence_logprobs(
         self,
         prompts: Sequence[Sequence[int]],
