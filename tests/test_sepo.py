@@ -517,3 +517,82 @@ def test_a_rollout_batch_played_by_forked_workers_is_the_batch_played_whole(setu
         assert torch.equal(a.tokens.gen_ids, b.tokens.gen_ids)
         assert torch.equal(a.tokens.logprobs, b.tokens.logprobs)
     assert split.advantages.tolist() == whole.advantages.tolist()
+
+
+#: SEPO on tiny Kuhn poker, the best responders due at the checkpoint of step 1
+KUHN_CHECKPOINT_READ = [
+    "stage=sepo",
+    "model=tiny",
+    "game=kuhn",
+    "logger=none",
+    "sepo.steps=2",
+    "sepo.checkpoint_steps=[1]",
+    "sepo.best_response_every=1",
+    "sepo.rollouts_per_opponent=2",
+    "sepo.max_new_tokens=4",
+    "eval.max_new_tokens=4",
+    "eval.episodes_per_opponent=2",
+    "eval.progress=false",
+]
+
+
+@pytest.mark.parametrize("samples, answered", [(2, True), (3, False)])
+def test_best_responders_due_at_a_checkpoint_answer_its_test_read_when_it_reads_alike(cli, tmp_path, samples, answered):
+    """The checkpoint's test evaluation has just read the policy's table: where it read it as the best
+    responders' refresh would (as many answers a state, the same temperature and budget), they answer
+    that read, saved with the checkpoint, instead of reading again; otherwise they read it themselves."""
+    proc = cli(
+        *KUHN_CHECKPOINT_READ,
+        "eval.action_samples=2",
+        f"sepo.best_response_samples={samples}",
+        f"paths.root_dir={tmp_path}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert ("step 1  best response answers the checkpoint's test read" in log) is answered
+    assert ("step 1  best response re-read" in log) is not answered
+    assert "step 0  best response re-read" in log  # no checkpoint at step 0: the run reads it
+    (run,) = run_dirs(tmp_path, "DONE")
+    saved = json.loads((run / "checkpoints" / "step_1" / "best_response.json").read_text())
+    assert saved["step"] == (1 if answered else 0)  # a resume answers the read the uninterrupted run answered
+    if answered:
+        test_read = json.loads((run / "eval" / "step_1" / "results.json").read_text())["played_table"]
+        assert all(abs(saved["table"][k][1] - p) < 1e-6 for k, p in test_read["bet_or_call"].items())
+
+
+@pytest.mark.parametrize("temperature, answered", [(0.8, True), (0.7, False)])
+def test_the_first_best_response_answers_the_sft_evaluations_read_when_it_reads_alike(
+    cli, tmp_path, tiny_dir, temperature, answered
+):
+    """SEPO's step 0 plays the SFT model itself: where the SFT run beside `model.path` read its table as
+    the best responders would, they answer that read (here a LooseA table: bet with every card, call with
+    the king alone) instead of reading the same model again."""
+    import shutil
+
+    from sepo.games.kuhn_exact import INFOSETS
+
+    sft = tmp_path / "sft"
+    shutil.copytree(tiny_dir, sft / "merged")
+    bet_or_call = {key: 1.0 if key[1:] in ("", "p") or key[0] == "2" else 0.0 for key in INFOSETS}
+    read = {"bet_or_call": bet_or_call, "se": dict.fromkeys(INFOSETS, 0.0), "samples_per_state": 2}
+    read |= {"rao_blackwellised": 1.0, "temperature": temperature, "max_new_tokens": 4}
+    (sft / "eval" / "sft").mkdir(parents=True)
+    payload = {"game": "kuhn", "stage": "sft", "played_table": read}
+    (sft / "eval" / "sft" / "results.json").write_text(json.dumps(payload))
+    proc = cli(
+        *KUHN_CHECKPOINT_READ,
+        "sepo.steps=1",
+        "sepo.checkpoint_steps=[]",
+        "sepo.best_response_samples=2",
+        "sepo.temperature=0.8",
+        f"model.path={sft / 'merged'}",
+        f"paths.root_dir={tmp_path}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert ("step 0  best response answers the SFT evaluation's test read" in log) is answered
+    assert ("step 0  best response re-read" in log) is not answered
+    (run,) = run_dirs(tmp_path, "DONE")
+    saved = json.loads((run / "checkpoints" / "step_1" / "best_response.json").read_text())
+    assert saved["step"] == 0
+    assert ({k: p[1] for k, p in saved["table"].items()} == bet_or_call) is answered

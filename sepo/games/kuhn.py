@@ -286,6 +286,13 @@ class PlayedTable:
             "rao_blackwellised": round(self.rao_blackwellised, 4),
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any], ante: float = 1.0, bet: float = 1.0) -> PlayedTable:
+        """The table `to_json` wrote (its probabilities to 6 decimals)."""
+        table = {k: np.array([1.0 - float(p), float(p)]) for k, p in data["bet_or_call"].items()}
+        se = {k: float(v) for k, v in data["se"].items()}
+        return cls(table, se, int(data["samples_per_state"]), float(data["rao_blackwellised"]), ante, bet)
+
 
 def table_from_probs(probs: dict[str, dict[str, float]]) -> Table:
     """Infoset key -> {action string: prob} into the (pass/fold, bet/call) table, renormalised.

@@ -37,16 +37,18 @@ def evaluate_policy(
     seed: int,
     mirrored: bool = False,
     progress: bool = True,
+    table: Any = None,
 ) -> dict[str, Any]:
     """Metrics of `policy` on `game` against `pools` (no file I/O).
 
     Where the game has an exact analysis (Kuhn poker), the policy's played table is estimated first
-    (seeded by `seed`, so every checkpoint of a run is read on the same sampling streams): it gives
-    `exploit_exact` with its SE, and it is what a `BestResponse` opponent responds to.
+    (seeded by `seed`, so every checkpoint of a run is read on the same sampling streams), unless the
+    caller read it already (`table`, `played_table_of` with the same seed): it gives `exploit_exact`
+    with its SE, and it is what a `BestResponse` opponent responds to.
     """
     names = list(dict.fromkeys(n for pool in POOLS for n in pools[pool]))
     opponents = {n: make_strategy(game.cfg, n, key="game.pools") for n in names}
-    table = played_table_of(game, policy, seed)
+    table = played_table_of(game, policy, seed) if table is None else table
     respond_to_agent(opponents.values(), table)
     first_pool = {}
     for pool in POOLS:
@@ -80,7 +82,7 @@ def evaluate_policy(
     if table is not None:
         result["metrics"]["exploit_exact"] = table.exploitability
         result["se"]["exploit_exact"] = table.exploitability_se
-        result["played_table"] = table.to_json()
+        result["played_table"] = {**table.to_json(), **read_settings(policy)}
     result["episodes"] = len(records)
     result["per_episode"] = [
         {
@@ -107,6 +109,14 @@ def played_table_of(game: Game, policy: Policy, seed: int) -> Any:
     if hasattr(game, "played_table") and hasattr(policy, "action_probabilities"):
         return game.played_table(policy, seed=seed)
     return None
+
+
+def read_settings(policy: Policy) -> dict[str, Any]:
+    """How a language model's table was read, beside the answers a state (`samples_per_state`): what
+    decides whether another run may answer the same read (`sepo.stages.sepo_loop.answer_sft_read`)."""
+    if not hasattr(policy, "max_new_tokens"):
+        return {}
+    return {"temperature": float(policy.temperature), "max_new_tokens": int(policy.max_new_tokens)}
 
 
 def respond_to_agent(strategies: Any, table: Any) -> None:
@@ -168,26 +178,36 @@ def evaluate_and_write(
     checkpoint: str | None = None,
     step: int | None = None,
     split: str = "test",
+    table: Any = None,
 ) -> dict[str, Any]:
     """Evaluate `policy` with the run's protocol (`evaluate_with_protocol`) and write its results.json at
     `path`; returns the payload."""
-    result = evaluate_with_protocol(cfg, game, policy, split)
+    result = evaluate_with_protocol(cfg, game, policy, split, table)
     return write_results(path, cfg, result, stage=stage, checkpoint=checkpoint, step=step, split=split)
 
 
-def evaluate_with_protocol(cfg: DictConfig, game: Game, policy: Policy, split: str = "test") -> dict[str, Any]:
+def evaluate_with_protocol(
+    cfg: DictConfig, game: Game, policy: Policy, split: str = "test", table: Any = None
+) -> dict[str, Any]:
     """`evaluate_policy` with the run's protocol: every pool, `eval.episodes_per_opponent` episodes of the
-    split's seed, the evaluation lambdas."""
+    split's seed (`split_seed`), the evaluation lambdas; `table`: the policy's played table, when read already."""
     return evaluate_policy(
         game,
         policy,
         pools_of(cfg.game),
         dict(cfg.lambdas.eval),
         int(cfg.eval.episodes_per_opponent),
-        int(cfg.seed) if split == "test" else int(cfg.eval.validation_seed),
+        split_seed(cfg, split),
         mirrored=bool(cfg.game.get("mirrored", False)),
         progress=bool(cfg.eval.get("progress", True)),
+        table=table,
     )
+
+
+def split_seed(cfg: DictConfig, split: str) -> int:
+    """The seed of a split's episodes and of its read of the played table: test `seed`, validation
+    `eval.validation_seed`."""
+    return int(cfg.seed) if split == "test" else int(cfg.eval.validation_seed)
 
 
 def write_results(
@@ -209,7 +229,7 @@ def write_results(
         "checkpoint": checkpoint,
         "step": step,
         "split": split,
-        "seed": int(cfg.seed) if split == "test" else int(cfg.eval.validation_seed),
+        "seed": split_seed(cfg, split),
         "train_seed": train_seed(cfg, stage),
         "lambdas": OmegaConf.to_container(cfg.lambdas.eval, resolve=True),
         "lambdas_train": OmegaConf.to_container(cfg.lambdas.train, resolve=True),  # all 0: a payoff-only run

@@ -48,6 +48,7 @@ from sepo import distributed
 from sepo.builders import load_model_and_tokenizer
 from sepo.errors import Diverged, NonFiniteLogits
 from sepo.games import Game, make_game
+from sepo.games.kuhn import PlayedTable
 from sepo.heap import release_freed_memory
 from sepo.lm.logprobs import token_logprobs
 from sepo.lm.packed_linear import drop_packed_weights
@@ -56,7 +57,7 @@ from sepo.models import adapter_folded, attach_lora, forward_extras, quantized_r
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
 from sepo.profiling import gpu_peak_gib_since_last_call, section
-from sepo.stages.evaluate import evaluate_and_write, evaluation_policy
+from sepo.stages.evaluate import evaluate_and_write, evaluation_policy, played_table_of, split_seed
 from sepo.tracking import NO_TRACKING, NullTracker
 from sepo.training.best_response import BestResponseSchedule
 from sepo.training.checkpoints import load_checkpoint, save_checkpoint
@@ -316,19 +317,81 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
     return total / max(tokens, 1)
 
 
-def evaluate_checkpoint(cfg: DictConfig, game: Game, model: Any, tokenizer: Any, step: int, final: bool) -> dict:
-    """The checkpoint on the test episodes (`seed`: results.json, what the tables report) and on the
-    validation episodes (`eval.validation_seed`: validation.json, what picks the best checkpoint)."""
+def evaluate_checkpoint(
+    cfg: DictConfig, game: Game, model: Any, tokenizer: Any, step: int, final: bool
+) -> tuple[dict, Any]:
+    """The checkpoint on the validation episodes (`eval.validation_seed`: validation.json, what picks the
+    best checkpoint) and on the test episodes (`seed`: results.json, what the tables report); returns the
+    test payload and the test read of the played table (None where the game has none)."""
     out = Path(cfg.paths.output_dir) / "eval" / f"step_{step}"
     checkpoint = "final" if final else f"step_{step}"
-    for split, seed, name in (
-        ("validation", int(cfg.eval.validation_seed), "validation.json"),
-        ("test", int(cfg.seed), "results.json"),
-    ):
+    for split, name in (("validation", "validation.json"), ("test", "results.json")):
         # validation episodes are sampled from their own stream too, so nothing of them leaks into the test's
+        seed = split_seed(cfg, split)
         policy = evaluation_policy(cfg, model, tokenizer, generation_seed=None if split == "test" else seed)
-        payload = evaluate_and_write(cfg, game, policy, out / name, "sepo", checkpoint, step, split)
-    return payload
+        table = played_table_of(game, policy, seed)
+        payload = evaluate_and_write(cfg, game, policy, out / name, "sepo", checkpoint, step, split, table)
+    return payload, table
+
+
+def reads_alike(cfg: DictConfig, s: DictConfig) -> bool:
+    """Whether an evaluation reads the played table as the best responders' refresh does: as many answers
+    per information set, at the same temperature and answer budget (cascade attention aside, which moves
+    roundings only)."""
+    return (
+        int(cfg.eval.action_samples) == int(s.best_response_samples)
+        and float(cfg.eval.temperature) == float(s.temperature)
+        and int(cfg.eval.max_new_tokens) == int(s.max_new_tokens)
+    )
+
+
+def answer_sft_read(cfg: DictConfig, learner: Learner, game: Game, step: int, tracker: NullTracker) -> None:
+    """At step 0 the policy is the SFT model (its fresh adapter adds nothing). Where the SFT run that made
+    `model.path` (its `merged/`) read that model's table as the best responders would
+    (`eval/sft/results.json`: the SFT row's test evaluation, with the same answers a state, temperature and
+    budget), they answer that read instead of reading the same model again."""
+    if step != 0 or not cfg.model.path or not learner.best_response.due(0):
+        return
+    path = Path(cfg.model.path).parent / "eval" / "sft" / "results.json"
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # no SFT evaluation beside the model (or an unreadable one): the run reads the table itself
+    read, s = payload.get("played_table") or {}, sepo_settings(cfg)
+    asked = {"samples_per_state": int(s.best_response_samples), "temperature": float(s.temperature)}
+    asked["max_new_tokens"] = int(s.max_new_tokens)
+    if (
+        payload.get("stage") != "sft"
+        or payload.get("game") != cfg.game.name
+        or any(read.get(k) != v for k, v in asked.items())
+    ):
+        return
+    cost = learner.best_response.adopt(PlayedTable.from_json(read, game.ante, game.bet), 0)
+    tracker.log({f"sepo/{k}": v for k, v in cost.items()}, step=0)
+    log.info(
+        "step 0  best response answers the SFT evaluation's test read (%s): exploit_exact %.3f ± %.3f",
+        path,
+        cost["best_response/exploit_exact"],
+        cost["best_response/exploit_exact_se"],
+    )
+
+
+def answer_checkpoint_read(cfg: DictConfig, learner: Learner, table: Any, step: int, tracker: NullTracker) -> None:
+    """Where the best responders are due to re-read the policy at a checkpoint's step, they answer the
+    checkpoint's test read instead: the same policy read by the same estimator, so a second read (a
+    minute of a Kuhn run on smollm2) would only draw other samples. The read's samples are the policy's
+    own answers at the 12 information sets, no test episode: the episodes the tables report stay unseen."""
+    if table is None or not learner.best_response.due(step) or not reads_alike(cfg, sepo_settings(cfg)):
+        return
+    cost = learner.best_response.adopt(table, step)
+    tracker.log({f"sepo/{k}": v for k, v in cost.items()}, step=step)
+    log.info(
+        "step %d  best response answers the checkpoint's test read (%d sampled answers): exploit_exact %.3f ± %.3f",
+        step,
+        cost["best_response/decisions_sampled"],
+        cost["best_response/exploit_exact"],
+        cost["best_response/exploit_exact_se"],
+    )
 
 
 # ------------------------------------------------------------------------------ the stage
@@ -499,13 +562,19 @@ def checkpoint(
     final: bool,
     tracker: NullTracker,
 ) -> None:
-    """Evaluate the policy (test and validation episodes) and save everything a resume needs, on rank 0;
-    every process waits for it."""
+    """Evaluate the policy (test and validation episodes), let the best responders answer its test read
+    when they are due (`answer_checkpoint_read`) and save everything a resume needs, on rank 0; every
+    process answers the same read and waits for the save."""
+    table = None
     if distributed.is_main():
         with adapter_folded(learner.model, bool(cfg.sepo.fold_adapter_for_reads)):
-            result = evaluate_checkpoint(cfg, game, learner.model, learner.tokenizer, step, final)
+            result, table = evaluate_checkpoint(cfg, game, learner.model, learner.tokenizer, step, final)
         tracker.log({f"eval/{k}": v for k, v in result["metrics"].items()}, step=step)
+        answer_checkpoint_read(cfg, learner, table, step, tracker)
         save_checkpoint(out, learner, step, batch_index)
+    table = distributed.all_gather(table)[0]
+    if not distributed.is_main():
+        answer_checkpoint_read(cfg, learner, table, step, NO_TRACKING)
     distributed.barrier()
 
 
@@ -532,6 +601,7 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
     game = make_game(cfg.game)
     learner = build_learner(cfg, s)
     step, batch_index = resume_point(cfg, out, learner)
+    answer_sft_read(cfg, learner, game, step, tracker)
     checkpoints = {int(k) for k in s.checkpoint_steps} | {int(s.steps)}
 
     while step < int(s.steps):

@@ -51,10 +51,16 @@ class BestResponseSchedule:
                 samples=self.samples,
                 seed=int(np.random.SeedSequence([self.seed, step, 0xB5]).generate_state(1)[0]),
             )
+        return self.adopt(played, step, time.time() - started)
+
+    def adopt(self, played: Any, step: int, seconds: float = 0.0) -> dict[str, float]:
+        """Respond to `played`, the table of the policy as it is at `step`: read by `refresh`, or by the
+        evaluation of a checkpoint at that step (the same estimator on other sampling streams, when its
+        settings are the run's: `sepo.stages.sepo_loop.answer_checkpoint_read`); returns what it read."""
         self._respond({k: v.tolist() for k, v in played.table.items()}, step)
         return {
-            "best_response/seconds": time.time() - started,
-            "best_response/decisions_sampled": float(self.samples * len(played.table)),
+            "best_response/seconds": seconds,
+            "best_response/decisions_sampled": float(played.samples * len(played.table)),
             "best_response/exploit_exact": played.exploitability,
             "best_response/exploit_exact_se": played.exploitability_se,
             "best_response/rao_blackwellised": played.rao_blackwellised,
