@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 import time
 
-import torch
-
-from benchmarks.speed.checkpoint_evaluation import alternated, evaluation_parser, load_for_evaluation, mean_of
+from benchmarks.speed.checkpoint_evaluation import mean_of, run_arms
 
 METRICS = ("parse_rate", "exploit_exact", "train_payoff", "safety")
 
@@ -43,24 +41,15 @@ def timed_evaluation(cfg, game, model, tokenizer, cascade: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from sepo.profiling import matmul_gflops, time_model_forwards
-
-    args = evaluation_parser(__doc__).parse_args(argv)
-    cfg, game, model, tokenizer = load_for_evaluation(args)
-    time_model_forwards(model)  # bills generate's forwards to prompt processing or decoding
-    runs = alternated(
+    out = run_arms(
+        __doc__,
         ("sdpa", "cascade"),
-        args.repeats,
-        lambda arm: timed_evaluation(cfg, game, model, tokenizer, cascade=arm == "cascade"),
+        lambda cfg, game, model, tokenizer, arm: timed_evaluation(cfg, game, model, tokenizer, arm == "cascade"),
+        argv,
     )
-    mean, per_token = mean_of(runs, "seconds"), mean_of(runs, "decoding_ms_per_token")
-    out = {
-        "matmul_gflops_bf16": round(matmul_gflops(torch.bfloat16), 1),
-        "seconds": mean,
-        "speedup": round(mean["sdpa"] / mean["cascade"], 3),
-        "decoding_speedup_per_token": round(per_token["sdpa"] / per_token["cascade"], 3),
-        "runs": runs,
-    }
+    mean, per_token = out["seconds"], mean_of(out["runs"], "decoding_ms_per_token")
+    out["speedup"] = round(mean["sdpa"] / mean["cascade"], 3)
+    out["decoding_speedup_per_token"] = round(per_token["sdpa"] / per_token["cascade"], 3)
     print(json.dumps(out))
     return out
 

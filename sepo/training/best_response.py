@@ -4,7 +4,8 @@ An exploit opponent that responds to the agent (`BestResponse`, Kuhn poker) is t
 response to the agent's played table. As the policy moves, that response goes stale, so every
 `sepo.best_response_every` optimizer steps the table is estimated again from the current policy
 (`sepo.best_response_samples` sampled answers per information set, the estimator of
-`sepo.policies.played`) and the responders switch to the new response. Between refreshes the
+`sepo.policies.played`), or taken from an evaluation that has just read that very policy alike
+(`adopt`), and the responders switch to the new response. Between refreshes the
 responder is fixed, so its episodes carry the gradient of the policy's value against it; by
 Danskin's theorem that is the gradient of the exploitability (Lockhart et al. 2019, "Computing
 approximate equilibria in sequential adversarial games by exploitability descent").
