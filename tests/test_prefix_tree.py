@@ -30,6 +30,16 @@ EPISODE = [
 ]
 
 
+def rules_then_random(tokenizer, lengths: tuple[int, ...], seed: int) -> tuple[list[int], list[list[int]]]:
+    """A game's rules (tokens) and sequences that start with them, then random tokens of `lengths`."""
+    rules = tokenizer(
+        "You are playing an iterated prisoner's dilemma against one opponent for eight rounds.\n",
+        add_special_tokens=False,
+    )["input_ids"]
+    g = torch.Generator().manual_seed(seed)
+    return rules, [rules + torch.randint(3, len(tokenizer), (n,), generator=g).tolist() for n in lengths]
+
+
 def test_the_tree_holds_each_shared_token_once_and_every_sequence_on_its_path():
     tree = pack_tree(EPISODE)
     # 8 (first) + 3 (22, 23, 92 after "20 21") + 3 (24, 93, 94) + 2 (30, 95) + 0 (the repeat)
@@ -105,12 +115,7 @@ def test_a_root_encoded_once_for_several_passes_gives_the_one_tree_pass(tiny):
     and their backwards plus one through the root give the same gradient: each pass leaves its share on
     the root's keys and values."""
     model, tokenizer, cfg = tiny
-    rules = tokenizer(
-        "You are playing an iterated prisoner's dilemma against one opponent for eight rounds.\n",
-        add_special_tokens=False,
-    )["input_ids"]
-    g = torch.Generator().manual_seed(3)
-    sequences = [rules + torch.randint(3, len(tokenizer), (n,), generator=g).tolist() for n in (9, 4, 12, 6)]
+    rules, sequences = rules_then_random(tokenizer, (9, 4, 12, 6), seed=3)
     sequences[1] = sequences[0][: len(rules) + 5] + sequences[1]  # a later decision of the first episode
     starts = [len(s) - 3 for s in sequences]
     shared = root_length(sequences, starts)
@@ -173,12 +178,7 @@ def test_the_fallbacks_next_token_logits_as_trees_are_the_padded_ones(tiny):
     from sepo.lm.logprobs import next_token_logits
 
     model, tokenizer, cfg = tiny
-    rules = tokenizer(
-        "You are playing an iterated prisoner's dilemma against one opponent for eight rounds.\n",
-        add_special_tokens=False,
-    )["input_ids"]
-    g = torch.Generator().manual_seed(5)
-    prompts = [rules + torch.randint(3, len(tokenizer), (n,), generator=g).tolist() for n in (9, 4, 12, 6, 7)]
+    rules, prompts = rules_then_random(tokenizer, (9, 4, 12, 6, 7), seed=5)
     prompts[3] = prompts[0][: len(rules) + 5] + prompts[3]  # shares more than the rules with the first
     padded = torch.cat(
         [next_token_logits(model, torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long)) for p in prompts]

@@ -245,9 +245,8 @@ def tree_next_token_logits(model: torch.nn.Module, sequences: Sequence[Sequence[
     with torch.no_grad():
         shared = root_length(sequences, [len(s) for s in sequences])
         root = encode_root(model, sequences[0][:shared]) if shared else None
-        skip = root.length if root is not None else 0
         logits: list[torch.Tensor | None] = [None] * len(sequences)
-        for part in tree_passes([s[skip:] for s in sequences], len(sequences), budget):
+        for part in tree_passes([s[shared:] for s in sequences], len(sequences), budget):
             hidden, tree = tree_hidden_states(model, [sequences[i] for i in part], root)
             last = torch.tensor([path[-1] for path in tree.paths], device=hidden.device)
             rows = _logits(hidden[last], model.get_output_embeddings(), 1.0, _softcap(model))

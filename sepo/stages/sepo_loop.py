@@ -334,14 +334,37 @@ def evaluate_checkpoint(
     return payload, table
 
 
+def refresh_read(s: DictConfig) -> dict[str, Any]:
+    """How the best responders' refresh reads the played table (`played_table` in results.json records the
+    same keys): answers a state, temperature and answer budget."""
+    return {
+        "samples_per_state": int(s.best_response_samples),
+        "temperature": float(s.temperature),
+        "max_new_tokens": int(s.max_new_tokens),
+    }
+
+
 def reads_alike(cfg: DictConfig, s: DictConfig) -> bool:
-    """Whether an evaluation reads the played table as the best responders' refresh does: as many answers
-    per information set, at the same temperature and answer budget (cascade attention aside, which moves
-    roundings only)."""
-    return (
-        int(cfg.eval.action_samples) == int(s.best_response_samples)
-        and float(cfg.eval.temperature) == float(s.temperature)
-        and int(cfg.eval.max_new_tokens) == int(s.max_new_tokens)
+    """Whether an evaluation reads the played table as the best responders' refresh does (cascade attention
+    aside, which moves roundings only)."""
+    evaluation = {
+        "samples_per_state": int(cfg.eval.action_samples),
+        "temperature": float(cfg.eval.temperature),
+        "max_new_tokens": int(cfg.eval.max_new_tokens),
+    }
+    return evaluation == refresh_read(s)
+
+
+def answer_read(learner: Learner, table: Any, step: int, tracker: NullTracker, what: str) -> None:
+    """The best responders answer `table`, a read of the policy as it is at `step` made elsewhere (`what`)."""
+    cost = learner.best_response.adopt(table, step)
+    tracker.log({f"sepo/{k}": v for k, v in cost.items()}, step=step)
+    log.info(
+        "step %d  best response answers %s: exploit_exact %.3f ± %.3f",
+        step,
+        what,
+        cost["best_response/exploit_exact"],
+        cost["best_response/exploit_exact_se"],
     )
 
 
@@ -357,23 +380,15 @@ def answer_sft_read(cfg: DictConfig, learner: Learner, game: Game, step: int, tr
         payload = json.loads(path.read_text())
     except (OSError, ValueError):
         return  # no SFT evaluation beside the model (or an unreadable one): the run reads the table itself
-    read, s = payload.get("played_table") or {}, sepo_settings(cfg)
-    asked = {"samples_per_state": int(s.best_response_samples), "temperature": float(s.temperature)}
-    asked["max_new_tokens"] = int(s.max_new_tokens)
+    read = payload.get("played_table") or {}
     if (
         payload.get("stage") != "sft"
         or payload.get("game") != cfg.game.name
-        or any(read.get(k) != v for k, v in asked.items())
+        or any(read.get(k) != v for k, v in refresh_read(sepo_settings(cfg)).items())
     ):
         return
-    cost = learner.best_response.adopt(PlayedTable.from_json(read, game.ante, game.bet), 0)
-    tracker.log({f"sepo/{k}": v for k, v in cost.items()}, step=0)
-    log.info(
-        "step 0  best response answers the SFT evaluation's test read (%s): exploit_exact %.3f ± %.3f",
-        path,
-        cost["best_response/exploit_exact"],
-        cost["best_response/exploit_exact_se"],
-    )
+    table = PlayedTable.from_json(read, game.ante, game.bet)
+    answer_read(learner, table, 0, tracker, f"the SFT evaluation's test read ({path})")
 
 
 def answer_checkpoint_read(cfg: DictConfig, learner: Learner, table: Any, step: int, tracker: NullTracker) -> None:
@@ -383,15 +398,8 @@ def answer_checkpoint_read(cfg: DictConfig, learner: Learner, table: Any, step: 
     own answers at the 12 information sets, no test episode: the episodes the tables report stay unseen."""
     if table is None or not learner.best_response.due(step) or not reads_alike(cfg, sepo_settings(cfg)):
         return
-    cost = learner.best_response.adopt(table, step)
-    tracker.log({f"sepo/{k}": v for k, v in cost.items()}, step=step)
-    log.info(
-        "step %d  best response answers the checkpoint's test read (%d sampled answers): exploit_exact %.3f ± %.3f",
-        step,
-        cost["best_response/decisions_sampled"],
-        cost["best_response/exploit_exact"],
-        cost["best_response/exploit_exact_se"],
-    )
+    answered = f"the checkpoint's test read ({table.samples * len(table.table)} sampled answers)"
+    answer_read(learner, table, step, tracker, answered)
 
 
 # ------------------------------------------------------------------------------ the stage
