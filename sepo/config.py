@@ -144,6 +144,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SFT, "sft.agreement_batch_size", integer(1)),
     (SFT, "sft.agreement_max_new_tokens", integer(1)),
     (SFT, "sft.prefix_min_tokens", integer(1)),
+    (SFT, "sft.pass_cost", real(0.0)),
     (SFT, "sft.weight_decay", real(0.0)),
     (SFT, "sft.max_grad_norm", real(0.0, strict=True)),
     (SFT, "sft.lora.r", integer(1)),

@@ -98,6 +98,7 @@ class SftSchema:
     answer_logits_only: bool = MISSING
     prefix_sharing: bool = MISSING
     prefix_min_tokens: int = MISSING
+    pass_cost: float = MISSING
     evaluate: bool = MISSING
     eval_steps: int = MISSING
     eval_batch_size: int = MISSING

@@ -231,19 +231,47 @@ def test_fallback_on_a_model_that_never_answers(tiny):
         assert agent.tokenizer.decode(d.tokens.gen_ids.tolist(), skip_special_tokens=True) == d.text
 
 
-def test_the_fallback_scored_as_prefix_trees_chooses_as_padded_rows(tiny):
-    """`model.prefix_tree`: the fallback's question is scored in prefix trees (the rules once), and every
-    forced action is the one padded rows choose."""
-    model, tokenizer, cfg = tiny
+def test_the_fallback_after_the_generations_cache_chooses_as_padded_rows(tiny):
+    """`model.prefix_cache`: the fallback's question is encoded after the generate call's cache, and every
+    forced action is the one padded rows of whole prompts choose for the same answers."""
+    agent = policy(tiny, temperature=1.0, max_new_tokens=8)
+    assert agent.prefix_cache
     requests = [ipd_request(h) for h in HISTORIES]
-    actions = {}
-    for tree in (False, True):
-        agent = LMPolicy(model, tokenizer, OmegaConf.merge(cfg, {"prefix_cache": True, "prefix_tree": tree}), 1.0, 8, 0)
-        assert agent.prefix_tree is tree
-        decisions = agent.act_batch(requests)
-        assert not any(d.parsed for d in decisions)  # every action comes from the fallback
-        actions[tree] = [d.action for d in decisions]
-    assert actions[True] == actions[False]
+    decisions = agent.act_batch(requests)
+    assert not any(d.parsed for d in decisions)  # every action comes from the fallback
+    padded = agent._fallback(requests, [d.text for d in decisions])  # no cache given: whole prompts
+    assert [d.action for d in decisions] == padded
+
+
+@pytest.mark.parametrize("which", ["taught", "tiny"])
+def test_the_fallbacks_question_asked_after_the_generations_cache_is_a_fresh_pass(which, request):
+    """With `model.prefix_cache` the fallback encodes only its question, after what the generate call
+    encoded: the prompt (the rules shared in round 1, each episode's earlier prompt reused in round 2) and
+    the answer up to its last token fed back. Its logits are a fresh pass's over the whole question, for
+    rows stopped early (taught) and rows cut by the budget (tiny)."""
+    agent = policy(request.getfixturevalue(which), temperature=1.0, max_new_tokens=12)
+    requests = [ipd_request(h) for h in HISTORIES]
+    answer_reused = 0
+    for round_ in range(2):
+        answers, encoded = agent._generate(requests)
+        question = [{"role": "user", "content": fallback_question(IPD, [C, D])}]
+        prompts = [
+            agent.render(r.messages + [{"role": "assistant", "content": a.text}] + question, answer_now=True)
+            for r, a in zip(requests, answers)
+        ]
+        rows = list(range(len(requests)))
+        for keys, logits in agent._continued_logits(encoded, rows, prompts, rows):
+            for k, row in enumerate(keys):
+                fresh = next_token_logits(agent.model, torch.tensor([prompts[row]]), torch.ones(1, len(prompts[row])))
+                torch.testing.assert_close(logits[k], fresh[0], atol=1e-4, rtol=0)
+                answer_reused += len(encoded.tokens[row]) > len(answers[row].prompt)
+        agent.prompt_cache.round_over()
+        if round_ == 0:
+            assert len(agent.prompt_cache.held) == len(requests)  # round 2 reuses each episode's prompt
+        for r in requests:
+            IPD.step(r.state, {0: C, 1: D})
+        requests = [DecisionRequest(IPD, r.state, 0, r.legal, np.random.default_rng(1)) for r in requests]
+    assert answer_reused >= len(HISTORIES)  # the answers' tokens came from the cache, not a new pass
 
 
 def test_fallback_question_lists_the_actions():

@@ -10,7 +10,6 @@ from sepo.lm.prefix_tree import (
     encode_root,
     pack_tree,
     root_length,
-    tree_next_token_logits,
     tree_passes,
     tree_size,
     tree_token_logprobs,
@@ -170,18 +169,3 @@ def test_the_policys_action_scores_as_a_tree_are_the_padded_ones(tiny):
         assert policy.prefix_tree is tree
         scores[tree] = torch.cat(policy.action_scores(prompts, actions, temperature=0.8))
     torch.testing.assert_close(scores[True], scores[False], atol=1e-5, rtol=0)
-
-
-def test_the_fallbacks_next_token_logits_as_trees_are_the_padded_ones(tiny):
-    """`tree_next_token_logits` (the rules once, then passes within the node budget) gives each prompt's
-    next-token logits as a padded pass does."""
-    from sepo.lm.logprobs import next_token_logits
-
-    model, tokenizer, cfg = tiny
-    rules, prompts = rules_then_random(tokenizer, (9, 4, 12, 6, 7), seed=5)
-    prompts[3] = prompts[0][: len(rules) + 5] + prompts[3]  # shares more than the rules with the first
-    padded = torch.cat(
-        [next_token_logits(model, torch.tensor([p]), torch.ones(1, len(p), dtype=torch.long)) for p in prompts]
-    )
-    for budget in (0, 12):  # one pass; passes of at most 12 nodes after the rules
-        torch.testing.assert_close(tree_next_token_logits(model, prompts, budget), padded, atol=1e-4, rtol=0)

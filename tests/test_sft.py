@@ -28,6 +28,7 @@ from sepo.training.sft_batching import (
     check_prefix_sharing,
     encode_examples,
     first_predicted,
+    length_runs,
     prefix_groups,
     sft_logits,
     token_cross_entropy,
@@ -223,13 +224,21 @@ def _loss_and_grads(model, fn):
 
 
 @pytest.mark.parametrize(
-    "name,share,min_shared",
-    [("tiny", False, 16), ("tiny", True, 16), ("tiny", True, 150), ("gemma4", False, 16), ("qwen", False, 16)],
+    "name,share,min_shared,pass_cost",
+    [
+        ("tiny", False, 16, 0),
+        ("tiny", True, 16, 0),
+        ("tiny", True, 16, 1),  # every group's rows in passes by length, each pass reading the group's one prefix
+        ("tiny", True, 150, 0),
+        ("gemma4", False, 16, 0),
+        ("qwen", False, 16, 0),
+    ],
 )
-def test_fast_batches_give_the_plain_loss_and_gradients(name, share, min_shared, arch_dirs, mixed_examples):
-    """Left padding, logits on the answer positions only and (tiny) shared prefixes change the work,
-    not the function: the loss and every gradient equal transformers' plain ones within float rounding,
-    normalised by a whole accumulated batch's token count (num_items_in_batch) as well as by the mean."""
+def test_fast_batches_give_the_plain_loss_and_gradients(name, share, min_shared, pass_cost, arch_dirs, mixed_examples):
+    """Left padding, logits on the answer positions only, (tiny) shared prefixes and passes split by length
+    change the work, not the function: the loss and every gradient equal transformers' plain ones within
+    float rounding, normalised by a whole accumulated batch's token count (num_items_in_batch) as well as
+    by the mean."""
     # float32 (Gemma 4 and Qwen 3.5 load as bf16): bf16 rounds a sum differently in another order
     model, tok = load_model_and_tokenizer(
         model_cfg(name, path=str(arch_dirs[name]), dtype="float32"), arch_dirs[name], device="cpu"
@@ -242,12 +251,16 @@ def test_fast_batches_give_the_plain_loss_and_gradients(name, share, min_shared,
     plain = collator(mixed_examples)
     # min_shared=150: the twin prompts share all but their last token; their group's rests (that token +
     # the answer) are narrower than the batch's longest answer span
-    fast = SFTBatchCollator(collator.pad_id, share, min_shared)(encode_examples(collator.encode, mixed_examples))
+    fast = SFTBatchCollator(collator.pad_id, share, min_shared, pass_cost)(
+        encode_examples(collator.encode, mixed_examples)
+    )
     trained = int(plain["labels"][:, 1:].ne(-100).sum())
     assert int(fast["labels"].ne(-100).sum()) == trained  # the Trainer's token count is unchanged
     if share and min_shared == 16:  # three games' rules: three shared groups (the odd row in a plain one)
         assert len(fast["groups"]) >= 3
-        assert sum("prefix_ids" in g for g in fast["groups"]) >= 3
+        assert len(fast["prefixes"]) >= 3 and sum("prefix" in g for g in fast["groups"]) >= 3
+        if pass_cost:  # some group's rows went in several passes, each reading the one prefix
+            assert sum("prefix" in g for g in fast["groups"]) > len(fast["prefixes"])
     if share and min_shared == 150:
         assert min(g["input_ids"].shape[1] for g in fast["groups"]) < fast["labels"].shape[1]
     assert sorted(torch.cat([g["rows"] for g in fast["groups"]]).tolist()) == list(range(len(mixed_examples)))
@@ -290,6 +303,15 @@ def test_prefix_groups_cover_every_row_once_and_keep_its_answer_positions():
         [-100] * 4,
     ]
     assert [g["rows"].tolist() for g in batch["groups"]] == [[0, 2, 3], [1, 4]]
+
+
+def test_length_runs_cut_sorted_rows_where_the_padding_saved_outweighs_a_pass():
+    members, lengths = [10, 11, 12, 13, 14], [5, 100, 6, 98, 7]
+    assert length_runs(members, lengths, 50, 0) == [members]  # no cost given: one pass, as without splitting
+    assert length_runs(members, lengths, 50, 1e9) == [members]  # a pass dearer than any padding
+    assert length_runs(members, lengths, 50, 1e4) == [[10, 12, 14], [11, 13]]  # short ones, long ones
+    runs = length_runs(members, lengths, 50, 1)
+    assert sorted(m for run in runs for m in run) == members and len(runs) >= 4
 
 
 def test_prefix_sharing_is_refused_where_it_would_not_be_exact(arch_dirs, compose_cfg, tmp_path, shared_cache):

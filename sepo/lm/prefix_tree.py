@@ -230,26 +230,3 @@ def tree_token_logprobs(
         _softcap(model),
     )
     return lp, mask.to(lp)
-
-
-def tree_next_token_logits(model: torch.nn.Module, sequences: Sequence[Sequence[int]], budget: int) -> torch.Tensor:
-    """Float32 logits [D, V] of the token after each sequence (no gradients), soft-capped like the model's:
-    the constrained fallback's question after every answer that did not parse.
-
-    The sequences' common prefix (the rules) is encoded once (`encode_root`), and the rest in passes of at
-    most `budget` tree nodes: a read's sampled answers all follow one prompt, and an episode's prompts
-    repeat its history. Padded rows encoded each prompt whole: Base's fallback on Kuhn (almost every
-    answer rambles) took 2.6x as long (docs/speed.md §5k)."""
-    from sepo.lm.logprobs import _logits, _softcap
-
-    with torch.no_grad():
-        shared = root_length(sequences, [len(s) for s in sequences])
-        root = encode_root(model, sequences[0][:shared]) if shared else None
-        logits: list[torch.Tensor | None] = [None] * len(sequences)
-        for part in tree_passes([s[shared:] for s in sequences], len(sequences), budget):
-            hidden, tree = tree_hidden_states(model, [sequences[i] for i in part], root)
-            last = torch.tensor([path[-1] for path in tree.paths], device=hidden.device)
-            rows = _logits(hidden[last], model.get_output_embeddings(), 1.0, _softcap(model))
-            for k, i in enumerate(part):
-                logits[i] = rows[k]
-    return torch.stack(logits)  # type: ignore[arg-type]

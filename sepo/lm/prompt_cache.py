@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from sepo.lm import batching
 from sepo.lm.batching import MIN_SHARED_PREFIX, common_prefix
 
 
@@ -121,6 +122,62 @@ def prefix_pass(
         logits_to_keep=1,  # only the cache is wanted: not [tokens, vocabulary] logits
         **(extras(prefix) if extras is not None else {}),
     )
+    return cache
+
+
+@torch.no_grad()
+def continued_next_token_logits(
+    model: Any,
+    cache: Any,
+    columns: torch.Tensor,
+    rows: Sequence[int],
+    kept: Sequence[int],
+    suffixes: Sequence[Sequence[int]],
+    pad_id: int,
+    extras: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+) -> torch.Tensor:
+    """Float32 logits [len(rows), V] of the token after row `rows[k]`'s first `kept[k]` encoded tokens
+    followed by `suffixes[k]`: a question asked after an answer the cache already holds (the constrained
+    fallback), so only the question is encoded.
+
+    `cache` is a generation's (every layer's keys [rows, heads, columns, dim]); `columns` (bool [rows,
+    columns]) marks the columns holding each row's tokens, in order. The kept columns and the suffix (left-
+    padded) form one pass; position ids count the row's tokens, so the padding in between changes nothing.
+    """
+    from transformers import DynamicCache
+
+    index = torch.tensor(list(rows), dtype=torch.long, device=columns.device)
+    valid = columns[index]
+    keep = valid & (valid.long().cumsum(1) <= torch.tensor(list(kept), device=valid.device)[:, None])
+    width = int(keep.any(0).nonzero().max()) + 1 if bool(keep.any()) else 0
+    keep = keep[:, :width]
+    ids, mask = batching.left_pad([list(s) for s in suffixes], max(map(len, suffixes)), pad_id)
+    device = keep.device
+    ids, mask = ids.to(device), mask.to(device)
+    positions = torch.tensor(list(kept), device=device)[:, None] + (mask.cumsum(1) - 1).clamp(min=0)
+    past = DynamicCache(config=model.config)
+    for number, layer in enumerate(cache.layers):
+        past.update(layer.keys[index, :, :width], layer.values[index, :, :width], number)
+    out = model(
+        input_ids=ids,
+        attention_mask=torch.cat([keep.long(), mask], dim=1),
+        position_ids=positions,
+        past_key_values=past,
+        use_cache=True,
+        logits_to_keep=1,
+        **extras(ids),
+    )
+    return out.logits[:, -1].float()
+
+
+def repeated_cache(model: Any, prefix: Any, rows: int) -> Any:
+    """A fresh cache holding `prefix`'s keys and values (a `prefix_pass`) for `rows` rows: several passes
+    can extend one prefix, each its own copy, and gradients flow back into the prefix's one pass."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for index, layer in enumerate(prefix.layers):
+        cache.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), index)
     return cache
 
 

@@ -15,9 +15,10 @@ One `act_batch` call answers every pending decision of the arena's lockstep loop
    With `model.static_cache` the KV cache is preallocated (`start_cache`).
 2. Each answer is parsed with the game's `parse_action`. Rows that do not parse go through the
    constrained fallback: the answer becomes an assistant turn, a user turn asks
-   "State your final action (A/B/...):", and one batched forward pass (`score_batch` rows at a
-   time; with `model.prefix_tree` prefix trees that encode the rules and a read's shared prompt once)
-   picks the legal action whose first token has the highest logit. When legal actions
+   "State your final action (A/B/...):", and one batched forward pass picks the legal action whose
+   first token has the highest logit. With `model.prefix_cache` the pass encodes only what the
+   generate call's cache does not already hold (the question, after the prompt and the answer:
+   `Encoded`, `continued_next_token_logits`); otherwise `score_batch` padded rows at a time. When legal actions
    share their first token (neg_v2 vectors such as "[1, 0, 2]"), the whole token sequence of
    every legal action is scored (teacher-forced log-prob sum, in passes of `score_batch` rows)
    and the best one is taken. Either way the action is legal.
@@ -58,11 +59,11 @@ from transformers import LogitsProcessorList, StoppingCriteriaList
 from sepo.forked import worker_count
 from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the stopping rule; re-exported)
 from sepo.lm import batching
-from sepo.lm.batching import MIN_SHARED_PREFIX, end_of_turn_ids, score_passes  # noqa: F401  (re-exported)
+from sepo.lm.batching import MIN_SHARED_PREFIX, common_prefix, end_of_turn_ids, score_passes  # noqa: F401  (re-exported)
 from sepo.lm.cascade_attention import shared_prefix
 from sepo.lm.logprobs import next_token_logits, token_logprobs
-from sepo.lm.prefix_tree import tree_next_token_logits, tree_token_logprobs
-from sepo.lm.prompt_cache import EncodedPrompt, PromptCache, start_cache
+from sepo.lm.prefix_tree import tree_token_logprobs
+from sepo.lm.prompt_cache import EncodedPrompt, PromptCache, continued_next_token_logits, start_cache
 from sepo.lm.sampling import PLAIN_SAMPLING, RowSampler
 from sepo.lm.stopping import StopWhen
 from sepo.models import chat_template_kwargs, forward_extras
@@ -87,6 +88,17 @@ class Answer:
     view: str
 
 
+@dataclass
+class Encoded:
+    """What a generate call left encoded: its KV cache and, per row, the tokens its columns hold (the prompt,
+    then the answer up to the last token fed back), marked in `columns` (bool [rows, cache columns]) in order.
+    The constrained fallback asks its question after them (`LMPolicy._fallback`)."""
+
+    cache: Any
+    columns: torch.Tensor
+    tokens: list[list[int]]
+
+
 def answer_view(prompt_text: str, answer: str) -> str:
     """The answer as parsing must see it: with "<think>" in front when the prompt opened the block.
 
@@ -95,6 +107,21 @@ def answer_view(prompt_text: str, answer: str) -> str:
     it is still reasoning.
     """
     return "<think>" + answer if think_open(prompt_text) else answer
+
+
+def encoded_by_generation(cache: Any, prompt_mask: torch.Tensor, answers: list[Answer], steps: int) -> Encoded:
+    """`Encoded` of a generate call that ran `steps` steps after prompts laid out as `prompt_mask` says: a row's
+    answer tokens sit in the columns after the prompts', up to the last token fed back (the last sampled
+    token of the call never is, nor are the padding tokens fed to rows already stopped)."""
+    rows, width_p = prompt_mask.shape
+    columns = torch.zeros((rows, width_p + max(steps - 1, 0)), dtype=torch.bool, device=prompt_mask.device)
+    columns[:, :width_p] = prompt_mask.bool()
+    tokens = []
+    for i, answer in enumerate(answers):
+        fed = min(len(answer.generated), max(steps - 1, 0))
+        columns[i, width_p : width_p + fed] = True
+        tokens.append(list(answer.prompt) + list(answer.generated[:fed]))
+    return Encoded(cache, columns, tokens)
 
 
 class ActionStoppingCriteria(StopWhen):
@@ -136,7 +163,6 @@ class LMPolicy:
         batch_size: int = 0,
         logprob_chunk: int = 32,
         score_batch: int = 16,
-        score_tokens: int = 512,
         action_samples: int = 128,
         cascade_attention: bool | None = None,
     ):
@@ -151,9 +177,6 @@ class LMPolicy:
         #: activations of every row and position at once (and rows x `logprob_chunk` x vocab
         #: log-probs), unlike generate's one-token steps, so it is kept apart from `batch_size`
         self.score_batch = int(score_batch)
-        #: tree nodes per pass of the fallback's question (`model.prefix_tree`) beside the rules every row
-        #: shares: Base's Kuhn fallback ran 2.6x faster than padded rows at 512, 2.5x at 1,024 (docs/speed.md §5k)
-        self.score_tokens = int(score_tokens)
         #: log-probs are those of the sampled distribution; greedy decoding records the plain model's
         self.logprob_temperature = self.temperature if self.temperature > 0 else 1.0
         self.seed = int(seed)
@@ -256,10 +279,19 @@ class LMPolicy:
     def _answer(self, requests: list[DecisionRequest]) -> tuple[list[Answer], list[Decision]]:
         """Sample, parse and (where nothing parses) fall back: every request's answer and decision."""
         answers: list[Answer] = []
+        decisions: list[Decision] = []
         for part in self._chunks(len(requests)):
-            answers += self._generate([requests[i] for i in part])
+            chunk = [requests[i] for i in part]
+            got, encoded = self._generate(chunk)
+            answers += got
+            decisions += self._decide(chunk, got, encoded)  # while the call's cache is at hand
         self.prompt_cache.round_over()
+        return answers, decisions
 
+    def _decide(
+        self, requests: list[DecisionRequest], answers: list[Answer], encoded: Encoded | None
+    ) -> list[Decision]:
+        """Each answer's action as parsed, or the constrained fallback's where none parses."""
         decisions: list[Decision] = []
         failed: list[int] = []
         for i, (request, answer) in enumerate(zip(requests, answers)):
@@ -271,10 +303,12 @@ class LMPolicy:
 
         if failed:  # the action comes from the fallback; the record keeps the sampled answer
             with section("fallback"):
-                forced = self._fallback([requests[i] for i in failed], [answers[i].text for i in failed])
+                forced = self._fallback(
+                    [requests[i] for i in failed], [answers[i].text for i in failed], encoded, failed
+                )
             for i, action in zip(failed, forced):
                 decisions[i].action = action
-        return answers, decisions
+        return decisions
 
     def answer(self, requests: list[DecisionRequest]) -> tuple[list[Answer], list[Decision]]:
         """Answers and decisions exactly as `act_batch` plays them, for estimates outside an episode
@@ -320,9 +354,10 @@ class LMPolicy:
         static_tokens = self.max_new_tokens if self.static_cache else None
         return start_cache(self.model, ids, width_a, shared, reused, split, static_tokens, self.extra_inputs)
 
-    def _generate(self, requests: list[DecisionRequest]) -> list[Answer]:
+    def _generate(self, requests: list[DecisionRequest]) -> tuple[list[Answer], Encoded | None]:
         """One generate call; per request its prompt ids, generated ids cut at the stop, their
-        behaviour log-probs, the decoded answer and the answer as parsed (`answer_view`)."""
+        behaviour log-probs, the decoded answer and the answer as parsed (`answer_view`); and what the
+        call left encoded (None without `model.prefix_cache`: transformers' own cache is not handed back)."""
         with section("render"):
             texts = [self.render_text(r.messages) for r in requests]
             prompts = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
@@ -369,7 +404,8 @@ class LMPolicy:
             results.append(
                 Answer(prompt, generated, sampler.row_logprobs(i, len(generated)), text, answer_view(texts[i], text))
             )
-        return results
+        encoded = self.prefix_cache and cache is not None
+        return results, encoded_by_generation(cache, mask, results, out.shape[1] - width_p) if encoded else None
 
     def row_seed(self, request: DecisionRequest) -> int:
         """The sampling seed of one decision: `seed` mixed with a draw from the episode's stream."""
@@ -381,11 +417,18 @@ class LMPolicy:
         return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
     # ----------------------------------------------------------------- constrained fallback
-    def _fallback(self, requests: list[DecisionRequest], answers: list[str]) -> list[str]:
+    def _fallback(
+        self,
+        requests: list[DecisionRequest],
+        answers: list[str],
+        encoded: Encoded | None = None,
+        rows: Sequence[int] = (),
+    ) -> list[str]:
         """docs/spec.md §5: re-ask for the action and choose among the legal ones only; returns the actions.
 
         Only the action is kept: the re-ask and the forced action were not sampled, so they are never
-        part of a decision's record (module docstring).
+        part of a decision's record (module docstring). `encoded`: the generate call's cache, where
+        `rows` are the requests' rows; the question is then encoded after the tokens it holds.
         """
         prompts = [
             self.render(
@@ -403,8 +446,12 @@ class LMPolicy:
 
         # Distinct first tokens: one forward pass, logits masked to those tokens, argmax.
         simple = [i for i, toks in enumerate(tokenised) if len({t[0] for t in toks}) == len(toks)]
-        for rows, logits in self._next_token_logits([prompts[i] for i in simple], simple):
-            for row, i in enumerate(rows):
+        if encoded is not None:
+            scored = self._continued_logits(encoded, [rows[i] for i in simple], [prompts[i] for i in simple], simple)
+        else:
+            scored = self._next_token_logits([prompts[i] for i in simple], simple)
+        for keys, logits in scored:
+            for row, i in enumerate(keys):
                 firsts = torch.tensor([t[0] for t in tokenised[i]], device=logits.device)
                 choice[i] = int(logits[row, firsts].argmax())
 
@@ -418,18 +465,31 @@ class LMPolicy:
 
     # ----------------------------------------------------------------- scoring
     def _next_token_logits(self, prompts: list[list[int]], keys: list[int]) -> Iterator[tuple[list[int], torch.Tensor]]:
-        """(keys of some prompts, float32 logits [len, V] of the token after each): with `model.prefix_tree`
-        all at once from prefix trees of at most `score_tokens` nodes after the shared rules, else padded
-        rows, `score_batch` at a time."""
-        if not prompts:
-            return
-        if self.prefix_tree:
-            yield keys, tree_next_token_logits(self.model, prompts, self.score_tokens)
-            return
+        """(keys of some prompts, float32 logits [len, V] of the token after each), each prompt encoded whole,
+        `score_batch` padded rows at a time (a generate call without `model.prefix_cache` hands no cache back)."""
         for part in self._chunks(len(prompts), self.score_batch):
             ids, mask, _ = self.pack([prompts[k] for k in part])
             with torch.no_grad():
                 logits = next_token_logits(self.model, ids, mask, **self.extra_inputs(ids))
+            yield [keys[k] for k in part], logits
+
+    def _continued_logits(
+        self, encoded: Encoded, rows: list[int], prompts: list[list[int]], keys: list[int]
+    ) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """`_next_token_logits`, each prompt encoded only after what its row of `encoded` already holds (a
+        rambling answer's question costs its own tokens, not the rules, history and answer again)."""
+        for part in self._chunks(len(prompts), self.score_batch):
+            kept = [min(common_prefix(encoded.tokens[rows[k]], prompts[k]), len(prompts[k]) - 1) for k in part]
+            logits = continued_next_token_logits(
+                self.model,
+                encoded.cache,
+                encoded.columns,
+                [rows[k] for k in part],
+                kept,
+                [prompts[k][n:] for k, n in zip(part, kept)],
+                self.pad_id,
+                self.extra_inputs,
+            )
             yield [keys[k] for k in part], logits
 
     def sequence_logprobs(

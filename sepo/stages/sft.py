@@ -183,7 +183,7 @@ def training_data(
     )
     trainer_cls = sft_trainer_class()
     trainer_cls.type_ids_key = collator.type_ids_key
-    batches = SFTBatchCollator(collator.pad_id, bool(s.prefix_sharing), int(s.prefix_min_tokens))
+    batches = SFTBatchCollator(collator.pad_id, bool(s.prefix_sharing), int(s.prefix_min_tokens), float(s.pass_cost))
     return trainer_cls, ListDataset(train_items), ListDataset(valid_items) if valid_items else None, batches
 
 

@@ -40,12 +40,16 @@ import torch
 
 from sepo.lm.batching import left_pad
 from sepo.lm.logprobs import position_ids_from_mask
-from sepo.lm.prompt_cache import encode_prefix, prefix_pass
+from sepo.lm.prompt_cache import encode_prefix, prefix_pass, repeated_cache
 from sepo.models import render_chat
 
 log = logging.getLogger(__name__)
 
 IGNORE = -100
+#: a position's matrix products in units of one query-key pair of attention, for `length_runs`: one SmolLM2
+#: SFT step of 8 Kuhn rows spent 1.46 ms a position in its products and 2.0 us a query-key pair in attention
+#: (forward and backward, 2 threads; docs/speed.md §5l)
+LINEAR_WEIGHT = 730
 
 
 # --------------------------------------------------------------------------- encoding
@@ -111,10 +115,11 @@ class SFTBatchCollator:
     one plain group. (Token type ids, Gemma 4, are added by `sft_logits`.)
     """
 
-    def __init__(self, pad_id: int, share_prefix: bool = False, min_shared: int = 1):
+    def __init__(self, pad_id: int, share_prefix: bool = False, min_shared: int = 1, pass_cost: float = 0.0):
         self.pad_id = int(pad_id)
         self.share_prefix = bool(share_prefix)
         self.min_shared = max(int(min_shared), 1)
+        self.pass_cost = float(pass_cost)
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         ids = [list(it["ids"]) for it in items]
@@ -129,22 +134,57 @@ class SFTBatchCollator:
         found = prefix_groups(ids, first, self.min_shared) if self.share_prefix else [(list(range(len(ids))), 0)]
         shared = [(m, p) for m, p in found if len(m) > 1 and p > 0]
         alone = sorted(r for m, p in found if not (len(m) > 1 and p > 0) for r in m)
-        groups = []
+        groups, prefixes = [], []
         for members, p in shared + ([(alone, 0)] if alone else []):
-            rests = [ids[r][p:] for r in members]
-            r_ids, r_mask = left_pad(rests, max(map(len, rests)), self.pad_id)
-            group = {
-                "rows": torch.tensor(members, dtype=torch.long),
-                "input_ids": r_ids,
-                "position_ids": position_ids_from_mask(r_mask, p),
-            }
             if p:
-                group["prefix_ids"] = torch.tensor([ids[members[0]][:p]], dtype=torch.long)
-                r_mask = torch.cat([torch.ones(len(members), p, dtype=torch.long), r_mask], dim=1)
-            group["attention_mask"] = r_mask
-            groups.append(group)
+                prefixes.append(torch.tensor([ids[members[0]][:p]], dtype=torch.long))
+            for rows in length_runs(members, [len(ids[r]) - p for r in members], p, self.pass_cost):
+                rests = [ids[r][p:] for r in rows]
+                r_ids, r_mask = left_pad(rests, max(map(len, rests)), self.pad_id)
+                group = {
+                    "rows": torch.tensor(rows, dtype=torch.long),
+                    "input_ids": r_ids,
+                    "position_ids": position_ids_from_mask(r_mask, p),
+                }
+                if p:
+                    group["prefix"] = len(prefixes) - 1
+                    r_mask = torch.cat([torch.ones(len(rows), p, dtype=torch.long), r_mask], dim=1)
+                group["attention_mask"] = r_mask
+                groups.append(group)
         # `labels` first: the Trainer takes the batch size from the first tensor it finds
-        return {"labels": targets, "shift_labels": targets, "groups": groups}
+        return {"labels": targets, "shift_labels": targets, "groups": groups, "prefixes": prefixes}
+
+
+def length_runs(members: Sequence[int], lengths: Sequence[int], prefix: int, pass_cost: float) -> list[list[int]]:
+    """The rows of one group split into passes of neighbours in length, so few padded positions are computed.
+
+    Rows sorted by length (ties by index) are cut into contiguous runs; a run of `n` rows padded to its
+    longest `L` costs `n * L * (LINEAR_WEIGHT + prefix + L)` (its positions' products and their
+    attention over prefix and rest) plus `pass_cost` per pass in the same units, and the cut of least
+    total cost is taken (dynamic programming: a group has a batch's few rows). `pass_cost` 0 keeps one
+    pass per group, as without splitting.
+    """
+    if pass_cost <= 0 or len(members) < 2:
+        return [list(members)]
+    order = sorted(range(len(members)), key=lambda i: (lengths[i], members[i]))
+    sizes = [int(lengths[i]) for i in order]
+
+    def run_cost(lo: int, hi: int) -> float:  # rows order[lo:hi], padded to the longest (the last)
+        longest = sizes[hi - 1]
+        return (hi - lo) * longest * (LINEAR_WEIGHT + prefix + longest) + pass_cost
+
+    best = [0.0] + [float("inf")] * len(sizes)
+    cut = [0] * (len(sizes) + 1)
+    for hi in range(1, len(sizes) + 1):
+        for lo in range(hi):
+            c = best[lo] + run_cost(lo, hi)
+            if c < best[hi]:
+                best[hi], cut[hi] = c, lo
+    runs, hi = [], len(sizes)
+    while hi > 0:
+        runs.append(sorted(members[order[i]] for i in range(cut[hi], hi)))
+        hi = cut[hi]
+    return runs[::-1]
 
 
 # --------------------------------------------------------------------------- the loss
@@ -156,12 +196,12 @@ def sft_logits(model: Any, batch: dict[str, Any], type_ids_key: str | None = Non
     """Logits [rows, K, vocab] of the kept (answer) positions of a `SFTBatchCollator` batch, one
     forward pass per group (and one over each group's prefix), in the batch's row order."""
     keep = batch["labels"].shape[1]
+    prefixes = [prefix_pass(model, ids, lambda x: _extras(type_ids_key, x)) for ids in batch.get("prefixes", [])]
     parts, rows = [], []
     for group in batch["groups"]:
         kwargs: dict[str, Any] = {"use_cache": False}
-        if "prefix_ids" in group:
-            cache = prefix_pass(model, group["prefix_ids"], lambda ids: _extras(type_ids_key, ids))
-            cache.batch_repeat_interleave(len(group["rows"]))  # its backward sums the rows' gradients
+        if "prefix" in group:  # every pass of the group reads one copy; the backward sums what its rows leave
+            cache = repeated_cache(model, prefixes[int(group["prefix"])], len(group["rows"]))
             kwargs = {"past_key_values": cache, "use_cache": True}
         out = model(
             input_ids=group["input_ids"],
