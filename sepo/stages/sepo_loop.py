@@ -47,7 +47,6 @@ from omegaconf import DictConfig
 from sepo import distributed
 from sepo.builders import load_model_and_tokenizer
 from sepo.errors import Diverged, NonFiniteLogits
-from sepo.forked import forked_map, worker_count
 from sepo.games import Game, make_game
 from sepo.games.kuhn import PlayedTable
 from sepo.heap import release_freed_memory
@@ -323,28 +322,15 @@ def evaluate_checkpoint(
 ) -> tuple[dict, Any]:
     """The checkpoint on the validation episodes (`eval.validation_seed`: validation.json, what picks the
     best checkpoint) and on the test episodes (`seed`: results.json, what the tables report); returns the
-    test payload and the test read of the played table (None where the game has none).
-
-    Where the model's evaluations split over forked CPU workers (`model.cpu_workers`), the two splits run
-    side by side instead, one whole evaluation per process: each decoding step then carries twice the
-    rows for one pass over the weights, and every episode and read keeps its own sampling streams."""
+    test payload and the test read of the played table (None where the game has none)."""
     out = Path(cfg.paths.output_dir) / "eval" / f"step_{step}"
     checkpoint = "final" if final else f"step_{step}"
-    names = {"validation": "validation.json", "test": "results.json"}
-
-    def evaluate_split(split: str) -> tuple[dict, Any]:
+    for split, name in (("validation", "validation.json"), ("test", "results.json")):
         # validation episodes are sampled from their own stream too, so nothing of them leaks into the test's
         seed = split_seed(cfg, split)
         policy = evaluation_policy(cfg, model, tokenizer, generation_seed=None if split == "test" else seed)
         table = played_table_of(game, policy, seed)
-        return evaluate_and_write(cfg, game, policy, out / names[split], "sepo", checkpoint, step, split, table), table
-
-    side_by_side = worker_count(int(cfg.model.get("cpu_workers", 1)), next(model.parameters()).device) > 1
-    if side_by_side:
-        log.info("step %d  validation and test evaluations side by side, one process each", step)
-        _, (payload, table) = forked_map(evaluate_split, list(names))
-    else:
-        _, (payload, table) = [evaluate_split(split) for split in names]
+        payload = evaluate_and_write(cfg, game, policy, out / name, "sepo", checkpoint, step, split, table)
     return payload, table
 
 
