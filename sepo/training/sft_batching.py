@@ -19,15 +19,19 @@ prompt. This module computes the same loss with less work, without changing what
   A causal model's states on a prefix do not depend on what follows, so this is the same function;
   it needs plain full attention in every layer and no dropout (one pass means one dropout mask for
   every row of the group), which `check_prefix_sharing` enforces.
+- **passes of alike lengths** (`length_runs`, opt-in: `sft.pass_cost`): a group's rows, sorted by
+  length, are cut into several passes where the padding saved outweighs a pass; each pass extends
+  its own copy of the group's one prefix pass (SmolLM2 on Kuhn: 0.80x the positions, 1.15x faster).
 
 Batch layout (`SFTBatchCollator`): `labels` = `shift_labels` [rows, K], the target of each kept
 logit (-100 where none), so the Trainer counts the trained tokens exactly as for the plain batch;
-`groups`, one forward pass each: `rows` (their indices in the batch), `input_ids` and
-`position_ids` [group rows, R] (left-padded; each row's part after the prefix), `attention_mask`
-[group rows, P + R], and for a shared group `prefix_ids` [1, P]. One pass per group, not one for
-the whole batch: a group's rows are padded to the group's longest rest and attend to its own
-prefix only (measured: 8-16 % less time per step than one pass with every prefix padded to the
-longest). Batch composition and order are the Trainer's seeded sampler's; nothing here reorders data.
+`prefixes`, the shared groups' prefix ids [1, P] each; `groups`, one forward pass each: `rows`
+(their indices in the batch), `input_ids` and `position_ids` [pass rows, R] (left-padded; each
+row's part after the prefix), `attention_mask` [pass rows, P + R], and for a shared group `prefix`
+(its index in `prefixes`). At least one pass per group, not one for the whole batch: a group's rows
+are padded to their pass's longest rest and attend to their own prefix only (measured: 8-16 % less
+time per step than one pass with every prefix padded to the longest). Batch composition and order
+are the Trainer's seeded sampler's; nothing here reorders data.
 """
 
 from __future__ import annotations
