@@ -37,6 +37,7 @@ are the Trainer's seeded sampler's; nothing here reorders data.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -200,12 +201,20 @@ def sft_logits(model: Any, batch: dict[str, Any], type_ids_key: str | None = Non
     """Logits [rows, K, vocab] of the kept (answer) positions of a `SFTBatchCollator` batch, one
     forward pass per group (and one over each group's prefix), in the batch's row order."""
     keep = batch["labels"].shape[1]
-    prefixes = [prefix_pass(model, ids, lambda x: _extras(type_ids_key, x)) for ids in batch.get("prefixes", [])]
+    passes = Counter(int(group["prefix"]) for group in batch["groups"] if "prefix" in group)
+    encoded: dict[int, Any] = {}
     parts, rows = [], []
     for group in batch["groups"]:
         kwargs: dict[str, Any] = {"use_cache": False}
-        if "prefix" in group:  # every pass of the group reads one copy; the backward sums what its rows leave
-            cache = repeated_cache(model, prefixes[int(group["prefix"])], len(group["rows"]))
+        if "prefix" in group:  # the backward sums what every row reading the prefix leaves
+            k = int(group["prefix"])
+            if k not in encoded:  # its one pass, just before its first group's (as with one pass per group)
+                encoded[k] = prefix_pass(model, batch["prefixes"][k], lambda ids: _extras(type_ids_key, ids))
+            if passes[k] == 1:  # the prefix's own cache, repeated in place
+                cache = encoded[k]
+                cache.batch_repeat_interleave(len(group["rows"]))
+            else:  # each pass extends its own copy
+                cache = repeated_cache(model, encoded[k], len(group["rows"]))
             kwargs = {"past_key_values": cache, "use_cache": True}
         out = model(
             input_ids=group["input_ids"],
