@@ -65,15 +65,18 @@ def mean_of(runs: dict[str, list[dict]], key: str) -> dict[str, float]:
 
 def run_arms(doc: str, arms: tuple[str, ...], timed: Callable[..., dict], argv: list[str] | None) -> dict[str, Any]:
     """The command line of `doc` parsed, its model loaded once, and `timed(cfg, game, model, tokenizer, arm)`
-    run for every arm alternated (`alternated`): {"matmul_gflops_bf16", "seconds" (each arm's mean), "runs"}."""
+    run for every arm alternated (`alternated`): {"matmul_gflops_bf16", "seconds" (each arm's mean), "speedup"
+    (the first arm's mean over the second's, the old way over the new), "runs"}."""
     from sepo.profiling import matmul_gflops, time_model_forwards
 
     args = evaluation_parser(doc).parse_args(argv)
     cfg, game, model, tokenizer = load_for_evaluation(args)
     time_model_forwards(model)  # bills generate's forwards to prompt processing or decoding
     runs = alternated(arms, args.repeats, lambda arm: timed(cfg, game, model, tokenizer, arm))
+    seconds = mean_of(runs, "seconds")
     return {
         "matmul_gflops_bf16": round(matmul_gflops(torch.bfloat16), 1),
-        "seconds": mean_of(runs, "seconds"),
+        "seconds": seconds,
+        "speedup": round(seconds[arms[0]] / seconds[arms[1]], 3),
         "runs": runs,
     }

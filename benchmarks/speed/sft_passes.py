@@ -38,24 +38,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def training_batches(args: argparse.Namespace) -> tuple[object, object, list[list[dict]], int]:
     """(model, stage settings, the examples of `--batches` batches, the padding id) as the SFT stage builds them."""
-    from sepo.lm.batching import end_of_turn_ids
-    from sepo.stages.sft import _type_ids_key, build_model, load_data, sft_settings, training_data
-    from sepo.training.sft_batching import ChatSFTCollator
+    from sepo.stages.sft import build_model, chat_collator, load_data, sft_settings, training_data
 
     cfg = compose_config([f"model={args.model}", f"game={args.game}", *args.overrides])
     s = sft_settings(cfg)
     data = load_data(cfg, s)
     built = build_model(cfg, s)
-    model, tokenizer = built.model, built.tokenizer
-    collator = ChatSFTCollator(
-        tokenizer, cfg.model, int(s.max_length), end_of_turn_ids(model, tokenizer), _type_ids_key(model, cfg.model)
-    )
-    _, examples, _, _ = training_data(s, model, args.model, collator, data.train, [])
+    collator = chat_collator(cfg, s, built)
+    _, examples, _, _ = training_data(s, built.model, args.model, collator, data.train, [])
     order = list(range(len(examples)))
     random.Random(int(s.seed)).shuffle(order)
     size = int(s.per_device_batch_size)
     batches = [[examples[i] for i in order[k * size : (k + 1) * size]] for k in range(args.batches)]
-    return model, s, batches, collator.pad_id
+    return built.model, s, batches, collator.pad_id
 
 
 def timed_steps(model, s, batches: list[list[dict]], pad_id: int, pass_cost: float) -> dict:

@@ -404,8 +404,9 @@ class LMPolicy:
             results.append(
                 Answer(prompt, generated, sampler.row_logprobs(i, len(generated)), text, answer_view(texts[i], text))
             )
-        encoded = self.prefix_cache and cache is not None
-        return results, encoded_by_generation(cache, mask, results, out.shape[1] - width_p) if encoded else None
+        return results, encoded_by_generation(
+            cache, mask, results, out.shape[1] - width_p
+        ) if self.prefix_cache else None
 
     def row_seed(self, request: DecisionRequest) -> int:
         """The sampling seed of one decision: `seed` mixed with a draw from the episode's stream."""

@@ -281,12 +281,10 @@ def resume_checkpoint(cfg: DictConfig, ckpt_dir: Path) -> tuple[str | None, int 
     return last, step
 
 
-def train(
-    cfg: DictConfig, s: DictConfig, out: Path, data: SftData, built: SftModel, tracker: NullTracker
-) -> SftTraining:
-    """The transformers Trainer on the chat examples (loss on the answer and its end of turn)."""
+def chat_collator(cfg: DictConfig, s: DictConfig, built: SftModel) -> ChatSFTCollator:
+    """How the stage tokenises its chat examples (loss on the answer and its end of turn)."""
     model, tokenizer = built.model, built.tokenizer
-    collator = ChatSFTCollator(
+    return ChatSFTCollator(
         tokenizer,
         cfg.model,
         int(s.max_length),
@@ -294,8 +292,15 @@ def train(
         _type_ids_key(model, cfg.model),
         bool(s.assistant_only_loss),
     )
+
+
+def train(
+    cfg: DictConfig, s: DictConfig, out: Path, data: SftData, built: SftModel, tracker: NullTracker
+) -> SftTraining:
+    """The transformers Trainer on the chat examples (loss on the answer and its end of turn)."""
+    model = built.model
     trainer_cls, train_ds, valid_ds, data_collator = training_data(
-        s, model, cfg.model.name, collator, data.train, data.valid
+        s, model, cfg.model.name, chat_collator(cfg, s, built), data.train, data.valid
     )
     last, resumed_step = resume_checkpoint(cfg, out / "checkpoints")
     trainer = trainer_cls(
