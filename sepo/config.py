@@ -422,6 +422,16 @@ def check_model(cfg: DictConfig) -> None:
         f"model.cascade_attention=true runs on SDPA, not model.attn_implementation={cfg.model.get('attn_implementation')}; "
         "allowed: model.attn_implementation=null or sdpa, or model.cascade_attention=false",
     )
+    _require(
+        not (cfg.model.get("decode_graphs") and not cfg.model.get("static_cache")),
+        "model.decode_graphs=true replays decode steps on a preallocated cache; allowed: model.static_cache=true "
+        "with it, or model.decode_graphs=false",
+    )
+    _require(
+        not (cfg.model.get("decode_graphs") and cfg.model.get("cascade_attention")),
+        "model.decode_graphs=true and model.cascade_attention=true: cascade attention runs on a CPU, graphs on a GPU; "
+        "allowed: one of them false",
+    )
     workers = cfg.model.get("cpu_workers", 1)
     _require(
         isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1,

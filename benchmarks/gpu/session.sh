@@ -9,6 +9,12 @@
 #   static    the decode part again on a static KV cache, which generate compiles on a GPU (CUDA graphs), batch
 #             128 -> $OUT/gpu-<model>-static.json (not in the default parts: compiling takes minutes)
 #             (limit $STATIC_S seconds each, default 180)
+#   graphs    decode steps replayed as CUDA graphs: benchmarks.gpu.graph_decode per model at batch 32/128/256
+#             -> $OUT/graph-decode-<model>.jsonl (eager static step, graph replay, one step's kernel profile; limit
+#             $GRAPH_S, default 120), pytest -m gpu tests/test_graph_decoding.py, then stage=eval on Kuhn at full
+#             size for each model of $GRAPH_EVALS (default gemma4) as the runs decode now (dynamic cache) and with
+#             model.static_cache=true model.decode_graphs=true, each under $EVAL_S seconds (default 120)
+#             -> $OUT/eval_<model>_<arm>.json
 #   tests     pytest -m gpu tests/test_gpu.py
 #   agreement whether each full-size random model's sampler and teacher-forced pass agree on the sampled tokens'
 #             log-probs (Gemma 4 raw and tempered) -> $OUT/logprob_agreement.jsonl (limit $AGREEMENT_S, default 150;
@@ -99,6 +105,24 @@ retry_sepo() {  # retry_sepo MODEL GAME: after SEPO diverged, two runs of stage=
 # by its limit is marked FAILED; the same command on the still-warm machine resumes it), the fast-kernel decode
 has tests && step 90 "pytest -m gpu" python3 -m pytest -q -n 0 -m gpu tests/test_gpu.py -p no:cacheprovider
 has agreement && json_run "${AGREEMENT_S:-150}" logprob_agreement.jsonl benchmarks.gpu.logprob_agreement ${AGREEMENT_ARGS:-}
+if has graphs; then  # CUDA-graph decoding: the step alone, the tests, then through main.py
+    for model in gemma4 qwen; do
+        json_run "${GRAPH_S:-120}" "graph-decode-$model.jsonl" benchmarks.gpu.graph_decode --model "$model" \
+            --batch ${GRAPH_BATCHES:-32 128 256} ${GRAPH_ARGS:-}
+    done
+    step 120 "pytest -m gpu graphs" python3 -m pytest -q -n 0 -m gpu tests/test_graph_decoding.py -p no:cacheprovider
+    for model in ${GRAPH_EVALS:-gemma4}; do
+        [ -d "$CKPT/$model" ] || step 90 "save $model" python3 -m benchmarks gpu --model "$model" --save-to "$CKPT" ${SAVE_ARGS:-}
+        for arm in dynamic graphs; do
+            extra=(); [ "$arm" = graphs ] && extra=(model.static_cache=true model.decode_graphs=true)
+            step "${EVAL_S:-120}" "eval $model kuhn $arm" python3 main.py stage=eval game=kuhn "model=$model" \
+                "model.path=$CKPT/$model" logger=none eval.episodes_per_opponent=2 eval.max_new_tokens=32 \
+                eval.action_samples=16 eval.progress=false "hydra.run.dir=/tmp/sepo_runs/eval_${model}_$arm" \
+                paths.cache_dir=/tmp/sepo_cache "${extra[@]}" ${RUN_ARGS:-}
+            cp "/tmp/sepo_runs/eval_${model}_$arm/results.json" "$OUT/eval_${model}_$arm.json" 2>/dev/null
+        done
+    done
+fi
 has bench && bench 150 gpu-gemma4 --model gemma4 "${SIZES[@]}"
 has bench && bench 130 gpu-qwen --model qwen "${SIZES[@]}"
 if has sepo; then  # stage=sepo alone on the saved random checkpoints, side by side (no SFT before it)

@@ -48,6 +48,7 @@ the global torch RNG is never touched.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ from sepo.games.base import Game, holds_action, think_open  # noqa: F401  (the s
 from sepo.lm import batching
 from sepo.lm.batching import MIN_SHARED_PREFIX, common_prefix, end_of_turn_ids, score_passes  # noqa: F401  (re-exported)
 from sepo.lm.cascade_attention import shared_prefix
+from sepo.lm.graph_decoding import CudaGraphs, graph_decoding
 from sepo.lm.logprobs import next_token_logits, token_logprobs
 from sepo.lm.prefix_tree import tree_token_logprobs
 from sepo.lm.prompt_cache import EncodedPrompt, PromptCache, continued_next_token_logits, start_cache
@@ -197,6 +199,10 @@ class LMPolicy:
         self.prefix_tree = bool(model_cfg.get("prefix_tree", False)) and self.prefix_cache
         #: preallocate the KV cache instead of growing it at every decoding step (`start_cache`)
         self.static_cache = bool(model_cfg.get("static_cache", False))
+        #: decode steps replayed as CUDA graphs (`sepo.lm.graph_decoding`); a GPU and a static cache only
+        self.decode_graphs = bool(model_cfg.get("decode_graphs", False)) and self.static_cache
+        #: what makes the graphs: CUDA's capture (tests trace on a CPU instead)
+        self.graph_backend = CudaGraphs
         #: decoding reads the rows' shared prefix once (`sepo.lm.cascade_attention`): `model.cascade_attention`
         #: unless the caller says otherwise (SEPO's rollouts do not: see `sepo.stages.sepo_loop.training_parts`)
         self.cascade_attention = self.prefix_cache and bool(
@@ -374,7 +380,12 @@ class LMPolicy:
         cache_kwargs = {"past_key_values": cache} if cache is not None else {}
         stop = ActionStoppingCriteria(self.tokenizer, width_p, requests, [think_open(t) for t in texts])
         sampler = RowSampler([self.row_seed(r) for r in requests], self.temperature, self.logprob_temperature)
-        with torch.no_grad(), section("generate"), shared_prefix(shared if self.cascade_attention else 0):
+        with (
+            torch.no_grad(),
+            section("generate"),
+            shared_prefix(shared if self.cascade_attention else 0),
+            self.graphs(),
+        ):
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
@@ -407,6 +418,16 @@ class LMPolicy:
         return results, encoded_by_generation(
             cache, mask, results, out.shape[1] - width_p
         ) if self.prefix_cache else None
+
+    def graphs(self) -> contextlib.AbstractContextManager:
+        """`graph_decoding` for a generate call where its decode steps are replayed as graphs: `model.decode_graphs`
+        on a GPU, or wherever a test gives its own `graph_backend`."""
+        made_here = self.device.type == "cuda" or self.graph_backend is not CudaGraphs
+        return (
+            graph_decoding(self.model, self.graph_backend)
+            if self.decode_graphs and made_here
+            else contextlib.nullcontext()
+        )
 
     def row_seed(self, request: DecisionRequest) -> int:
         """The sampling seed of one decision: `seed` mixed with a draw from the episode's stream."""
