@@ -398,6 +398,7 @@ class LMPolicy:
                 max_new_tokens=self.max_new_tokens,
                 stopping_criteria=StoppingCriteriaList([stop]),
                 pad_token_id=self.pad_id,
+                disable_compile=True,  # on a GPU transformers would torch.compile a static cache's steps (minutes a shape)
             )
         if self.prefix_cache:
             with section("remember"):
