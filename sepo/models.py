@@ -191,6 +191,10 @@ def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None)
         from sepo.lm.packed_linear import use_packed_linears
 
         use_packed_linears(model)
+    if model_cfg.get("lean_delta_decode", False) and model.config.get_text_config().model_type.startswith("qwen3_5"):
+        from sepo.lm.gated_delta_decode import use_lean_delta_decode
+
+        use_lean_delta_decode()
     model.eval()
     return model, tokenizer
 

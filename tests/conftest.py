@@ -181,6 +181,36 @@ def teach(bundle, examples: list[tuple[list[dict[str, str]], str]], steps: int):
     return student.eval(), tokenizer, cfg
 
 
+def cache_tensors(cache) -> list[torch.Tensor]:
+    """Every tensor a transformers cache holds, layer by layer (keys, values, states, lengths)."""
+    out = []
+    for layer in cache.layers:
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor):
+                out.append(value)
+            elif isinstance(value, dict):
+                out += [v for v in value.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+class Tracing:
+    """A graph backend for the CPU (`sepo.lm.graph_decoding`): the forward traced once into aten operations and
+    replayed. Like a CUDA graph it freezes every Python-side value; unlike one, tracing runs the forward, so the
+    cache is put back."""
+
+    def eager(self, run):
+        return run()
+
+    def capture(self, forward, cache):
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        saved = [t.clone() for t in cache_tensors(cache)]
+        traced = make_fx(forward)()
+        for tensor, value in zip(cache_tensors(cache), saved, strict=True):
+            tensor.copy_(value)
+        return traced
+
+
 @pytest.fixture(scope="module")
 def gemma4_dir(tiny_dir, tmp_path_factory):
     """A tiny random Gemma 4 (text, vision and audio towers, KV sharing) saved like a checkpoint: the GPU

@@ -32,7 +32,7 @@ from sepo.models import forward_extras
 from sepo.policies.base import DecisionRequest
 from sepo.policies.lm import LMPolicy
 
-from .conftest import CONF, model_cfg
+from .conftest import CONF, Tracing, model_cfg
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
@@ -42,32 +42,6 @@ pytestmark = [
 ARCHS = ("gemma4", "qwen")
 VOCAB = 512
 CUDA = torch.cuda.is_available()
-
-
-def cache_tensors(cache) -> list[torch.Tensor]:
-    out = []
-    for layer in cache.layers:
-        for value in vars(layer).values():
-            if isinstance(value, torch.Tensor):
-                out.append(value)
-            elif isinstance(value, dict):
-                out += [v for v in value.values() if isinstance(v, torch.Tensor)]
-    return out
-
-
-class Tracing:
-    """A graph backend for the CPU: the forward traced once into aten operations and replayed. Like a CUDA
-    graph it freezes every Python-side value; unlike one, tracing runs the forward, so the cache is put back."""
-
-    def eager(self, run):
-        return run()
-
-    def capture(self, forward, cache):
-        saved = [t.clone() for t in cache_tensors(cache)]
-        traced = make_fx(forward)()
-        for tensor, value in zip(cache_tensors(cache), saved, strict=True):
-            tensor.copy_(value)
-        return traced
 
 
 def tiny_model(arch: str):

@@ -911,6 +911,10 @@ def benchmark_model(
         "parameters": parameter_counts(model),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
     }
+    if arch == "qwen" and cfg.model.get("lean_delta_decode", False):  # as the runs load it (sepo.models)
+        from sepo.lm.gated_delta_decode import use_lean_delta_decode
+
+        result["lean_delta_decode"] = use_lean_delta_decode()
     result["logits_finite"] = finite_logits(model, cfg.model, device)
     if not result["logits_finite"]:
         _say(f"  WARNING: the random {arch} model's logits are not finite; the SEPO step (which samples) is skipped")

@@ -315,6 +315,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model of the architecture (tests)")
+    parser.add_argument(
+        "--reference-delta-rule",
+        action="store_true",
+        help="Qwen 3.5: decode with transformers' own Gated DeltaNet step, not the five-pass one the runs use",
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -323,6 +328,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         config = full_size.tiny_config(args.model, vocab=512)
     else:
         config = full_size.gemma4_config("e4b") if args.model == "gemma4" else full_size.qwen35_config()
+    lean = False
+    if args.model == "qwen" and not args.reference_delta_rule:
+        from sepo.lm.gated_delta_decode import use_lean_delta_decode
+
+        lean = use_lean_delta_decode()
     start = time.perf_counter()
     model = full_size.build_model(args.model, config, args.device, dtype)
     built = round(time.perf_counter() - start, 1)
@@ -332,6 +342,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "dtype": str(dtype).removeprefix("torch."),
+        "lean_delta_decode": lean,
         "build_s": built,
         "bandwidth_gb_per_s": bandwidth["gb_per_s"],
         "weight_mib": round(full_size.decode_weight_bytes(model) / full_size.MIB, 1),

@@ -9,9 +9,10 @@
 #   static    the decode part again on a static KV cache, which generate compiles on a GPU (CUDA graphs), batch
 #             128 -> $OUT/gpu-<model>-static.json (not in the default parts: compiling takes minutes)
 #             (limit $STATIC_S seconds each, default 180)
-#   graphs    decode steps replayed as CUDA graphs: benchmarks.gpu.graph_decode per model at batch 32/128/256
+#   graphs    decode steps replayed as CUDA graphs: benchmarks.gpu.graph_decode per model at batch 32/128/256 (Qwen
+#             with the runs' five-pass Gated DeltaNet step, and again with transformers' own: qwen-reference)
 #             -> $OUT/graph-decode-<model>.jsonl (eager static step, graph replay, one step's kernel profile; limit
-#             $GRAPH_S, default 120), pytest -m gpu tests/test_graph_decoding.py, then stage=eval on Kuhn at full
+#             $GRAPH_S, default 120), pytest -m gpu of both, then stage=eval on Kuhn at full
 #             size for each model of $GRAPH_EVALS (default gemma4) as the runs decode now (dynamic cache) and with
 #             model.static_cache=true model.decode_graphs=true, each under $EVAL_S seconds (default 120)
 #             -> $OUT/eval_<model>_<arm>.json
@@ -106,11 +107,12 @@ retry_sepo() {  # retry_sepo MODEL GAME: after SEPO diverged, two runs of stage=
 has tests && step 90 "pytest -m gpu" python3 -m pytest -q -n 0 -m gpu tests/test_gpu.py -p no:cacheprovider
 has agreement && json_run "${AGREEMENT_S:-150}" logprob_agreement.jsonl benchmarks.gpu.logprob_agreement ${AGREEMENT_ARGS:-}
 if has graphs; then  # CUDA-graph decoding: the step alone, the tests, then through main.py
-    for model in gemma4 qwen; do
-        json_run "${GRAPH_S:-120}" "graph-decode-$model.jsonl" benchmarks.gpu.graph_decode --model "$model" \
-            --batch ${GRAPH_BATCHES:-32 128 256} ${GRAPH_ARGS:-}
+    for model in gemma4 qwen qwen-reference; do  # qwen-reference: transformers' own Gated DeltaNet step
+        json_run "${GRAPH_S:-120}" "graph-decode-$model.jsonl" benchmarks.gpu.graph_decode --model "${model%-reference}" \
+            $([ "$model" = qwen-reference ] && echo --reference-delta-rule) --batch ${GRAPH_BATCHES:-32 128 256} ${GRAPH_ARGS:-}
     done
-    step 120 "pytest -m gpu graphs" python3 -m pytest -q -n 0 -m gpu tests/test_graph_decoding.py -p no:cacheprovider
+    step 120 "pytest -m gpu graphs" python3 -m pytest -q -n 0 -m gpu tests/test_graph_decoding.py \
+        tests/test_gated_delta_decode.py -p no:cacheprovider
     for model in ${GRAPH_EVALS:-gemma4}; do
         [ -d "$CKPT/$model" ] || step 90 "save $model" python3 -m benchmarks gpu --model "$model" --save-to "$CKPT" ${SAVE_ARGS:-}
         for arm in dynamic graphs; do

@@ -11,6 +11,8 @@ SFT and SEPO stages, which score) both do with a causal language model, written 
 - `prompt_cache`: prompt tokens encoded once (a shared prefix, each episode's previous prompt) as the KV cache a
   decoding starts from.
 - `stopping`: per-row stopping inside one `generate` call, by a rule the caller gives.
+- `graph_decoding`: `generate`'s decode steps on a static cache replayed as CUDA graphs (`model.decode_graphs`).
+- `gated_delta_decode`: Qwen 3.5's linear-attention decode step in five passes over its state (`model.lean_delta_decode`).
 
 It imports nothing else of the project but its errors and section timers (tests/test_layout.py), so either
 side can use it without the other.
