@@ -44,6 +44,27 @@ VOCAB = 512
 CUDA = torch.cuda.is_available()
 
 
+class Uncaptured:
+    """A graph backend that captures nothing: every step reruns the forward on the fixed buffers, and puts back
+    the Python-side counts the rerun moved (a replay moves none; `GraphedForward` advances them). The same
+    steps as CUDA graphs replay (rings, buffers), so on a GPU the graphs must give its results bit for bit."""
+
+    COUNTS = ("cumulative_length_int", "ring_writes")
+
+    def eager(self, run):
+        return run()
+
+    def capture(self, forward, cache):
+        def rerun():
+            saved = [{k: vars(layer)[k] for k in self.COUNTS if k in vars(layer)} for layer in cache.layers]
+            logits = forward()
+            for layer, counts in zip(cache.layers, saved, strict=True):
+                vars(layer).update(counts)
+            return logits
+
+        return rerun
+
+
 def tiny_model(arch: str):
     return full_size.build_model(arch, full_size.tiny_config(arch, VOCAB), "cpu", torch.float32)
 
@@ -123,7 +144,10 @@ def ipd_requests(rounds: int = 6) -> list[DecisionRequest]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_policy_with_decode_graphs_plays_what_the_plain_cache_plays(arch, temperature, arch_dirs, monkeypatch):
+@pytest.mark.parametrize("backend", [Tracing, Uncaptured])
+def test_a_policy_with_decode_graphs_plays_what_the_plain_cache_plays(
+    arch, temperature, backend, arch_dirs, monkeypatch
+):
     """`model.decode_graphs` through LMPolicy (chat prompts of different lengths, sampling, the stopping rule):
     answers and log-probs equal those of transformers' dynamic cache, and steps were replayed."""
     cfg = model_cfg(arch, path=str(arch_dirs[arch]), dtype="float32")
@@ -132,7 +156,7 @@ def test_a_policy_with_decode_graphs_plays_what_the_plain_cache_plays(arch, temp
     graphed = LMPolicy(
         model, tokenizer, OmegaConf.merge(cfg, {"static_cache": True, "decode_graphs": True}), temperature, 12, 0
     )
-    graphed.graph_backend = Tracing
+    graphed.graph_backend = backend
     replays = []
     original = graph_decoding_module.graph_decoding
 
@@ -196,16 +220,15 @@ def test_the_benchmark_step_decodes_what_generate_decodes(arch):
     model = tiny_model(arch)
     prompt = torch.randint(3, VOCAB, (3, 24), generator=torch.Generator().manual_seed(1))
     plain = greedy(model, arch, prompt, torch.ones_like(prompt), 9)[:, 24:]
-    with bench.capturable_cache():
-        step = bench.StaticStep(model, arch, prompt, 9)
-        snapshot = bench.CacheSnapshot(step)
-        first = bench.decode(step, step, 8, 0)["tokens"]
-        snapshot.restore()
-        again = bench.decode(step, step, 8, 0)["tokens"]
-        snapshot.restore()
-        traced = make_fx(step)()
-        snapshot.restore()
-        replayed = bench.decode(traced, step, 8, 0)["tokens"]
+    step = bench.StaticStep(model, arch, prompt, 9)
+    snapshot = bench.CacheSnapshot(step)
+    first = bench.decode(step, step, 8, 0)["tokens"]
+    snapshot.restore()
+    again = bench.decode(step, step, 8, 0)["tokens"]
+    snapshot.restore()
+    traced = make_fx(step)()
+    snapshot.restore()
+    replayed = bench.decode(traced, step, 8, 0)["tokens"]
     assert torch.equal(first, plain[:, 1:])
     assert torch.equal(again, first) and torch.equal(replayed, first)
 
@@ -214,13 +237,14 @@ def test_the_benchmark_step_decodes_what_generate_decodes(arch):
 def test_the_benchmark_step_takes_nothing_from_the_host(arch):
     model = tiny_model(arch)
     prompt = torch.randint(3, VOCAB, (3, 24), generator=torch.Generator().manual_seed(1))
-    with bench.capturable_cache():
-        step = bench.StaticStep(model, arch, prompt, 4)
-        with HostTraffic() as traffic:
-            step()
+    step = bench.StaticStep(model, arch, prompt, 4)
+    with HostTraffic() as traffic:
+        step()
     assert traffic.seen == []
     if arch == "gemma4":  # transformers' own full-window update builds its index from host data
         step = bench.StaticStep(model, arch, prompt, 4)
+        for layer in step.cache.layers:
+            vars(layer).pop("update", None)
         with HostTraffic() as traffic:
             step()
         assert "aten.lift_fresh.default" in traffic.seen
@@ -250,16 +274,18 @@ def test_the_benchmark_runs_its_eager_arm_on_a_cpu():
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_cuda_graphs_decode_what_the_eager_static_cache_decodes(arch, temperature, arch_dirs):
+def test_cuda_graphs_decode_what_the_same_steps_decode_uncaptured(arch, temperature, arch_dirs):
     """Real CUDA graphs through LMPolicy in bfloat16: the same kernels replayed, so the same tokens and log-probs,
-    bit for bit (2026-11-28, H200). The eager arm must not be torch.compiled by transformers, which it does on a
-    static cache on a GPU unless told not to (LMPolicy passes disable_compile): its fused kernels round otherwise."""
-    cfg = model_cfg(arch, path=str(arch_dirs[arch]), dtype="bfloat16", static_cache=True)
+    bit for bit (so it was on 2026-11-28, H200, before the rings, against transformers' own static cache). The
+    uncaptured arm must not be torch.compiled by transformers, which it does on a static cache on a GPU unless
+    told not to (LMPolicy passes disable_compile): its fused kernels round otherwise."""
+    cfg = model_cfg(arch, path=str(arch_dirs[arch]), dtype="bfloat16", static_cache=True, decode_graphs=True)
     model, tokenizer = load_model_and_tokenizer(cfg, arch_dirs[arch], device="cuda")
-    eager = LMPolicy(model, tokenizer, OmegaConf.merge(cfg, {"decode_graphs": False}), temperature, 12, 0)
-    graphed = LMPolicy(model, tokenizer, OmegaConf.merge(cfg, {"decode_graphs": True}), temperature, 12, 0)
+    uncaptured = LMPolicy(model, tokenizer, cfg, temperature, 12, 0)
+    uncaptured.graph_backend = Uncaptured
+    graphed = LMPolicy(model, tokenizer, cfg, temperature, 12, 0)
     a = graphed.act_batch(ipd_requests(), return_logprobs=True)
-    b = eager.act_batch(ipd_requests(), return_logprobs=True)
+    b = uncaptured.act_batch(ipd_requests(), return_logprobs=True)
     assert [d.text for d in a] == [d.text for d in b]
     for x, y in zip(a, b):
         assert torch.equal(x.tokens.gen_ids, y.tokens.gen_ids) and torch.equal(x.tokens.logprobs, y.tokens.logprobs)

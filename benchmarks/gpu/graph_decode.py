@@ -16,9 +16,11 @@ per model at one batch, on the same prompt and the same cache:
 What makes a step capturable, and is done here: positions come from a device tensor advanced in place (the
 models would otherwise read the cache's Python-side length, frozen at capture); Gemma 4's masks are passed
 in (its sliding layers compute theirs from a Python int), which needs every sliding window already full
-after the prompt, as at the benchmark's 600-token prompt; and the full sliding window's update builds no
-tensor from host data (`capturable_sliding_update`). `tests/test_graph_decode.py` checks on the CPU that the
-eager step equals `generate`'s greedy tokens and that a step copies nothing from the host.
+after the prompt, as at the benchmark's 600-token prompt; and a full sliding window is kept as a ring, as the
+runs' graphs keep it (`sepo.lm.graph_decoding.ring_sliding_update`: one column written, no host data; with
+no padding every key of a full window is visible, so its mask is all ones in any order).
+`tests/test_graph_decoding.py` checks on the CPU that the eager step equals `generate`'s greedy tokens and
+that a step copies nothing from the host.
 
     python -m benchmarks.gpu.graph_decode --model gemma4 [--batch 128] [--prompt-tokens 600] [--steps 32]
     python -m benchmarks.gpu.graph_decode --model qwen --tiny --device cpu    # the flow on a CPU, no graph
@@ -27,11 +29,10 @@ eager step equals `generate`'s greedy tokens and that a step copies nothing from
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,36 +44,6 @@ from benchmarks.gpu import full_size
 LOGIT_TOLERANCE = 1e-2
 
 
-def capturable_sliding_update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-    """transformers' update of a full sliding-window layer (`StaticSlidingWindowLayer`), one token at a time,
-    without the host-built index tensor its own version writes with (a host-to-device copy cannot be captured)."""
-    if not (self.cumulative_length_int >= self.max_cache_len and key_states.shape[-2] == 1):
-        return _original_sliding_update(self, key_states, value_states, *args, **kwargs)
-    self.cumulative_length_int += 1
-    self.keys.copy_(torch.cat((self.keys[:, :, 1:], key_states), dim=-2))
-    self.values.copy_(torch.cat((self.values[:, :, 1:], value_states), dim=-2))
-    return self.keys, self.values
-
-
-def _sliding_layer_class() -> Any:
-    from transformers.cache_utils import StaticSlidingWindowLayer
-
-    return StaticSlidingWindowLayer
-
-
-_original_sliding_update = _sliding_layer_class().update
-
-
-@contextlib.contextmanager
-def capturable_cache() -> Iterator[None]:
-    cls = _sliding_layer_class()
-    cls.update = capturable_sliding_update
-    try:
-        yield
-    finally:
-        cls.update = _original_sliding_update
-
-
 # ------------------------------------------------------------------------------------- the step
 class StaticStep:
     """One greedy decode step of `batch` rows on a static cache, with every input in a fixed buffer:
@@ -81,11 +52,15 @@ class StaticStep:
     def __init__(self, model: Any, arch: str, prompt: torch.Tensor, max_new_tokens: int):
         from transformers import StaticCache
 
+        from sepo.lm.graph_decoding import as_rings
+
         self.model, self.arch = model, arch
         batch, length = prompt.shape
         self.text_config = model.config.get_text_config(decoder=True)
         self.check_windows_full(length)
         self.cache = StaticCache(config=model.config, max_cache_len=length + max_new_tokens)
+        from transformers.cache_utils import StaticSlidingWindowLayer
+
         self.max_len = length + max_new_tokens
         device = prompt.device
         self.extras = self._extras(torch.zeros((batch, 1), dtype=torch.long, device=device))
@@ -93,6 +68,9 @@ class StaticStep:
         self.position = torch.full((batch, 1), length, dtype=torch.long, device=device)
         self.columns = torch.arange(self.max_len, device=device)
         self.logits = self.prefill(prompt)
+        for layer in self.cache.layers:  # full windows kept as rings, as the runs' graphs keep them
+            if isinstance(layer, StaticSlidingWindowLayer):
+                as_rings(layer)
 
     def check_windows_full(self, prompt_tokens: int) -> None:
         window = getattr(self.text_config, "sliding_window", None)
@@ -163,6 +141,7 @@ class CacheSnapshot:
         return {
             key: value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
             for key, value in state.items()
+            if not callable(value)  # the ring's update method, bound to the layer: not state
         }
 
     def restore(self) -> None:
@@ -251,21 +230,20 @@ def measure(model: Any, arch: str, batch: int, prompt_tokens: int, steps: int, b
     prompt = torch.randint(3, vocab, (batch, prompt_tokens), generator=generator).to(device)
     weight_bytes = full_size.decode_weight_bytes(model)
     out: dict[str, Any] = {"batch": batch, "prompt_tokens": prompt_tokens, "steps": steps}
-    with capturable_cache():
-        step = StaticStep(model, arch, prompt, max_new_tokens=steps + 1)
-        out["cache_mib"] = round(full_size.cache_bytes(step.cache) / full_size.MIB, 1)
-        snapshot = CacheSnapshot(step)
-        decode(step, step, 2, 0)  # warm-up: kernel choice and allocator growth are not decode time
+    step = StaticStep(model, arch, prompt, max_new_tokens=steps + 1)
+    out["cache_mib"] = round(full_size.cache_bytes(step.cache) / full_size.MIB, 1)
+    snapshot = CacheSnapshot(step)
+    decode(step, step, 2, 0)  # warm-up: kernel choice and allocator growth are not decode time
+    snapshot.restore()
+    eager = decode(step, step, steps, keep_logits=4)
+    out["eager"] = _figures(eager["seconds"] / steps, batch, weight_bytes, bandwidth, out["cache_mib"])
+    if device.type == "cuda":
         snapshot.restore()
-        eager = decode(step, step, steps, keep_logits=4)
-        out["eager"] = _figures(eager["seconds"] / steps, batch, weight_bytes, bandwidth, out["cache_mib"])
-        if device.type == "cuda":
-            snapshot.restore()
-            out["profile_one_eager_step"] = _or_error(kernel_profile, step)
-            snapshot.restore()
-            out.update(
-                _or_error(_graph_arm, step, snapshot, eager, steps, batch, weight_bytes, bandwidth, out["cache_mib"])
-            )
+        out["profile_one_eager_step"] = _or_error(kernel_profile, step)
+        snapshot.restore()
+        out.update(
+            _or_error(_graph_arm, step, snapshot, eager, steps, batch, weight_bytes, bandwidth, out["cache_mib"])
+        )
     return out
 
 

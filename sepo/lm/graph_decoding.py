@@ -14,8 +14,12 @@ the forward into a graph with its tensor inputs in fixed buffers, and every late
 into those buffers and replays. What a graph cannot see is Python-side state the forward reads or writes:
 in transformers' static caches that is the sliding-window layer's column count (`cumulative_length_int`),
 which picks its update's branch. So the signature includes whether each sliding window is full (a new
-graph when one fills), the count is restored after a capture and advanced after a replay, and the full
-window's update is swapped for one that builds no tensor from host data (`capturable_sliding_update`).
+graph when one fills), the count is restored after a capture and advanced after a replay. A full window is
+kept as a ring (`ring_sliding_update`): each step overwrites its oldest column instead of copying the window
+to shift it (transformers' way, which also builds an index from host data, which a capture cannot hold), and
+the sliding mask transformers builds for an ordered window is rolled to the ring's order (`ring_masks`).
+Keys sit in another order than transformers' static cache keeps them, so attention sums in another order:
+results agree with graphs off to float rounding, and bit for bit with the same steps run without capture.
 Any other cache layer kind refuses graphs with an error naming it.
 
 The backend makes the graphs: `CudaGraphs` on a GPU; `tests/test_graph_decoding.py` gives one that
@@ -70,15 +74,19 @@ class CudaGraphs:
         return replay
 
 
-def capturable_sliding_update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-    """`StaticSlidingWindowLayer.update` of a full window, one token at a time, as transformers computes it
-    (drop the oldest column, append the new one) but without the host-built index tensor its version
-    writes with: a copy from host memory cannot be captured."""
+def ring_sliding_update(self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    """`StaticSlidingWindowLayer.update` of a full window, one token at a time, as a ring: the new column
+    overwrites the oldest (`ring_slot`, a device tensor the step advances), where transformers' version copies
+    the whole window to shift it by one (a third of Gemma 4's graph step at 128 rows, docs/speed.md §4g) and
+    builds its index from host data (which a capture cannot hold). Attention does not care where a key sits;
+    the mask does, and `GraphedForward` rolls it to match (`ring_masks`)."""
     if not (self.cumulative_length_int >= self.max_cache_len and key_states.shape[-2] == 1):
         return type(self).update(self, key_states, value_states, *args, **kwargs)
     self.cumulative_length_int += 1
-    self.keys.copy_(torch.cat((self.keys[:, :, 1:], key_states), dim=-2))
-    self.values.copy_(torch.cat((self.values[:, :, 1:], value_states), dim=-2))
+    self.ring_writes += 1
+    self.keys.index_copy_(2, self.ring_slot, key_states)
+    self.values.index_copy_(2, self.ring_slot, value_states)
+    self.ring_slot.add_(1).remainder_(self.max_cache_len)
     return self.keys, self.values
 
 
@@ -106,15 +114,16 @@ class GraphedForward:
     def __call__(self, **inputs: Any) -> Any:
         cache = _cache_of(inputs)
         sliding = _sliding_layers(cache)
+        inputs = ring_masks(inputs, sliding)
         key = _signature(inputs, sliding)
         if key not in self.seen:  # first step of this signature: eager, the capture's warm-up
             self.seen.add(key)
             return self.backend.eager(lambda: self.model(**inputs))
         if key not in self.graphs:
-            counts = [layer.cumulative_length_int for layer in sliding]
+            counts = [(layer.cumulative_length_int, layer.ring_writes) for layer in sliding]
             self.graphs[key] = _Graph(self.model, inputs, self.backend)
-            for layer, count in zip(sliding, counts):  # the capture ran the Python side once; the GPU nothing
-                layer.cumulative_length_int = count
+            for layer, (count, writes) in zip(sliding, counts):  # the capture ran the Python side; the GPU nothing
+                layer.cumulative_length_int, layer.ring_writes = count, writes
         output = self.graphs[key].replay(inputs)
         advance_windows(sliding)
         self.replays += 1
@@ -122,9 +131,42 @@ class GraphedForward:
 
 
 def advance_windows(sliding: list[Any]) -> None:
-    """What a replayed step leaves undone: the sliding-window layers' Python-side column count."""
+    """What a replayed step leaves undone: the sliding-window layers' Python-side column and ring counts."""
     for layer in sliding:
+        if layer.cumulative_length_int >= layer.max_cache_len:
+            layer.ring_writes += 1
         layer.cumulative_length_int += 1
+
+
+def ring_masks(inputs: dict[str, Any], sliding: list[Any]) -> dict[str, Any]:
+    """The inputs with the sliding layers' mask in ring order. transformers builds it for a window held oldest
+    to newest; with the window full, this step writes the ring's slot r = writes mod W, after which slot r
+    holds the newest key and slot (r + 1) mod W the oldest: the mask rolled by r + 1."""
+    if not sliding or sliding[0].cumulative_length_int < sliding[0].max_cache_len:
+        return inputs  # no window full yet: every slot still holds the column of its own index
+    layer, masks = sliding[0], inputs.get("attention_mask")
+    window = layer.max_cache_len
+    if not (isinstance(masks, dict) and masks.get("sliding_attention") is not None):
+        raise ConfigError(
+            f"model.decode_graphs: {type(masks).__name__} masks for a full sliding window are not known to follow "
+            "its ring layout; set model.decode_graphs=false"
+        )
+    mask = masks["sliding_attention"]
+    if mask.shape[-1] != window or any(other.ring_writes != layer.ring_writes for other in sliding):
+        raise ConfigError(
+            f"model.decode_graphs: a sliding mask of {mask.shape[-1]} columns for a {window}-column window"
+        )
+    rolled = torch.roll(mask, shifts=(layer.ring_writes + 1) % window, dims=-1)
+    return {**inputs, "attention_mask": {**masks, "sliding_attention": rolled}}
+
+
+def as_rings(layer: Any) -> None:
+    """Give a sliding-window cache layer `ring_sliding_update` and its ring's state (once)."""
+    if "update" in vars(layer):
+        return
+    layer.update = types.MethodType(ring_sliding_update, layer)
+    layer.ring_slot = torch.zeros(1, dtype=torch.long, device=layer.keys.device)
+    layer.ring_writes = 0
 
 
 class _Graph:
@@ -142,15 +184,15 @@ class _Graph:
             return out.logits
 
         self.run = backend.capture(forward, _cache_of(inputs))
-        self.output = copy.copy(self.output)
 
     def replay(self, inputs: dict[str, Any]) -> Any:
         leaves, _ = pytree.tree_flatten(inputs)
         for buffer, leaf in zip(self.buffers, leaves, strict=True):
             if isinstance(leaf, torch.Tensor):
                 buffer.copy_(leaf)
-        output = copy.copy(self.output)
-        output["logits"] = self.run()
+        logits = self.run()
+        output = copy.copy(self.output)  # the capture's output (a backend that reruns leaves its latest)
+        output["logits"] = logits
         return output
 
 
@@ -166,14 +208,13 @@ def _cache_of(inputs: dict[str, Any]) -> Any:
 
 
 def _sliding_layers(cache: Any) -> list[Any]:
-    """The cache's sliding-window layers, each given `capturable_sliding_update`; an error for a layer kind
-    whose Python-side state is not known."""
+    """The cache's sliding-window layers, each made a ring (`as_rings`); an error for a layer kind whose
+    Python-side state is not known."""
     stateless, sliding = _layer_kinds()
     out = []
     for layer in cache.layers:
         if isinstance(layer, sliding):
-            if "update" not in vars(layer):
-                layer.update = types.MethodType(capturable_sliding_update, layer)
+            as_rings(layer)
             out.append(layer)
         elif not isinstance(layer, stateless):
             raise ConfigError(
