@@ -29,9 +29,9 @@ from sepo.trees import leaves
 
 #: keys (and whole nodes) whose value cannot change a run's results: where outputs go (and the paths
 #: derived from it), how progress and trackers are shown, whether to resume, test hooks, and how a CPU's
-#: cores are used and passes laid out (prepacked weights give the same products bit for bit, and so do decode
-#: steps replayed as CUDA graphs, which run the same kernels; forked workers, like the thread count, which no run
-#: records, and SFT's passes split by length move float roundings only)
+#: cores are used and passes laid out (prepacked weights give the same products bit for bit; forked workers, like
+#: the thread count, which no run records, SFT's passes split by length, and decode steps replayed as CUDA graphs,
+#: whose sliding windows hold their keys in ring order, move float roundings only)
 RESULT_NEUTRAL_KEYS = (
     "resume",
     "model.packed_linears",
