@@ -22,7 +22,7 @@ Keys sit in another order than transformers' static cache keeps them, so attenti
 results agree with graphs off to float rounding, and bit for bit with the same steps run without capture.
 Any other cache layer kind refuses graphs with an error naming it.
 
-The backend makes the graphs: `CudaGraphs` on a GPU; `tests/test_graph_decoding.py` gives one that
+The backend makes the graphs: `CudaGraphs` on a GPU; the tests give one (`tests/conftest.py: Tracing`) that
 traces the forward once with `make_fx` and replays the trace, which freezes Python-side
 values exactly as a capture does, so the whole path is checked on a CPU against plain `generate`.
 """
