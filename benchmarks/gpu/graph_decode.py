@@ -51,6 +51,7 @@ class StaticStep:
 
     def __init__(self, model: Any, arch: str, prompt: torch.Tensor, max_new_tokens: int):
         from transformers import StaticCache
+        from transformers.cache_utils import StaticSlidingWindowLayer
 
         from sepo.lm.graph_decoding import as_rings
 
@@ -59,8 +60,6 @@ class StaticStep:
         self.text_config = model.config.get_text_config(decoder=True)
         self.check_windows_full(length)
         self.cache = StaticCache(config=model.config, max_cache_len=length + max_new_tokens)
-        from transformers.cache_utils import StaticSlidingWindowLayer
-
         self.max_len = length + max_new_tokens
         device = prompt.device
         self.extras = self._extras(torch.zeros((batch, 1), dtype=torch.long, device=device))
