@@ -14,29 +14,25 @@ elsewhere and their metrics differ as two evaluations on nearby streams do. The 
 from __future__ import annotations
 
 import json
-import time
 
-from benchmarks.speed.checkpoint_evaluation import mean_of, run_arms
+from benchmarks.speed.checkpoint_evaluation import mean_of, profiled_evaluation, run_arms
 
 METRICS = ("parse_rate", "exploit_exact", "train_payoff", "safety")
 
 
 def timed_evaluation(cfg, game, model, tokenizer, cascade: bool) -> dict:
     from sepo.lm.cascade_attention import use_cascade_attention
-    from sepo.profiling import profiled
-    from sepo.stages.evaluate import evaluate_with_protocol, evaluation_policy
+    from sepo.stages.evaluate import evaluation_policy
 
     use_cascade_attention(model) if cascade else model.set_attn_implementation("sdpa")
-    with profiled() as sections:
-        started = time.perf_counter()
-        result = evaluate_with_protocol(cfg, game, evaluation_policy(cfg, model, tokenizer))
-        seconds = time.perf_counter() - started
-        decoding, tokens = sections.seconds["decoding"], sections.tokens["decoding"]
+    policy = evaluation_policy(cfg, model, tokenizer)
+    seconds, sections, metrics = profiled_evaluation(cfg, game, policy, METRICS)
+    decoding, tokens = sections.seconds["decoding"], sections.tokens["decoding"]
     return {
         "seconds": round(seconds, 1),
         "decoding_seconds": round(decoding, 1),
         "decoding_ms_per_token": round(1e3 * decoding / max(tokens, 1), 3),
-        "metrics": {k: float(v) for k, v in result["metrics"].items() if k in METRICS},
+        "metrics": metrics,
     }
 
 

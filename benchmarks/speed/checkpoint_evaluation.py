@@ -1,6 +1,6 @@
 """What the benchmarks that time one checkpoint's evaluation share: their command line and the loaded model.
 
-Each of them (cascade_decoding, cpu_cores) evaluates one merged checkpoint several ways, alternated on one loaded
+Each of them (cascade_decoding, cpu_cores, fallback_cache) evaluates one merged checkpoint several ways, alternated on one loaded
 model, the test protocol of the model's own `eval` settings.
 """
 
@@ -45,6 +45,21 @@ def load_for_evaluation(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     )
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     return cfg, make_game(cfg.game), model, tokenizer
+
+
+def profiled_evaluation(cfg, game, policy, metrics: tuple[str, ...]) -> tuple[float, Any, dict[str, float]]:
+    """`policy` evaluated by the test protocol under the section timers: its seconds, the timers (seconds and
+    tokens per section), and the results' `metrics`."""
+    import time
+
+    from sepo.profiling import profiled
+    from sepo.stages.evaluate import evaluate_with_protocol
+
+    with profiled() as sections:
+        started = time.perf_counter()
+        result = evaluate_with_protocol(cfg, game, policy)
+        seconds = time.perf_counter() - started
+    return seconds, sections, {k: float(v) for k, v in result["metrics"].items() if k in metrics}
 
 
 def alternated(arms: tuple[str, ...], repeats: int, evaluate: Callable[[str], dict]) -> dict[str, list[dict]]:

@@ -17,30 +17,25 @@ prints its sections' seconds. The two arms play the same answers; their forced a
 from __future__ import annotations
 
 import json
-import time
 
-from benchmarks.speed.checkpoint_evaluation import run_arms
+from benchmarks.speed.checkpoint_evaluation import profiled_evaluation, run_arms
 
 METRICS = ("parse_rate", "exploit_exact", "safety")
 
 
 def timed_evaluation(cfg, game, model, tokenizer, cached: bool) -> dict:
-    from sepo.profiling import profiled
-    from sepo.stages.evaluate import evaluate_with_protocol, evaluation_policy
+    from sepo.stages.evaluate import evaluation_policy
 
     policy = evaluation_policy(cfg, model, tokenizer)
     if not cached:  # the fallback as without the cache: every question encoded with its whole prompt
         fallback = policy._fallback
         policy._fallback = lambda requests, answers, encoded=None, rows=(): fallback(requests, answers)
-    with profiled() as sections:
-        started = time.perf_counter()
-        result = evaluate_with_protocol(cfg, game, policy)
-        seconds = time.perf_counter() - started
+    seconds, sections, metrics = profiled_evaluation(cfg, game, policy, METRICS)
     return {
         "seconds": round(seconds, 1),
         "sections": {k: round(v, 1) for k, v in sorted(sections.seconds.items(), key=lambda kv: -kv[1])},
         "fallback_tokens": sections.tokens.get("fallback", 0),
-        "metrics": {k: float(v) for k, v in result["metrics"].items() if k in METRICS},
+        "metrics": metrics,
     }
 
 
