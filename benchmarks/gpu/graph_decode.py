@@ -159,16 +159,11 @@ class CacheSnapshot:
 
 
 # ------------------------------------------------------------------------------------- decoding
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def decode(run_step: Callable[[], torch.Tensor], step: StaticStep, steps: int, keep_logits: int) -> dict[str, Any]:
     """`steps` greedy steps; their seconds, every row's tokens, and the first `keep_logits` steps' logits."""
     tokens, kept = [], []
     device = step.token.device
-    _sync(device)
+    full_size._sync(device)
     start = time.perf_counter()
     for i in range(steps):
         logits = run_step()
@@ -176,7 +171,7 @@ def decode(run_step: Callable[[], torch.Tensor], step: StaticStep, steps: int, k
             kept.append(logits.float().clone())
         step.advance(logits)
         tokens.append(step.token.clone())
-    _sync(device)
+    full_size._sync(device)
     return {"seconds": time.perf_counter() - start, "tokens": torch.cat(tokens, dim=1), "logits": kept}
 
 
@@ -205,10 +200,10 @@ def kernel_profile(step: StaticStep, top: int = 8) -> dict[str, Any]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    _sync(step.token.device)
+    full_size._sync(step.token.device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
-        _sync(step.token.device)
+        full_size._sync(step.token.device)
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     by_name: dict[str, list[float]] = {}
     for event in kernels:

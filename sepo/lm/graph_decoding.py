@@ -115,7 +115,8 @@ class GraphedForward:
         cache = _cache_of(inputs)
         sliding = _sliding_layers(cache)
         inputs = ring_masks(inputs, sliding)
-        key = _signature(inputs, sliding)
+        leaves, spec = pytree.tree_flatten(inputs)
+        key = _signature(leaves, spec, sliding)
         if key not in self.seen:  # first step of this signature: eager, the capture's warm-up
             self.seen.add(key)
             return self.backend.eager(lambda: self.model(**inputs))
@@ -124,7 +125,7 @@ class GraphedForward:
             self.graphs[key] = _Graph(self.model, inputs, self.backend)
             for layer, (count, writes) in zip(sliding, counts):  # the capture ran the Python side; the GPU nothing
                 layer.cumulative_length_int, layer.ring_writes = count, writes
-        output = self.graphs[key].replay(inputs)
+        output = self.graphs[key].replay(leaves)
         advance_windows(sliding)
         self.replays += 1
         return output
@@ -185,8 +186,8 @@ class _Graph:
 
         self.run = backend.capture(forward, _cache_of(inputs))
 
-    def replay(self, inputs: dict[str, Any]) -> Any:
-        leaves, _ = pytree.tree_flatten(inputs)
+    def replay(self, leaves: list[Any]) -> Any:
+        """Run the graph on `leaves`, the step's inputs flattened as at its capture."""
         for buffer, leaf in zip(self.buffers, leaves, strict=True):
             if isinstance(leaf, torch.Tensor):
                 buffer.copy_(leaf)
@@ -224,10 +225,9 @@ def _sliding_layers(cache: Any) -> list[Any]:
     return out
 
 
-def _signature(inputs: dict[str, Any], sliding: list[Any]) -> tuple:
-    """What one graph serves: the inputs' structure, every tensor's shape and dtype, every other input's
+def _signature(leaves: list[Any], spec: Any, sliding: list[Any]) -> tuple:
+    """What one graph serves: the inputs' structure (`spec`), every tensor's shape and dtype, every other input's
     identity, and which sliding windows are full (the branch their update takes)."""
-    leaves, spec = pytree.tree_flatten(inputs)
     described = tuple(_described(leaf) for leaf in leaves)
     full = tuple(layer.cumulative_length_int >= layer.max_cache_len for layer in sliding)
     return str(spec), described, full
