@@ -432,6 +432,22 @@ def check_model(cfg: DictConfig) -> None:
         "model.decode_graphs=true and model.cascade_attention=true: cascade attention runs on a CPU, graphs on a GPU; "
         "allowed: one of them false",
     )
+    drop = cfg.model.get("drop_stopped_rows", 0) or 0
+    _require(
+        isinstance(drop, (int, float)) and not isinstance(drop, bool) and 0 <= drop <= 1,
+        f"model.drop_stopped_rows={drop!r}: the share of a decoding's rows still open at which the stopped ones leave "
+        "its batch; allowed: a number in [0, 1] (0: never)",
+    )
+    _require(
+        not (drop and not cfg.model.get("prefix_cache")),
+        f"model.drop_stopped_rows={drop} needs plain full attention (model.prefix_cache=true), which model={cfg.model.name} "
+        "does not declare; allowed: model.drop_stopped_rows=0",
+    )
+    _require(
+        not (drop and cfg.model.get("decode_graphs")),
+        f"model.drop_stopped_rows={drop} and model.decode_graphs=true: graphs replay whole batches; allowed: "
+        "model.drop_stopped_rows=0 or model.decode_graphs=false",
+    )
     workers = cfg.model.get("cpu_workers", 1)
     _require(
         isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1,

@@ -31,12 +31,14 @@ from sepo.trees import leaves
 #: derived from it), how progress and trackers are shown, whether to resume, test hooks, and how a CPU's
 #: cores are used and passes laid out (prepacked weights give the same products bit for bit; forked workers, like
 #: the thread count, which no run records, SFT's passes split by length, and decode steps replayed as CUDA graphs,
-#: whose sliding windows hold their keys in ring order, move float roundings only)
+#: whose sliding windows hold their keys in ring order, and stopped rows leaving a decoding's batch move float
+#: roundings only)
 RESULT_NEUTRAL_KEYS = (
     "resume",
     "model.packed_linears",
     "model.cpu_workers",
     "model.decode_graphs",
+    "model.drop_stopped_rows",
     "sft.pass_cost",
     "logger",
     "paths",

@@ -38,6 +38,12 @@ BAD_VALUES = [
     (["stage=sepo", "model.prefix_cache=false", "model.prefix_tree=true"], "model.prefix_tree=true"),
     (["stage=sepo", "model.prefix_cache=false", "model.cascade_attention=true"], "model.cascade_attention=true"),
     (["stage=eval", "model.cpu_workers=0"], "model.cpu_workers=0"),
+    (["stage=eval", "model.drop_stopped_rows=2"], "model.drop_stopped_rows=2"),
+    (["stage=eval", "model.prefix_cache=false", "model.drop_stopped_rows=0.5"], "model.drop_stopped_rows=0.5"),
+    (
+        ["stage=eval", "model.decode_graphs=true", "model.drop_stopped_rows=0.5"],
+        "model.drop_stopped_rows=0.5 and model.decode_graphs",
+    ),
     (["stage=eval", "model=scripted", "paths.root_dir=/proc/x"], "paths.root_dir=/proc/x"),
     (["stage=eval", "model=scripted", "hydra.run.dir=/proc/x/y"], "hydra.run.dir=/proc/x/y"),
     (["stage=eval", "model=scripted", "logger=wandb", "logger.mode=onlin"], "logger.mode=onlin"),

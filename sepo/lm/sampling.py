@@ -55,8 +55,16 @@ class RowSampler(LogitsProcessor):
         self.logprob_temperature = float(logprob_temperature)
         self.step = 0
         self.logprobs: list[torch.Tensor] = []  # one [B] tensor per generation step
+        self.keys_at_start = self.keys
+        self.rows = np.arange(len(self.keys))  # the row of each current score row (`select`)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        drawn = self.draw(scores)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, drawn[:, None], 0.0)
+
+    def draw(self, scores: torch.Tensor) -> torch.Tensor:
+        """The token each current row draws at this step ([rows] long), its log-prob recorded."""
         with section("sampling"):
             logits = scores.float()
             if bool((torch.isnan(logits) | torch.isposinf(logits)).any()):
@@ -77,10 +85,22 @@ class RowSampler(LogitsProcessor):
             else:
                 drawn = logits.argmax(dim=-1)
                 logp = torch.log_softmax(logits / self.logprob_temperature, dim=-1)
-            self.logprobs.append(logp.gather(1, drawn[:, None]).squeeze(1).cpu())
+            self.logprobs.append(self.by_row(logp.gather(1, drawn[:, None]).squeeze(1).cpu()))
             self.step += 1
-            out = torch.full_like(scores, float("-inf"))
-            return out.scatter_(1, drawn[:, None], 0.0)
+            return drawn
+
+    def select(self, keep: np.ndarray) -> None:
+        """From the next step on, the score rows are the current ones where `keep` (bool) holds: rows that
+        left the batch (`sepo.lm.row_dropping`) keep the log-probs they recorded."""
+        self.keys, self.rows = self.keys[keep], self.rows[keep]
+
+    def by_row(self, logprobs: torch.Tensor) -> torch.Tensor:
+        """A step's log-probs laid out by row (NaN for the rows no longer drawing)."""
+        if len(self.rows) == len(self.keys_at_start):
+            return logprobs
+        full = torch.full((len(self.keys_at_start),), float("nan"))
+        full[torch.from_numpy(self.rows)] = logprobs
+        return full
 
     def row_logprobs(self, row: int, count: int) -> torch.Tensor:
         """float32 log-probs of row `row`'s first `count` generated tokens."""

@@ -3,7 +3,7 @@ policy's: its last non-empty line holds a legal action), so short answers do not
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -32,15 +32,20 @@ class StopWhen(StoppingCriteria):
         self.seen = 0  # generated columns already pushed into `texts`
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
+        length = input_ids.shape[1] - self.prompt_length
+        # the columns not seen yet: one per call inside generate, all of them on a first call
+        fresh = input_ids[:, self.prompt_length + self.seen :].tolist()
+        self.seen = length
+        self.observe(range(len(self.stop_at)), fresh, length)
+        done = [s is not None for s in self.stop_at]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    def observe(self, rows: Sequence[int], fresh: Sequence[Sequence[int]], length: int) -> None:
+        """Rows `rows` have `length` tokens each, the last ones `fresh` (one list per row): record where a rule
+        first holds. A decoding loop of its own calls this directly (`sepo.lm.row_dropping`)."""
         with section("stopping"):
-            length = input_ids.shape[1] - self.prompt_length
-            # the columns not seen yet: one per call inside generate, all of them on a first call
-            fresh = input_ids[:, self.prompt_length + self.seen :].tolist()
-            self.seen = length
-            for i, stop in enumerate(self.stop_at):
-                if stop is not None or not "".join([self.texts[i].push(t) for t in fresh[i]]):
+            for i, tokens in zip(rows, fresh):
+                if self.stop_at[i] is not None or not "".join([self.texts[i].push(t) for t in tokens]):
                     continue
                 if self.done(i, self.texts[i].text):
                     self.stop_at[i] = length
-            done = [s is not None for s in self.stop_at]
-            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)

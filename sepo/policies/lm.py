@@ -49,6 +49,7 @@ the global torch RNG is never touched.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,7 @@ from sepo.lm.graph_decoding import CudaGraphs, graph_decoding
 from sepo.lm.logprobs import next_token_logits, token_logprobs
 from sepo.lm.prefix_tree import tree_token_logprobs
 from sepo.lm.prompt_cache import EncodedPrompt, PromptCache, continued_next_token_logits, start_cache
+from sepo.lm.row_dropping import RowsDecoded, decode_dropping_stopped, held_rows_cache
 from sepo.lm.sampling import PLAIN_SAMPLING, RowSampler
 from sepo.lm.stopping import StopWhen
 from sepo.models import chat_template_kwargs, forward_extras
@@ -99,6 +101,13 @@ class Encoded:
     cache: Any
     columns: torch.Tensor
     tokens: list[list[int]]
+    #: the cache row of each request row it holds, where it holds only some (`model.drop_stopped_rows` keeps those
+    #: that left without an action); None: every request row, in order
+    rows: dict[int, int] | None = None
+
+    def row(self, request_row: int) -> int | None:
+        """The cache row holding request row `request_row`'s tokens, or None where none does."""
+        return request_row if self.rows is None else self.rows.get(request_row)
 
 
 def answer_view(prompt_text: str, answer: str) -> str:
@@ -124,6 +133,16 @@ def encoded_by_generation(cache: Any, prompt_mask: torch.Tensor, answers: list[A
         columns[i, width_p : width_p + fed] = True
         tokens.append(list(answer.prompt) + list(answer.generated[:fed]))
     return Encoded(cache, columns, tokens)
+
+
+def encoded_by_dropping(model: Any, prompts: Sequence[Sequence[int]], decoded: RowsDecoded) -> Encoded | None:
+    """`Encoded` of a decoding that let rows go as they stopped: the rows that left without an action, each with
+    its prompt and the answer tokens it fed back (None when every row stopped on an action)."""
+    if not decoded.held:
+        return None
+    cache, columns, order = held_rows_cache(model, decoded.held)
+    tokens = [list(prompts[r]) + decoded.tokens[r][: decoded.fed[r]] for r in order]
+    return Encoded(cache, columns, tokens, {r: i for i, r in enumerate(order)})
 
 
 class ActionStoppingCriteria(StopWhen):
@@ -207,6 +226,11 @@ class LMPolicy:
         #: unless the caller says otherwise (SEPO's rollouts do not: see `sepo.stages.sepo_loop.training_parts`)
         self.cascade_attention = self.prefix_cache and bool(
             model_cfg.get("cascade_attention", False) if cascade_attention is None else cascade_attention
+        )
+        #: a generate call's rows leave its batch as they stop, once the open ones are at most this share of the
+        #: batch (`sepo.lm.row_dropping`; `model.drop_stopped_rows`, plain full attention, not with graphs); 0: never
+        self.drop_stopped_rows = (
+            float(model_cfg.get("drop_stopped_rows", 0) or 0) if self.prefix_cache and not self.decode_graphs else 0.0
         )
         #: the encoded prompt of each episode's last decision, for its next one (`model.prefix_cache`)
         self.prompt_cache = PromptCache(self.prefix_cache)
@@ -377,35 +401,43 @@ class LMPolicy:
             cache = self.start_cache(ids, width_a, shared, reused, split)
         self.prompt_cache.release(states, reused)
         del reused
-        cache_kwargs = {"past_key_values": cache} if cache is not None else {}
         stop = ActionStoppingCriteria(self.tokenizer, width_p, requests, [think_open(t) for t in texts])
         sampler = RowSampler([self.row_seed(r) for r in requests], self.temperature, self.logprob_temperature)
+
+        def remember(cache: Any) -> None:  # each row's encoded prompt, for its episode's next decision
+            if self.prefix_cache:
+                with section("remember"):
+                    self.prompt_cache.keep(states, prompts, cache, split, width_a, width_p)
+
         with (
             torch.no_grad(),
             section("generate"),
             shared_prefix(shared if self.cascade_attention else 0),
             self.graphs(),
         ):
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                **self.extra_inputs(ids),
-                **cache_kwargs,
-                do_sample=False,
-                temperature=None,
-                **PLAIN_SAMPLING,
-                logits_processor=LogitsProcessorList([sampler]),
-                max_new_tokens=self.max_new_tokens,
-                stopping_criteria=StoppingCriteriaList([stop]),
-                pad_token_id=self.pad_id,
-                disable_compile=True,  # on a GPU transformers would torch.compile a static cache's steps (minutes a shape)
-            )
-        if self.prefix_cache:
-            with section("remember"):
-                self.prompt_cache.keep(states, prompts, cache, split, width_a, width_p)
+            if self.drop_stopped_rows:
+                decoded = decode_dropping_stopped(
+                    self.model,
+                    ids,
+                    mask,
+                    width_a,
+                    cache,
+                    sampler,
+                    stop,
+                    self.eos_ids,
+                    self.max_new_tokens,
+                    self.drop_stopped_rows,
+                    self.pad_id,
+                    self.extra_inputs,
+                    after_prompts=remember,
+                )
+                rows = decoded.tokens
+            else:
+                out = self._sample_with_generate(ids, mask, cache, stop, sampler)
+                remember(cache)
+                rows = out[:, width_p:].tolist()
         results = []
-        for i, prompt in enumerate(prompts):
-            generated = out[i, width_p:].tolist()
+        for i, (prompt, generated) in enumerate(zip(prompts, rows)):
             cut = stop.stop_at[i] if stop.stop_at[i] is not None else len(generated)
             for j, token in enumerate(generated[:cut]):
                 if token in self.eos_ids:  # the model ended its turn: keep the EOS, drop the padding
@@ -416,9 +448,30 @@ class LMPolicy:
             results.append(
                 Answer(prompt, generated, sampler.row_logprobs(i, len(generated)), text, answer_view(texts[i], text))
             )
+        if self.drop_stopped_rows:
+            return results, encoded_by_dropping(self.model, prompts, decoded)
         return results, encoded_by_generation(
             cache, mask, results, out.shape[1] - width_p
         ) if self.prefix_cache else None
+
+    def _sample_with_generate(
+        self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, stop: ActionStoppingCriteria, sampler: RowSampler
+    ) -> torch.Tensor:
+        """transformers' `generate` with the policy's sampler and stopping rule: prompts and answers [rows, columns]."""
+        return self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            **self.extra_inputs(ids),
+            **({"past_key_values": cache} if cache is not None else {}),
+            do_sample=False,
+            temperature=None,
+            **PLAIN_SAMPLING,
+            logits_processor=LogitsProcessorList([sampler]),
+            max_new_tokens=self.max_new_tokens,
+            stopping_criteria=StoppingCriteriaList([stop]),
+            pad_token_id=self.pad_id,
+            disable_compile=True,  # on a GPU transformers would torch.compile a static cache's steps (minutes a shape)
+        )
 
     def graphs(self) -> contextlib.AbstractContextManager:
         """`graph_decoding` for a generate call where its decode steps are replayed as graphs: `model.decode_graphs`
@@ -469,10 +522,14 @@ class LMPolicy:
 
         # Distinct first tokens: one forward pass, logits masked to those tokens, argmax.
         simple = [i for i, toks in enumerate(tokenised) if len({t[0] for t in toks}) == len(toks)]
-        if encoded is not None:
-            scored = self._continued_logits(encoded, [rows[i] for i in simple], [prompts[i] for i in simple], simple)
-        else:
-            scored = self._next_token_logits([prompts[i] for i in simple], simple)
+        held = [i for i in simple if encoded is not None and encoded.row(rows[i]) is not None]
+        whole = [i for i in simple if i not in held]  # rows no cache holds: their whole prompts encoded
+        scored = itertools.chain(
+            self._continued_logits(encoded, [encoded.row(rows[i]) for i in held], [prompts[i] for i in held], held)
+            if held
+            else (),
+            self._next_token_logits([prompts[i] for i in whole], whole),
+        )
         for keys, logits in scored:
             for row, i in enumerate(keys):
                 firsts = torch.tensor([t[0] for t in tokenised[i]], device=logits.device)
