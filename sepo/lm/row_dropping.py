@@ -43,13 +43,17 @@ class HeldRow:
 
 @dataclass
 class RowsDecoded:
-    """Each row's sampled tokens up to where it left (its stop, an end-of-turn token or the budget), how many of
-    them were fed back (their keys and values are in its cache columns), and the cache of every row that left
-    without its stopping rule firing (`held`: the rows the constrained fallback may ask again)."""
+    """Each row's sampled tokens up to where it left (its stop, an end-of-turn token or the budget), and the cache
+    of every row that left without its stopping rule firing (`held`: the rows the constrained fallback may ask
+    again)."""
 
     tokens: list[list[int]]
-    fed: list[int]
     held: dict[int, HeldRow] = field(default_factory=dict)
+
+    def fed(self, row: int) -> int:
+        """How many of row `row`'s tokens were fed back (their keys and values are in its cache columns): all but
+        the last, which stopped it or met the budget."""
+        return max(len(self.tokens[row]) - 1, 0)
 
 
 def select_rows(cache: Any, keep: torch.Tensor) -> None:
@@ -70,13 +74,15 @@ def select_rows(cache: Any, keep: torch.Tensor) -> None:
             layer.batch_size = len(keep)
 
 
-def hold_row(cache: Any, row: int, columns: torch.Tensor) -> HeldRow:
-    """A copy of cache row `row`'s first `len(columns)` columns."""
-    width = len(columns)
+def hold_row(cache: Any, row: int, mask_row: torch.Tensor, width_p: int, fed: int) -> HeldRow:
+    """A copy of cache row `row`'s columns holding its tokens: its prompt's (marked in `mask_row`'s first
+    `width_p`), then its `fed` answer tokens."""
+    columns = mask_row[: width_p + fed].bool().clone()
+    columns[width_p:] = True
     return HeldRow(
-        [layer.keys[row, :, :width].clone() for layer in cache.layers],
-        [layer.values[row, :, :width].clone() for layer in cache.layers],
-        columns.clone(),
+        [layer.keys[row, :, : len(columns)].clone() for layer in cache.layers],
+        [layer.values[row, :, : len(columns)].clone() for layer in cache.layers],
+        columns,
     )
 
 
@@ -104,7 +110,7 @@ def decode_dropping_stopped(
     after_prompts(cache)
     open_rows = np.arange(rows)  # the request row of each cache row
     done = np.zeros(rows, dtype=bool)
-    decoded = RowsDecoded([[] for _ in range(rows)], [0] * rows)
+    decoded = RowsDecoded([[] for _ in range(rows)])
     next_position = positions[:, -1:] + 1
     for step in range(max_new_tokens):
         drawn = sampler.draw(logits).tolist()
@@ -116,14 +122,12 @@ def decode_dropping_stopped(
                 decoded, cache, sampler, stop, open_rows, done, mask, next_position, drawn, width_p, compact_at
             )
         fed = torch.tensor([t if not done[r] else pad_id for t, r in zip(drawn, open_rows)], device=ids.device)
-        for r in open_rows[~done[open_rows]]:
-            decoded.fed[r] += 1
         mask = torch.cat([mask, mask.new_ones((len(open_rows), 1))], dim=1)
         logits = forward_last(model, fed[:, None], mask, next_position, cache, extras)
         next_position = next_position + 1
     for cache_row, r in enumerate(open_rows):  # the rows still in the cache at the end
         if stop.stop_at[r] is None and decoded.tokens[r]:
-            decoded.held[int(r)] = hold_row(cache, cache_row, row_columns(mask[cache_row], width_p, decoded.fed[r]))
+            decoded.held[int(r)] = hold_row(cache, cache_row, mask[cache_row], width_p, decoded.fed(r))
     return decoded
 
 
@@ -192,7 +196,7 @@ def compact(
         for cache_row in np.flatnonzero(~still):
             r = int(open_rows[cache_row])
             if stop.stop_at[r] is None:
-                decoded.held[r] = hold_row(cache, int(cache_row), row_columns(mask[cache_row], width_p, decoded.fed[r]))
+                decoded.held[r] = hold_row(cache, int(cache_row), mask[cache_row], width_p, decoded.fed(r))
         keep = torch.from_numpy(np.flatnonzero(still)).to(mask.device)
         select_rows(cache, keep)
         sampler.select(still)
@@ -202,14 +206,6 @@ def compact(
         [t for t, s in zip(drawn, still) if s],
         open_rows[still],
     )
-
-
-def row_columns(mask_row: torch.Tensor, width_p: int, fed: int) -> torch.Tensor:
-    """The cache columns holding a row's tokens: its prompt's (`mask_row`'s first `width_p`), then its `fed`
-    answer tokens."""
-    columns = mask_row[: width_p + fed].bool().clone()
-    columns[width_p:] = True
-    return columns
 
 
 def held_rows_cache(model: Any, held: dict[int, HeldRow]) -> tuple[Any, torch.Tensor, list[int]]:

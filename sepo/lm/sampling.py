@@ -55,8 +55,8 @@ class RowSampler(LogitsProcessor):
         self.logprob_temperature = float(logprob_temperature)
         self.step = 0
         self.logprobs: list[torch.Tensor] = []  # one [B] tensor per generation step
-        self.keys_at_start = self.keys
-        self.rows = np.arange(len(self.keys))  # the row of each current score row (`select`)
+        self.width = len(self.keys)  # the rows at the start, by which every step's log-probs are laid out
+        self.rows = np.arange(self.width)  # the row of each current score row (`select`)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         drawn = self.draw(scores)
@@ -96,9 +96,9 @@ class RowSampler(LogitsProcessor):
 
     def by_row(self, logprobs: torch.Tensor) -> torch.Tensor:
         """A step's log-probs laid out by row (NaN for the rows no longer drawing)."""
-        if len(self.rows) == len(self.keys_at_start):
+        if len(self.rows) == self.width:
             return logprobs
-        full = torch.full((len(self.keys_at_start),), float("nan"))
+        full = torch.full((self.width,), float("nan"))
         full[torch.from_numpy(self.rows)] = logprobs
         return full
 

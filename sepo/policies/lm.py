@@ -141,7 +141,7 @@ def encoded_by_dropping(model: Any, prompts: Sequence[Sequence[int]], decoded: R
     if not decoded.held:
         return None
     cache, columns, order = held_rows_cache(model, decoded.held)
-    tokens = [list(prompts[r]) + decoded.tokens[r][: decoded.fed[r]] for r in order]
+    tokens = [list(prompts[r]) + decoded.tokens[r][: decoded.fed(r)] for r in order]
     return Encoded(cache, columns, tokens, {r: i for i, r in enumerate(order)})
 
 
