@@ -155,8 +155,8 @@ def test_passes_hold_at_most_micro_batch_decisions_and_micro_batch_tokens():
 
 
 def test_passes_without_gradients_take_their_own_token_cap_and_count_the_shared_prefix_once():
-    """The reference and KL passes keep no activations: `sepo.no_grad_micro_batch_tokens` sets their cap
-    (0: `micro_batch_tokens`); every pass counts the prefix all prompts share once (the policy's
+    """The KL check after an update keeps no activations: `sepo.no_grad_micro_batch_tokens` sets its passes'
+    cap (0: `micro_batch_tokens`); every pass counts the prefix all prompts share once (the policy's
     `shared_prefix_length`)."""
     from types import SimpleNamespace
 
@@ -176,6 +176,33 @@ def test_passes_without_gradients_take_their_own_token_cap_and_count_the_shared_
     s.no_grad_micro_batch_tokens = 220  # 40 + 12 x 15
     assert [len(p) for p in _passes(policy, decisions, s, grad=False)] == [12]
     assert [len(p) for p in _passes(policy, decisions, s)] == [4, 4, 4]
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_the_reference_is_scored_in_the_update_s_passes_so_a_fresh_adapter_has_a_kl_of_exactly_zero(setup, tree):
+    """With the adapter fresh (B = 0) the policy is the reference, and the clipped KL term must be 0, not
+    rounding: the reference takes the update's passes even where passes without gradients may be wider
+    (`sepo.no_grad_micro_batch_tokens`), since a pass rounds by its layout and the clip keeps the noise."""
+    from sepo.stages.sepo_loop import _passes, _policy_logprobs, _root
+
+    cfg, s, game, model, policy = setup(
+        "sepo.micro_batch=64",
+        "sepo.micro_batch_tokens=300",
+        "sepo.no_grad_micro_batch_tokens=100000",
+        f"model.prefix_tree={tree}",
+    )
+    batch = collect(cfg, s, game, policy)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.zero_()
+    assert len(_passes(policy, batch.decisions, s)) > len(_passes(policy, batch.decisions, s, grad=False)) == 1
+    ref = reference_logprobs(model, policy, batch, s)
+    stats = accumulate_gradients(model, policy, batch, ref, s)
+    assert stats["kl_ref"] == 0.0
+    with torch.no_grad():  # the wider layout does round otherwise: the floor this avoids
+        wide, _ = _policy_logprobs(model, policy, batch.decisions, s, _root(model, policy, batch.decisions))
+    assert any(not torch.equal(wide[i][: len(r)], r) for i, r in enumerate(ref))
 
 
 def test_a_non_finite_loss_takes_no_step_and_ends_the_run_as_diverged(setup, monkeypatch):

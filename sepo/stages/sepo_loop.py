@@ -126,7 +126,8 @@ def _passes(
     """`_micro_batches` with the prefix every decision's prompt shares (what each pass encodes once), or,
     with `model.prefix_tree`, runs of the decisions' prefix tree (`tree_passes`: every token shared
     within a pass once; the batch's `root`, encoded once for all passes, counts in none); a pass
-    without gradients keeps no activations, so it takes `sepo.no_grad_micro_batch_tokens` when set."""
+    without gradients keeps no activations, so it takes `sepo.no_grad_micro_batch_tokens` when set
+    (`grad=True` gives the update's layout, which the reference takes too)."""
     budget = int(s.micro_batch_tokens) if grad else int(s.no_grad_micro_batch_tokens or s.micro_batch_tokens)
     if policy.prefix_tree:
         skip = root.length if root is not None else 0
@@ -189,6 +190,11 @@ def reference_logprobs(
     """log pi_ref of every trained decision's tokens: the same model with the adapter switched off,
     or `ref_model` (the 4-bit copy of `sepo.ref_4bit`) when given.
 
+    Scored in the update's own passes (`like_update`): float sums round by the layout of a pass, and the
+    KL term clips max(0, log pi - log pi_ref) per token, so a reference laid out otherwise would leave it
+    a floor of rounding where the policy is the reference (Kuhn on smollm2 in bfloat16: 0.0076 at step
+    1, about half of what later steps log; in one layout, exactly 0).
+
     None when `sepo.beta` is 0: the KL term is then absent, so the pass would be wasted.
     """
     if float(s.beta) == 0.0:
@@ -197,20 +203,22 @@ def reference_logprobs(
     scorer = ref_model if ref_model is not None else model
     adapter_off = model.disable_adapter() if ref_model is None else contextlib.nullcontext()
     with torch.no_grad(), adapter_off, section("reference_logprobs"):
-        for part, lp, mask in scored_passes(scorer, policy, batch.decisions, s):
+        for part, lp, mask in scored_passes(scorer, policy, batch.decisions, s, like_update=True):
             for i, row, m in zip(part, lp, mask):
                 out[i] = row[m.bool()]
     return out
 
 
 def scored_passes(
-    scorer: Any, policy: LMPolicy, decisions: list[Decision], s: DictConfig
+    scorer: Any, policy: LMPolicy, decisions: list[Decision], s: DictConfig, like_update: bool = False
 ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
     """Every decision's answer log-probs under `scorer`, pass by pass without gradients, the batch's root
     (the rules) encoded once: (the pass's decision indices, their log-probs, their answer mask). What the
-    reference pass and the KL check after an update share; call it under `torch.no_grad()`."""
+    reference pass and the KL check after an update share; call it under `torch.no_grad()`. `like_update`:
+    in the update's passes (`sepo.micro_batch_tokens`), not the wider ones a pass without gradients may
+    take (`sepo.no_grad_micro_batch_tokens`)."""
     root = _root(scorer, policy, decisions)
-    for part in _passes(policy, decisions, s, grad=False, root=root):
+    for part in _passes(policy, decisions, s, grad=like_update, root=root):
         lp, mask = _policy_logprobs(scorer, policy, [decisions[i] for i in part], s, root)
         yield part, lp, mask
 
