@@ -193,7 +193,7 @@ def reference_logprobs(
     Scored in the update's own passes (`like_update`): float sums round by the layout of a pass, and the
     KL term clips max(0, log pi - log pi_ref) per token, so a reference laid out otherwise would leave it
     a floor of rounding where the policy is the reference (Kuhn on smollm2 in bfloat16: 0.0076 at step
-    1, about half of what later steps log; in one layout, exactly 0).
+    1, where the fresh adapter adds exactly zero; in one layout, exactly 0).
 
     None when `sepo.beta` is 0: the KL term is then absent, so the pass would be wasted.
     """
