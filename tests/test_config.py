@@ -136,7 +136,7 @@ PAPER_SETTINGS = {
     "tiny_paper": (40, "constant", 5, 20),
     "tiny_paper_ipd": (80, "cosine", 5, 20),
     "tiny_paper_kuhn": (40, "constant", 1, 20),
-    "smollm2_paper": (10, "cosine", 1, 8),  # conf/model/smollm2.yaml's own sizes
+    "smollm2_paper": (10, "cosine", 1, 8),  # as docs/smollm2_summary.json was measured (the pipeline's: 8 steps, 6)
     "gemma4_paper": (100, "constant", 5, 20),  # the paper's sizes: the stages' defaults
     "qwen_paper": (100, "constant", 5, 20),
     "sepo_safety": (60, "constant", 5, 20),  # steps: tiny's own (the launcher's --steps sets every arm's)
@@ -260,3 +260,16 @@ def test_every_stage_node_is_composed_onto_its_schema(model):
     line = check_values([f"model={model}", "sepo.checkpoint_steps=[a]"])
     assert line.startswith("error: sepo.checkpoint_steps=['a'] is not allowed; allowed: a list of integers")
     assert check_values([f"model={model}", "sepo.micro_batch=4"]) is None
+
+
+@pytest.mark.parametrize("preset", [[], ["+experiment=smollm2_paper"]])
+def test_smollm2_s_best_responders_read_the_policy_only_where_a_checkpoint_s_evaluation_reads_it(preset):
+    """A read of Kuhn's played table costs ~55 s on 2 cores; where the best responders' refresh falls on an
+    evaluated checkpoint, that evaluation's test read serves it (docs/speed.md §5o: every 5 with a checkpoint at 4
+    read the policy once more)."""
+    from sepo.compose import compose_config
+
+    s = compose_config(["model=smollm2", "game=kuhn", *preset]).sepo
+    refreshes = set(range(int(s.best_response_every), int(s.steps) + 1, int(s.best_response_every)))
+    assert refreshes <= {int(k) for k in s.checkpoint_steps} | {int(s.steps)}
+    assert refreshes  # the responders do re-read the policy during the run
