@@ -42,9 +42,9 @@ def release_freed_memory(gpu: bool = True) -> None:
 def trim_heap() -> None:
     """glibc's `malloc_trim(0)` alone: the heap's free pages back to the system (no-op without glibc).
 
-    What a SEPO step calls between its phases: a tensor is freed with its last reference, and a collection
-    there found no tensor held in cycles while it scanned every live object of the process, 0.2-0.3 s a
-    call, a fifth of a tiny main-job step (docs/speed.md §5p)."""
+    Enough where what was freed is tensors, which go with their last reference, and cheap enough for a hot
+    loop: a garbage collection scans every live object of the process (0.2-0.3 s a call once a model is
+    loaded; docs/speed.md §5p)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
