@@ -16,13 +16,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.compose import STAGE_NODES, compose_config, refused_value
-from sepo.paths import CONF_DIR, can_hold_outputs
+from sepo.paths import CONF_DIR, OUTPUT_DIR_ALLOWED, can_hold_outputs
 from sepo.schema import register as register_schemas
 from sepo.trees import dotted_keys
 
 
 def user_config_dirs(argv: list[str]) -> list[Path]:
-    """Directories given with Hydra's `--config-dir DIR` / `-cd DIR` (a user's own config groups)."""
+    """Directories given with Hydra's `--config-dir DIR` / `-cd DIR` (a user's own config groups, searched after
+    conf/, as Hydra does)."""
     dirs = []
     for i, arg in enumerate(argv):
         if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
@@ -78,7 +79,7 @@ def check_root_dir(argv: list[str]) -> str | None:
         return None
     if not can_hold_outputs(root):
         key = "paths.root_dir" if given else "PROJECT_ROOT"
-        return f"error: {key}={root} is not allowed; allowed: a writable directory (or one that can be created)"
+        return f"error: {key}={root} is not allowed; allowed: {OUTPUT_DIR_ALLOWED}"
     return None
 
 
@@ -87,12 +88,20 @@ def check_hydra_dirs(argv: list[str]) -> str | None:
     for arg in argv:
         key, _, value = arg.partition("=")
         if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "${" not in value and not can_hold_outputs(value):
-            return f"error: {key}={value} is not allowed; allowed: a writable directory (or one that can be created)"
+            return f"error: {key}={value} is not allowed; allowed: {OUTPUT_DIR_ALLOWED}"
     return None
 
 
 #: a `+key=` may add keys only to these free-form nodes (everything else is a typo the schema would hide)
 FREE_FORM = ("model.chat_template_kwargs",)
+
+
+def search_path(extra_dirs: list[Path]) -> list[str]:
+    """The override that adds a user's config dirs to a composition outside Hydra's command line, at the
+    place `--config-dir` puts them (after conf/)."""
+    if not extra_dirs:
+        return []
+    return ["hydra.searchpath=[" + ",".join(f"file://{d.resolve()}" for d in extra_dirs) + "]"]
 
 
 def check_keys(argv: list[str]) -> str | None:
@@ -103,10 +112,11 @@ def check_keys(argv: list[str]) -> str | None:
     the keys are those of the game, model, ... asked for. Hydra's own keys are left to Hydra."""
     import difflib
 
-    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
-    choices, keys = [], []
-    for arg in argv:
-        if "=" not in arg or arg.startswith(("hydra.", "-")) or arg.startswith("~"):
+    extra = user_config_dirs(argv)
+    groups = {p.name for d in (CONF_DIR, *extra) if d.is_dir() for p in d.iterdir() if p.is_dir()}
+    choices, keys = search_path(extra), []
+    for arg in command_line_overrides(argv):
+        if arg.startswith(("hydra.", "~")):
             continue
         key, value = arg.split("=", 1)
         if key.lstrip("+") in groups:
@@ -139,14 +149,29 @@ def check_keys(argv: list[str]) -> str | None:
     return None
 
 
+def command_line_overrides(argv: list[str]) -> list[str]:
+    """The `key=value` overrides of a command line, without Hydra's options and their values (`-cd DIR`)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp"):
+            skip = True
+        elif "=" in arg and not arg.startswith("-"):
+            out.append(arg)
+    return out
+
+
 def check_values(argv: list[str]) -> str | None:
-    """The error line for the first override whose value a stage node's schema (sepo/schema.py) refuses,
-    every value of a sweep included; None otherwise (and for anything Hydra reports itself)."""
+    """The error line for the first override whose value a node's schema (sepo/schema.py) refuses, or that
+    gives a boolean anything but true or false, every value of a sweep included; None otherwise (and for
+    anything Hydra reports itself)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from sepo.config import type_error_line
+    from sepo.config import loose_boolean_override, type_error_line
 
-    plain = [a for a in argv if "=" in a and not a.startswith(("hydra.", "-"))]
+    plain = [a for a in command_line_overrides(argv) if not a.startswith("hydra.")]
+    extra = search_path(user_config_dirs(argv))
     try:
         parsed = OverridesParser.create().parse_overrides(plain)
         first = [
@@ -163,10 +188,34 @@ def check_values(argv: list[str]) -> str | None:
         return None
     for overrides in candidates:
         try:
-            compose_config(overrides)
+            cfg = compose_config([*extra, *overrides])
         except Exception as err:  # noqa: BLE001 (a composition problem of another kind: Hydra reports it)
             refused = refused_value(err, overrides)
             return f"error: {type_error_line(*refused)}" if refused else None
+        loose = loose_boolean_override(cfg, overrides)
+        if loose:
+            return f"error: {loose}"
+    return None
+
+
+#: the project's local launcher (`+launch=local`), whose `n_jobs` is a count of processes
+PROCESS_LAUNCHER = "hydra_plugins.sepo_launcher.process_launcher.ProcessLauncher"
+
+
+def check_launcher(argv: list[str]) -> str | None:
+    """The error line when a sweep's launcher settings cannot run it (`hydra.launcher.n_jobs=0`)."""
+    if not any(a in ("-m", "--multirun") for a in argv):
+        return None
+    overrides = [*search_path(user_config_dirs(argv)), *command_line_overrides(argv)]
+    try:
+        launcher = compose_config(overrides, with_hydra=True).hydra.launcher
+    except Exception:  # noqa: BLE001 (Hydra reports its own composition problems)
+        return None
+    n_jobs = launcher.get("n_jobs")
+    if launcher.get("_target_") == PROCESS_LAUNCHER and not (
+        isinstance(n_jobs, int) and not isinstance(n_jobs, bool) and n_jobs >= 1
+    ):
+        return f"error: hydra.launcher.n_jobs={n_jobs!r} is not allowed; allowed: an integer >= 1 (jobs run at once)"
     return None
 
 
@@ -193,7 +242,9 @@ def main() -> None:
         check_group_overrides(argv)
         or check_root_dir(argv)
         or check_hydra_dirs(argv)
-        or (None if user_config_dirs(argv) else check_keys(argv) or check_values(argv))
+        or check_keys(argv)
+        or check_values(argv)
+        or check_launcher(argv)
     )
     if error:
         print(error, file=sys.stderr)

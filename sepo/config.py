@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,22 @@ from sepo.compose import STAGE_NODES
 from sepo.config_rules import (
     Rule,
     boolean,
+    distinct_amounts,
+    distinct_names,
+    even_integer,
+    finite,
     integer,
+    mapping,
     named_integers,
     named_lists,
     names_of,
     non_empty_name,
+    numbers,
     one_of,
     optional_name,
+    probability,
     real,
+    regex,
     step_list,
     steps_or_share,
     strings,
@@ -43,6 +51,7 @@ from sepo.config_rules import (
 from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
+from sepo.model_fit import check_model_fit
 from sepo.paths import CONF_DIR, can_hold_outputs
 from sepo.stages import STAGES
 from sepo.strategies import known_strategies, make_strategy, responds_to_agent
@@ -88,6 +97,42 @@ def _wandb(cfg: DictConfig) -> bool:
     return cfg.logger.get("name") == "wandb"
 
 
+def _model(name: str) -> Callable[[DictConfig], bool]:
+    return lambda cfg: cfg.model.name == name
+
+
+def _game(name: str) -> Callable[[DictConfig], bool]:
+    return lambda cfg: cfg.game.name == name
+
+
+#: a language model's switches (conf/model/<model>.yaml says what each does); a key a model's YAML lacks
+#: is not checked (the code reads it with its default)
+MODEL_FLAGS = (
+    "trust_remote_code",
+    "download",
+    "token_type_ids",
+    "thinking",
+    "prefix_cache",
+    "prefix_tree",
+    "static_cache",
+    "decode_graphs",
+    "cascade_attention",
+    "packed_linears",
+    "lean_delta_decode",
+)
+#: the tiny model's architecture sizes that must be positive integers (head_dim has its own rule: RoPE halves it)
+TINY_SIZES = (
+    "pad_vocab_to_multiple_of",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
+#: the smallest vocabulary tiny's byte-level BPE can have: its 256 byte tokens and its special and think tokens
+TINY_MIN_VOCAB = 256 + 5
+
+
 SEED = integer(0, 2**32)  # numpy's seeds
 EVAL, DATA, SFT, SEPO = "eval sft sepo pipeline", "datagen sft pipeline", "sft pipeline", "sepo pipeline"
 #: (where the key matters: "all", the stages, or a condition on the config; key; rule). Checked before any work.
@@ -100,7 +145,49 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     ("all", "game.max_payoff", real(0.0, strict=True)),
     ("all", "eval.phase", one_of(None, "sft")),
     ("all", "datagen.valid_fraction", real(0.0, strict=True, high=1.0)),
+    # ---- the game (each game's own rules: sepo/games/<game>.py)
+    ("all", "game.sft_dataset", non_empty_name()),
+    ("all", "game.mirrored", boolean()),
+    ("all", "game.datagen.episodes_per_opponent", integer(1)),
+    *[(_game("ipd"), f"game.payoffs.{k}", finite()) for k in ("reward", "punishment", "temptation", "sucker")],
+    (_game("auction"), "game.bids", distinct_amounts(0)),
+    (_game("auction"), "game.private_values", numbers(0.0)),
+    (_game("neg_v1"), "game.pie", integer(1)),
+    (_game("neg_v1"), "game.min_demand", integer(0)),
+    (_game("neg_v1"), "game.max_demand", integer(1)),
+    (_game("neg_v2"), "game.item_names", distinct_names()),
+    (_game("neg_v2"), "game.pool_min", integer(0)),
+    (_game("neg_v2"), "game.pool_max", integer(1)),
+    (_game("neg_v2"), "game.value_total", integer(1)),
+    (_game("kuhn"), "game.ante", integer(1)),
+    (_game("kuhn"), "game.bet", integer(1)),
+    (_game("kuhn"), "game.reasoning.name_the_check", boolean()),
+    (_game("kuhn"), "game.training.lr", real(0.0, strict=True)),
+    (_game("kuhn"), "game.training.beta", real(0.0)),
+    # ---- the model
     (_language_model, "model.dtype", one_of(*TORCH_DTYPES)),
+    (_language_model, "model.model_class", non_empty_name()),
+    (_language_model, "model.revision", optional_name("the default branch")),
+    *[(_language_model, f"model.{flag}", boolean()) for flag in MODEL_FLAGS],
+    (_language_model, "model.chat_template_kwargs", mapping()),
+    (_language_model, "model.drop_stopped_rows", probability()),
+    (
+        _language_model,
+        "model.cpu_workers",
+        integer(1, why="the processes evaluations and rollouts are split over on a CPU"),
+    ),
+    (_language_model, "model.lora.target_modules", regex(optional=True)),
+    (_model("tiny"), "model.seed", SEED),
+    *[(_model("tiny"), f"model.architecture.{k}", integer(1)) for k in TINY_SIZES],
+    (_model("tiny"), "model.architecture.head_dim", even_integer(2)),
+    (_model("tiny"), "model.architecture.max_position_embeddings", integer(2)),
+    (_model("tiny"), "model.architecture.rope_theta", real(0.0, strict=True)),
+    (_model("tiny"), "model.architecture.initializer_range", real(0.0, strict=True)),
+    (_model("tiny"), "model.architecture.tie_word_embeddings", boolean()),
+    (_model("tiny"), "model.tokenizer.vocab_size", integer(TINY_MIN_VOCAB, why="256 byte tokens and 5 special ones")),
+    (_model("tiny"), "model.tokenizer.min_frequency", integer(1)),
+    (_model("tiny"), "model.corpus.seed", SEED),
+    (_model("tiny"), "model.corpus.episodes_per_opponent", integer(1)),
     (_wandb, "logger.mode", one_of(*LOGGER_MODES)),
     (_wandb, "logger.project", non_empty_name()),
     (_wandb, "logger.group", non_empty_name()),
@@ -227,6 +314,35 @@ def type_error_line(key: str, value: Any) -> str:
     return f"{key}={shown} is not allowed; allowed: {allowed}"
 
 
+#: the words a command line may give a boolean in, quoted or not (Hydra reads unquoted true/false as booleans)
+BOOLEAN_WORDS = ("true", "false")
+
+
+def loose_boolean_override(cfg: DictConfig, overrides: Sequence[str]) -> str | None:
+    """The error line for the first override that gives a boolean key a value other than true or false.
+
+    OmegaConf converts "yes", "on", "y" and 1 to true and "no", "off", "n" and 0 to false, so a typed
+    boolean never sees what was typed: `model.trust_remote_code=0` would read as a typo of false and work,
+    `model.static_cache=yes` as true. transformers takes only a real bool for trust_remote_code; so does this
+    project, for every boolean. Overrides Hydra cannot parse are left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o])
+    except Exception:  # noqa: BLE001 (Hydra reports what it cannot parse)
+        return None
+    for override in parsed:
+        if override.is_sweep_override() or override.is_delete():
+            continue
+        key = override.key_or_group.lstrip("+~")
+        if not isinstance(OmegaConf.select(cfg, key, default=None), bool):
+            continue
+        value = override.value()
+        if not (isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in BOOLEAN_WORDS)):
+            return f"{key}={value!r} is not allowed; allowed: true or false"
+    return None
+
+
 def check(key: str, value: Any, rule: Rule) -> None:
     """One field against its rule: `key=value is not allowed; allowed: ...` when it fails."""
     shown = value if rule.as_typed else repr(value)
@@ -239,11 +355,17 @@ def applies(where: str | Callable[[DictConfig], bool], cfg: DictConfig) -> bool:
     return where == "all" or cfg.stage.name in where.split()
 
 
+_ABSENT = object()
+
+
 def check_rules(cfg: DictConfig) -> None:
+    """Every rule that applies, on the keys the config has (a key a model's or game's YAML lacks is read
+    by the code with its default)."""
     for where, key, rule in RULES:
         if applies(where, cfg):
-            value = OmegaConf.select(cfg, key, default=None)
-            check(key, OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value, rule)
+            value = OmegaConf.select(cfg, key, default=_ABSENT)
+            if value is not _ABSENT:
+                check(key, OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value, rule)
 
 
 def in_hub_cache(repo_id: str, revision: str | None) -> bool:
@@ -318,7 +440,20 @@ def validate_pools(game: str, pools: Any, key: str = "game.pools") -> list[str]:
     return [f"{name} is in pools {', '.join(p)} of {game}" for name, p in seen.items() if len(p) > 1]
 
 
-def validate(cfg: DictConfig) -> None:
+def run_overrides() -> list[str]:
+    """The overrides this Hydra run was launched with (a sweep job's own); none outside a Hydra run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []
+
+
+def validate(cfg: DictConfig, overrides: Sequence[str] | None = None) -> None:
+    """Every check, before any work. `overrides` (default: this Hydra run's) must give booleans as true or false."""
+    loose = loose_boolean_override(cfg, run_overrides() if overrides is None else overrides)
+    _require(loose is None, loose or "")
     _require(
         cfg.stage.name in STAGES, f"stage={cfg.stage.name} is not a known stage; allowed: {', '.join(sorted(STAGES))}"
     )
@@ -328,12 +463,14 @@ def validate(cfg: DictConfig) -> None:
         cfg.model.name in MODEL_KINDS, f"model={cfg.model.name} is not a known model; allowed: {', '.join(MODEL_KINDS)}"
     )
     check_rules(cfg)
+    check_game(cfg)
     check_strategies(cfg)
     check_model(cfg)
     check_relations(cfg)
     check_sizes(cfg)
     check_paths(cfg)
     check_stage_keys(cfg)
+    check_model_fit(cfg)
 
 
 def check_stage_keys(cfg: DictConfig) -> None:
@@ -350,6 +487,29 @@ def check_stage_keys(cfg: DictConfig) -> None:
             )
 
 
+def check_game(cfg: DictConfig) -> None:
+    """Rules between a game's own keys (each key's range is in RULES)."""
+    game = cfg.game
+    if game.name == "neg_v1":
+        _require(
+            game.min_demand <= game.max_demand,
+            f"game.min_demand={game.min_demand} and game.max_demand={game.max_demand}: no demand is legal; "
+            f"allowed: game.min_demand <= game.max_demand",
+        )
+    if game.name == "neg_v2":
+        _require(
+            game.pool_min <= game.pool_max,
+            f"game.pool_min={game.pool_min} and game.pool_max={game.pool_max}: no pool size can be drawn; "
+            "allowed: game.pool_min <= game.pool_max",
+        )
+    known = known_strategies(game.name)
+    for name in game.get("strategy_params") or {}:
+        _require(
+            name in known,
+            f"game.strategy_params.{name}: unknown {game.name} strategy {name!r}; allowed: {', '.join(known)}",
+        )
+
+
 def check_strategies(cfg: DictConfig) -> None:
     """Every strategy the game config names exists, sits where it can, and builds with its parameters."""
     game = cfg.game.name
@@ -363,6 +523,11 @@ def check_strategies(cfg: DictConfig) -> None:
             f"game.demonstrators: unknown {game} strategy {strategy!r}; allowed: {', '.join(known)}",
         )
         check(f"game.demonstrators.{strategy}", weight, real(0.0))
+    _require(
+        sum(float(w) for w in cfg.game.demonstrators.values()) > 0,
+        f"game.demonstrators={dict(cfg.game.demonstrators)}: no demonstrator can be drawn; allowed: weights >= 0 "
+        "with a positive sum",
+    )
     for strategy in cfg.game.datagen.get("opponents") or []:
         _require(
             strategy in known,
@@ -434,11 +599,6 @@ def check_model(cfg: DictConfig) -> None:
     )
     drop = cfg.model.get("drop_stopped_rows", 0) or 0
     _require(
-        isinstance(drop, (int, float)) and not isinstance(drop, bool) and 0 <= drop <= 1,
-        f"model.drop_stopped_rows={drop!r}: the share of a decoding's rows still open at which the stopped ones leave "
-        "its batch; allowed: a number in [0, 1] (0: never)",
-    )
-    _require(
         not (drop and not cfg.model.get("prefix_cache")),
         f"model.drop_stopped_rows={drop} needs plain full attention (model.prefix_cache=true), which model={cfg.model.name} "
         "does not declare; allowed: model.drop_stopped_rows=0",
@@ -447,11 +607,6 @@ def check_model(cfg: DictConfig) -> None:
         not (drop and cfg.model.get("decode_graphs")),
         f"model.drop_stopped_rows={drop} and model.decode_graphs=true: graphs replay whole batches; allowed: "
         "model.drop_stopped_rows=0 or model.decode_graphs=false",
-    )
-    workers = cfg.model.get("cpu_workers", 1)
-    _require(
-        isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1,
-        f"model.cpu_workers={workers!r}: the processes evaluations and rollouts are split over on a CPU; allowed: an integer >= 1",
     )
 
 
@@ -528,8 +683,22 @@ def check_relations(cfg: DictConfig) -> None:
                 "importance ratio is not 1 on a fresh batch (docs/spec.md §4.3 uses 0)",
                 cfg.sepo.lora.dropout,
             )
+    if cfg.model.name == "tiny":
+        arch = cfg.model.architecture
+        _require(
+            arch.num_attention_heads % arch.num_key_value_heads == 0,
+            f"model.architecture.num_attention_heads={arch.num_attention_heads} is not allowed with "
+            f"num_key_value_heads={arch.num_key_value_heads}: grouped-query attention shares each key/value head "
+            "among the same number of query heads; allowed: a multiple of model.architecture.num_key_value_heads",
+        )
     if applies(SFT, cfg):
         sft = cfg.sft
+        datasets = list(cfg.datagen.dataset_games)
+        _require(
+            sft.dataset in datasets,
+            f"sft.dataset={sft.dataset} is not allowed: it is not a datagen dataset (the data SFT trains on is "
+            f"generated by datagen.dataset_games); allowed: {', '.join(datasets)}",
+        )
         _require(
             sft.full_finetune
             or bool(sft.lora.target_modules)

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,3 +129,79 @@ def named_integers(low: int) -> Rule:
         lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_int(x) and x >= low for k, x in v.items()),
         f"a mapping from dataset names to integers >= {low}, or {{}}",
     )
+
+
+def finite() -> Rule:
+    """Any finite number (a payoff may be negative; NaN and infinity would poison every mean)."""
+    return Rule(_is_real, "a finite number")
+
+
+def probability() -> Rule:
+    return real(0.0, high=1.0, high_closed=True)
+
+
+def regex(optional: bool = False) -> Rule:
+    """A Python regular expression that compiles (a LoRA target pattern)."""
+
+    def compiles(v: Any) -> bool:
+        if v is None:
+            return optional
+        if not isinstance(v, str) or not v:
+            return False
+        try:
+            re.compile(v)
+        except re.error:
+            return False
+        return True
+
+    return Rule(compiles, ("null or " if optional else "") + "a regular expression (Python re) over module names")
+
+
+def mapping() -> Rule:
+    return Rule(lambda v: isinstance(v, dict), "a mapping, e.g. {enable_thinking: false}")
+
+
+def distinct_names() -> Rule:
+    """A non-empty list of distinct non-empty names."""
+    return Rule(
+        lambda v: (
+            isinstance(v, list)
+            and len(v) > 0
+            and all(isinstance(x, str) and x.strip() for x in v)
+            and len(set(v)) == len(v)
+        ),
+        "a non-empty list of distinct names",
+    )
+
+
+def numbers(low: float) -> Rule:
+    """A non-empty list of finite numbers >= low."""
+    return Rule(
+        lambda v: isinstance(v, list) and len(v) > 0 and all(_is_real(x) and x >= low for x in v),
+        f"a non-empty list of numbers >= {low:g}",
+    )
+
+
+def integers(low: int) -> Rule:
+    """A non-empty list of integers >= low."""
+    return Rule(
+        lambda v: isinstance(v, list) and len(v) > 0 and all(_is_int(x) and x >= low for x in v),
+        f"a non-empty list of integers >= {low}",
+    )
+
+
+def distinct_amounts(low: int) -> Rule:
+    """A non-empty mapping from names to distinct integers >= low (an auction's bids and what each costs)."""
+    return Rule(
+        lambda v: (
+            isinstance(v, dict)
+            and len(v) > 0
+            and all(isinstance(k, str) and k.strip() and _is_int(x) and x >= low for k, x in v.items())
+            and len(set(v.values())) == len(v)
+        ),
+        f"a non-empty mapping from bid names to distinct integers >= {low}",
+    )
+
+
+def even_integer(low: int) -> Rule:
+    return Rule(lambda v: _is_int(v) and v >= low and v % 2 == 0, f"an even integer >= {low}")

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sepo.arena import EpisodeRecord
+from sepo.errors import RunError
 from sepo.games.base import AGENT, OPPONENT, Game
 
 POOLS = ("train", "exploit", "collusive", "robust")
@@ -49,15 +50,22 @@ class MeanSE(NamedTuple):
     n: int
 
 
+class NonFiniteMetric(RunError):
+    """A metric's input holds NaN or infinity (a payoff, a collusion flag, an externality): no mean over it
+    is a number to report."""
+
+
 def mean_se(values: Iterable[float | None]) -> MeanSE:
-    """Mean and standard error (sample SD, ddof 1, over sqrt n) of the values that are numbers, and their n.
+    """Mean and standard error (sample SD, ddof 1, over sqrt n) of the values that are not None, and their n.
 
     The one mean +- SE of the project: metrics over episodes, summaries over seeds, benchmarks over
-    repeats. None and NaN are dropped (a run that did not measure the key). `mean` is None for no values
-    and `se` None for one: a single value has no spread to estimate an error from, and an SE of 0 would
-    read as certainty."""
+    repeats. None is dropped (a run that did not measure the key); NaN or infinity is a ValueError, for the
+    caller to name what it came from: dropping it would report a mean over fewer values as if it were
+    whole. `mean` is None for no values and `se` None for one: a single value has no spread to estimate an
+    error from, and an SE of 0 would read as certainty."""
     v = np.asarray([x for x in values if x is not None], dtype=float)
-    v = v[~np.isnan(v)]
+    if not np.isfinite(v).all():
+        raise ValueError(f"a non-finite value among {v.size}: {v[~np.isfinite(v)][0]}")
     if v.size == 0:
         return MeanSE(None, None, 0)
     se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else None
@@ -87,8 +95,23 @@ def sampling_units(records: list[EpisodeRecord]) -> list[list[EpisodeRecord]]:
     return list(units.values())
 
 
+def require_finite(game: Game, name: str, records: list[EpisodeRecord]) -> None:
+    """Every round's payoffs, collusion flag and externality are finite numbers, or the error names the
+    first episode and round that is not (a NaN payoff in the config would otherwise be averaged away)."""
+    for ep in records:
+        for t, r in enumerate(ep.rounds):
+            values = (*r.payoffs, float(game.collusive(r)), float(game.externality(r)))
+            if not all(math.isfinite(v) for v in values):
+                raise NonFiniteMetric(
+                    f"episode {ep.index} against {name} (game seed {ep.seed}), round {t}: payoffs {r.payoffs}, "
+                    f"collusion {values[2]}, externality {values[3]} are not all finite numbers; no metric is computed "
+                    "over them (check the game's payoffs and values in game.*)"
+                )
+
+
 def summarise_opponent(game: Game, pool: str, name: str, records: list[EpisodeRecord]) -> OpponentSummary:
     """Per-opponent means over episodes; SEs over sampling units (a mirrored pair's mean is one value)."""
+    require_finite(game, name, records)
     units = sampling_units(records)
 
     def per_unit(value) -> list[float]:

@@ -1,10 +1,15 @@
-"""The stage nodes' schemas: every key of `sepo`, `sft`, `eval` and `datagen` with its type.
+"""The config's schemas: every key of every node (the stages `sepo`, `sft`, `eval`, `datagen`, and
+`model`, `game`, `lambdas`) with its type.
 
-The values and their comments stay in `conf/<stage>/default.yaml`, which names its schema first in its
-defaults list (`- schema`), so Hydra composes every stage node onto these types: a value is converted to
-its key's type or refused. The ranges, the rules between keys and the check that no key outside the YAML
-was added (`check_stage_keys`) stay in `sepo.config`, which also words a refused value's one-line error
-(`type_error_line`).
+The values and their comments stay in the YAML files, each of which names its schema first in its
+defaults list (`- schema`, or `- schema_<name>` where a group's options differ in their keys: a game's
+rules, a model's build settings), so Hydra composes every node onto these types: a value is converted
+to its key's type or refused, and a key outside the schema is refused. The ranges, the rules between
+keys and the check that no stage key outside the YAML was added (`check_stage_keys`) stay in
+`sepo.config`, which also words a refused value's one-line error (`type_error_line`).
+
+Booleans: OmegaConf converts "yes", "on" and 1 to true; the command line's booleans are held to
+true/false by `sepo.config.loose_boolean_override` before any run.
 
 A field with two kinds of value (`sft.save_steps`: optimizer steps or a share of the run) is `Any`:
 OmegaConf has no unions; its rule checks it.
@@ -138,6 +143,214 @@ class DatagenSchema:
     episodes_per_opponent: int | None = MISSING
 
 
+# ------------------------------------------------------------------------------ lambdas
+@dataclass
+class PenaltyWeightsSchema:
+    """λ of the three penalty terms (docs/spec.md §3)."""
+
+    e: float = MISSING
+    c: float = MISSING
+    x: float = MISSING
+
+
+@dataclass
+class LambdasSchema:
+    train: PenaltyWeightsSchema = field(default_factory=PenaltyWeightsSchema)
+    eval: PenaltyWeightsSchema = field(default_factory=PenaltyWeightsSchema)
+
+
+# ------------------------------------------------------------------------------ models
+@dataclass
+class ScriptedModelSchema:
+    name: str = MISSING
+    strategy: str | None = MISSING
+
+
+@dataclass
+class LoraTargetsSchema:
+    target_modules: str | None = MISSING
+
+
+@dataclass
+class LanguageModelSchema:
+    """The keys every language model's YAML has (conf/model/<model>.yaml says what each means)."""
+
+    name: str = MISSING
+    path: str | None = MISSING
+    revision: str | None = MISSING
+    model_class: str = MISSING
+    dtype: str = MISSING
+    attn_implementation: str | None = MISSING
+    trust_remote_code: bool = MISSING
+    token_type_ids: bool = MISSING
+    thinking: bool = MISSING
+    chat_template_kwargs: dict[str, Any] = MISSING
+    prefix_cache: bool = MISSING
+    prefix_tree: bool = MISSING
+    static_cache: bool = MISSING
+    decode_graphs: bool = MISSING
+    cascade_attention: bool = MISSING
+    drop_stopped_rows: float = MISSING
+    packed_linears: bool = MISSING
+    cpu_workers: int = MISSING
+    lora: LoraTargetsSchema = field(default_factory=LoraTargetsSchema)
+
+
+@dataclass
+class HubModelSchema(LanguageModelSchema):
+    """A checkpoint read from `path` (a directory or a hub id), never built here."""
+
+    download: bool = MISSING
+
+
+@dataclass
+class QwenModelSchema(HubModelSchema):
+    lean_delta_decode: bool = MISSING
+
+
+@dataclass
+class TinyArchitectureSchema:
+    pad_vocab_to_multiple_of: int = MISSING
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING
+    num_hidden_layers: int = MISSING
+    num_attention_heads: int = MISSING
+    num_key_value_heads: int = MISSING
+    head_dim: int = MISSING
+    max_position_embeddings: int = MISSING
+    rope_theta: float = MISSING
+    initializer_range: float = MISSING
+    tie_word_embeddings: bool = MISSING
+
+
+@dataclass
+class TinyTokenizerSchema:
+    vocab_size: int = MISSING
+    min_frequency: int = MISSING
+
+
+@dataclass
+class TinyCorpusSchema:
+    seed: int = MISSING
+    episodes_per_opponent: int = MISSING
+
+
+@dataclass
+class TinyModelSchema(LanguageModelSchema):
+    """The embedded model: its build settings besides the loading ones."""
+
+    seed: int = MISSING
+    architecture: TinyArchitectureSchema = field(default_factory=TinyArchitectureSchema)
+    tokenizer: TinyTokenizerSchema = field(default_factory=TinyTokenizerSchema)
+    corpus: TinyCorpusSchema = field(default_factory=TinyCorpusSchema)
+
+
+#: model (conf/model/<model>.yaml) -> its schema, registered as `model/schema_<model>`
+MODEL_SCHEMAS = {
+    "scripted": ScriptedModelSchema,
+    "tiny": TinyModelSchema,
+    "smollm2": LanguageModelSchema,
+    "gemma4": HubModelSchema,
+    "qwen": QwenModelSchema,
+}
+
+
+# ------------------------------------------------------------------------------ games
+@dataclass
+class PoolsSchema:
+    train: list[str] = MISSING
+    exploit: list[str] = MISSING
+    collusive: list[str] = MISSING
+    robust: list[str] = MISSING
+
+
+@dataclass
+class GameDatagenSchema:
+    episodes_per_opponent: int = MISSING
+    opponents: list[str] | None = MISSING
+    random_strategy: str = MISSING
+
+
+@dataclass
+class GameSchema:
+    """The keys every game's YAML has; each game adds its rules' own (conf/game/<game>.yaml)."""
+
+    name: str = MISSING
+    sft_dataset: str = MISSING
+    rounds: int = MISSING
+    max_payoff: float = MISSING
+    mirrored: bool = MISSING
+    reference_strategy: str = MISSING
+    strategy_params: dict[str, Any] = field(default_factory=dict)  # each strategy checks its own (sepo.strategies)
+    pools: PoolsSchema = field(default_factory=PoolsSchema)
+    demonstrators: dict[str, float] = MISSING
+    datagen: GameDatagenSchema = field(default_factory=GameDatagenSchema)
+
+
+@dataclass
+class IpdPayoffsSchema:
+    reward: float = MISSING
+    punishment: float = MISSING
+    temptation: float = MISSING
+    sucker: float = MISSING
+
+
+@dataclass
+class IpdSchema(GameSchema):
+    payoffs: IpdPayoffsSchema = field(default_factory=IpdPayoffsSchema)
+
+
+@dataclass
+class AuctionSchema(GameSchema):
+    bids: dict[str, int] = MISSING
+    private_values: list[int] = MISSING
+
+
+@dataclass
+class NegV1Schema(GameSchema):
+    pie: int = MISSING
+    min_demand: int = MISSING
+    max_demand: int = MISSING
+
+
+@dataclass
+class NegV2Schema(GameSchema):
+    item_names: list[str] = MISSING
+    pool_min: int = MISSING
+    pool_max: int = MISSING
+    value_total: int = MISSING
+
+
+@dataclass
+class KuhnReasoningSchema:
+    name_the_check: bool = MISSING
+
+
+@dataclass
+class GameTrainingSchema:
+    """A game's own SEPO settings, which win over the stage's defaults (conf/sepo/default.yaml)."""
+
+    lr: float = MISSING
+    beta: float = MISSING
+
+
+@dataclass
+class KuhnSchema(GameSchema):
+    ante: int = MISSING
+    bet: int = MISSING
+    reasoning: KuhnReasoningSchema = field(default_factory=KuhnReasoningSchema)
+    training: GameTrainingSchema = field(default_factory=GameTrainingSchema)
+
+
+#: game (conf/game/<game>.yaml) -> its schema, registered as `game/schema_<game>`
+GAME_SCHEMAS = {
+    "ipd": IpdSchema,
+    "auction": AuctionSchema,
+    "neg_v1": NegV1Schema,
+    "neg_v2": NegV2Schema,
+    "kuhn": KuhnSchema,
+}
+
 #: the schema of each stage node, registered as `<stage>/schema` (conf/<stage>/default.yaml names it)
 SCHEMAS = {"sepo": SepoSchema, "sft": SftSchema, "eval": EvalSchema, "datagen": DatagenSchema}
 
@@ -149,3 +362,7 @@ def register() -> None:
     store = ConfigStore.instance()
     for stage, schema in SCHEMAS.items():
         store.store(group=stage, name="schema", node=schema)
+    store.store(group="lambdas", name="schema", node=LambdasSchema)
+    for group, schemas in (("model", MODEL_SCHEMAS), ("game", GAME_SCHEMAS)):
+        for name, schema in schemas.items():
+            store.store(group=group, name=f"schema_{name}", node=schema)

@@ -53,7 +53,7 @@ def test_pool_overlap_is_a_warning_naming_the_strategy(compose_cfg):
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("lambdas.eval.e=-1", "lambdas.eval.e=-1 is not allowed; allowed: a number >= 0"),
+        ("lambdas.eval.e=-1", "lambdas.eval.e=-1.0 is not allowed; allowed: a number >= 0"),
         ("model.strategy=Nope", "model.strategy: unknown ipd strategy 'Nope'; allowed: AltD"),
         ("game.pools.exploit=[AlwaysD,Bogus]", "game.pools.exploit: unknown ipd strategy 'Bogus'"),
         ("+game.demonstrators.Bogus=1.0", "game.demonstrators: unknown ipd strategy 'Bogus'"),
@@ -179,10 +179,10 @@ def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
         (["stage=eval", "model=scripted", "eval.phase=final"], "eval.phase=final is not allowed; allowed: null, sft"),
         (
             ["stage=eval", "model=scripted", "lambdas.train.c=-1"],
-            "lambdas.train.c=-1 is not allowed; allowed: a number >= 0",
+            "lambdas.train.c=-1.0 is not allowed; allowed: a number >= 0",
         ),
         (["stage=eval", "model=scripted", "game.rounds=0"], "game.rounds=0 is not allowed; allowed: an integer >= 1"),
-        (["stage=eval", "model=scripted", "game.demonstrators.TFT=-1"], "game.demonstrators.TFT=-1 is not allowed"),
+        (["stage=eval", "model=scripted", "game.demonstrators.TFT=-1"], "game.demonstrators.TFT=-1.0 is not allowed"),
         (
             ["stage=sft", "sft.prefix_sharing=true", "sft.answer_logits_only=false"],
             "sft.prefix_sharing=true needs sft.answer",

@@ -6,6 +6,7 @@ line on stderr of the form `error: key=value ...; allowed: ...`, and no run dire
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,6 +61,31 @@ BAD_VALUES = [
     (["stage=datagen", "datagen.multi_games=[ipd,chess]"], "datagen.multi_games=['ipd', 'chess']"),
     (["stage=sepo", "sepo.lora.alpha=wide"], "sepo.lora.alpha='wide'"),  # refused by its schema's type
     (["-m", "stage=sepo", "sepo.lr=1e-3,fast"], "sepo.lr='fast'"),  # a sweep: every value is checked
+    # a boolean is true or false: OmegaConf would read "yes" as true and "no" as false
+    (["stage=eval", "model=tiny", "model.static_cache=maybe"], "model.static_cache='maybe'"),
+    (["stage=sft", "sft.gradient_checkpointing=yes"], "sft.gradient_checkpointing='yes'"),
+    # a game's rules (sepo/schema.py types them, sepo/config.py ranges them)
+    (["stage=eval", "model=scripted", "game.payoffs.reward=abc"], "game.payoffs.reward='abc'"),
+    (["stage=eval", "model=scripted", "game.payoffs.sucker=nan"], "game.payoffs.sucker=nan"),
+    (["stage=eval", "model=scripted", "game.strategy_params.Mixed.noise=2"], "game.strategy_params.Mixed.noise=2"),
+    (["stage=eval", "model=scripted", "game=auction", "game.bids.LOW=-5"], "game.bids={'LOW': -5"),
+    (["stage=eval", "model=scripted", "game=auction", "game.private_values=[]"], "game.private_values=[]"),
+    (["stage=eval", "model=scripted", "game=kuhn", "game.ante=-1"], "game.ante=-1"),
+    (["stage=eval", "model=scripted", "game=neg_v2", "game.pool_min=5"], "game.pool_min=5 and game.pool_max=4"),
+    (["stage=eval", "model=scripted", "game=neg_v2", "game.item_names=[]"], "game.item_names=[]"),
+    (["stage=eval", "model=scripted", "game=neg_v2", "game.value_total=-3"], "game.value_total=-3"),
+    # the model's build settings, and values that are only wrong for the model (checked on its config)
+    (["stage=eval", "model=tiny", "model.architecture.hidden_size=0"], "model.architecture.hidden_size=0"),
+    (["stage=eval", "model=tiny", "model.architecture.num_attention_heads=3"], "num_attention_heads=3"),
+    (["stage=eval", "model=tiny", "model.tokenizer.vocab_size=0"], "model.tokenizer.vocab_size=0"),
+    (["stage=sepo", "model=tiny", "model.lora.target_modules='(['"], "model.lora.target_modules='(['"),
+    (["stage=eval", "model=tiny", "eval.max_new_tokens=100000"], "eval.max_new_tokens=100000"),
+    (["stage=eval", "model=tiny", "game=kuhn", "eval.action_samples=100000000"], "eval.action_samples=100000000"),
+    (["stage=sft", "sft.dataset=nosuch"], "sft.dataset=nosuch"),
+    # the launcher and the output root
+    (["-m", "stage=eval", "model=scripted", "+launch=local", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0"),
+    (["-m", "stage=eval", "model=scripted", "+launch=local", "hydra.launcher.n_jobs=-2"], "hydra.launcher.n_jobs=-2"),
+    (["stage=eval", "model=scripted", f"paths.root_dir=/tmp/{'a' * 300}"], "paths.root_dir=/tmp/aaaa"),
 ]
 
 
@@ -74,6 +100,22 @@ def test_a_bad_value_is_one_line_exit_2_and_no_done(cli, tmp_path, args, named):
     assert "; allowed: " in lines[0], lines[0]
     assert not list(tmp_path.rglob("DONE"))
     assert list((tmp_path / "outputs" / "runs").glob("*")) == []  # an absent directory globs to nothing too
+
+
+def test_a_users_config_dir_gets_the_same_one_line_checks(cli, tmp_path):
+    """`--config-dir` runs skipped the key and type checks, and Hydra printed its own 6-line error."""
+    user = tmp_path / "user_conf"
+    (user / "lambdas").mkdir(parents=True)
+    (user / "lambdas" / "mine.yaml").write_text("train: {e: 1.0, c: 0.0, x: 0.0}\neval: {e: 1.0, c: 0.0, x: 0.0}\n")
+    for bad, named in (("foo=1", "foo is not a known key"), ("eval.batch_size=big", "eval.batch_size='big'")):
+        proc = cli("--config-dir", str(user), "stage=eval", "model=scripted", "lambdas=mine", bad, "logger=none")
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and named in lines[0] and "; allowed: " in lines[0], proc.stderr[-2000:]
+    fine = cli("--config-dir", str(user), "stage=eval", "model=scripted", "lambdas=mine", "logger=none")
+    assert fine.returncode == 0, fine.stderr[-2000:]
+    (results,) = (tmp_path / "outputs").rglob("results.json")
+    assert json.loads(results.read_text())["lambdas"]["e"] == 1.0  # the user's weights were the ones used
 
 
 #: Loaded by every Python process started with this directory on PYTHONPATH: a connection or name lookup
@@ -130,7 +172,6 @@ def test_an_interpolated_key_can_be_overridden(cli, tmp_path):
     """datagen.out_dir defaults to ${paths.output_dir}/data, which only Hydra's runtime resolves: the key
     check must see that it exists, not fail resolving it (it printed a traceback). The run also carries
     a game option into the data: Kuhn's name_the_check gives a bet after one's own check its own lines."""
-    import json
 
     out = tmp_path / "data"
     proc = cli(

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from sepo.arena import EpisodeRecord
 from sepo.games import Round, make_game
-from sepo.metrics import compute_metrics, mean_se, nra_for
+from sepo.metrics import NonFiniteMetric, compute_metrics, mean_se, nra_for
 
 GAME = make_game(OmegaConf.load("conf/game/ipd.yaml"))
 L = {"e": 2.4, "c": 1.0, "x": 1.8}
@@ -108,6 +108,21 @@ def test_kuhn_standard_errors_are_over_mirrored_pairs():
 
 def test_mean_se_is_the_sample_sd_over_root_n_and_says_when_it_has_no_spread():
     assert mean_se([1.0, 2.0, 6.0]) == (3.0, pytest.approx(math.sqrt(7 / 3)), 3)  # SD sqrt(7), over sqrt(3)
-    assert mean_se([None, 2.0, float("nan"), 4.0]) == (3.0, 1.0, 2)  # what was not measured is left out
+    assert mean_se([None, 2.0, 4.0]) == (3.0, 1.0, 2)  # what was not measured is left out
+    for broken in (float("nan"), float("inf")):  # a broken value is an error, never a mean over fewer values
+        with pytest.raises(ValueError, match="non-finite"):
+            mean_se([1.0, broken, 4.0])
     assert mean_se([5.0]) == (5.0, None, 1)  # one value: no error estimate, not an error of 0
     assert mean_se([]) == (None, None, 0)
+
+
+def test_a_non_finite_payoff_is_an_error_naming_its_episode_never_a_number():
+    """A NaN payoff (IPD's sucker payoff set to nan) once read exploit 0.0 and safety 2.25: the means
+    dropped the NaN rounds. Any non-finite round is an error that names the episode and the round."""
+    nan = float("nan")
+    records = {"T": [ep("T", [(3, 3), (3, 3)]), ep("T", [(3, 3), (nan, 5)], index=1)], "D": [ep("D", [(1, 1)])]}
+    with pytest.raises(NonFiniteMetric, match=r"episode 1 against T .*round 1"):
+        compute_metrics(GAME, {"train": ["T"], "exploit": ["D"]}, records, L)
+    records["T"][1] = ep("T", [(3, 3), (0, float("inf"))], index=1)
+    with pytest.raises(NonFiniteMetric, match="episode 1 against T"):
+        compute_metrics(GAME, {"train": ["T"], "exploit": ["D"]}, records, L)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sepo.config_rules import Rule, one_of, probability
 from sepo.games.auction import OPP, OWN
 from sepo.strategies.base import Strategy, register
 
@@ -74,6 +75,10 @@ class Adaptive(Strategy):
     round open; it opens with `first` (MEDIUM, the middle bid: no information yet either way).
     """
 
+    @classmethod
+    def param_rules(cls, game_cfg: Any) -> dict[str, Rule]:
+        return {"first": one_of(*game_cfg.bids)}
+
     def __init__(self, first: str = "MEDIUM"):
         self.first = first
 
@@ -98,6 +103,8 @@ class AggressiveValue(Strategy):
 @register("auction", "NoisyTruthful")
 class NoisyTruthful(Strategy):
     """Truthful, but a uniformly random bid with probability `noise` (robust pool)."""
+
+    PARAMS = {"noise": probability()}
 
     def __init__(self, noise: float = 0.2):
         self.noise = noise

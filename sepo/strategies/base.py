@@ -11,12 +11,14 @@ Strategies register under a game and a name (the names of docs/spec.md §2, used
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from sepo.config_rules import Rule
 from sepo.errors import ConfigError
 
 
@@ -25,6 +27,14 @@ class Strategy:
 
     name: str = ""
     game: str = ""
+    #: constructor parameter -> its allowed values, checked where a game's `strategy_params` sets it
+    PARAMS: ClassVar[dict[str, Rule]] = {}
+
+    @classmethod
+    def param_rules(cls, game_cfg: Any) -> dict[str, Rule]:
+        """The rules of the parameters; a strategy whose allowed values come from the game's rules (an
+        auction's bid names) overrides this."""
+        return cls.PARAMS
 
     def probs(self, obs: dict[str, Any], legal: list[str]) -> dict[str, float]:
         """Action distribution at this observation. Deterministic strategies need not override."""
@@ -69,21 +79,41 @@ def known_strategies(game: str) -> list[str]:
     return sorted(_REGISTRY.get(game, {}))
 
 
-def get_strategy(game: str, name: str, key: str = "strategy", params: dict[str, Any] | None = None) -> Strategy:
+def get_strategy(
+    game: str, name: str, key: str = "strategy", params: dict[str, Any] | None = None, game_cfg: Any = None
+) -> Strategy:
     """Instantiate a registered strategy; `key` names the config key for the error message.
 
-    `params` are constructor arguments (a game's `strategy_params.<name>` in its config).
+    `params` are constructor arguments (a game's `strategy_params.<name>` in its config), checked against
+    the strategy's rules (with `game_cfg`, the game's config, where the rules depend on the game's).
     """
     _ensure_loaded(game)
     table = _REGISTRY.get(game, {})
     if name not in table:
         raise ConfigError(f"{key}: unknown {game} strategy {name!r}; allowed: {', '.join(sorted(table)) or '(none)'}")
-    try:
-        strategy = table[name](**(params or {}))
-    except TypeError as err:
-        raise ConfigError(f"game.strategy_params.{name}: {err}") from None
+    cls = table[name]
+    check_params(cls, name, params or {}, game_cfg)
+    strategy = cls(**(params or {}))
     strategy.name = name
     return strategy
+
+
+def check_params(cls: type[Strategy], name: str, params: dict[str, Any], game_cfg: Any) -> None:
+    """Every parameter is one the strategy takes, with an allowed value: `game.strategy_params.Mixed.noise=2`
+    would otherwise play a TFT that is never random, and report on it."""
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    rules = cls.param_rules(game_cfg) if game_cfg is not None else cls.PARAMS
+    for param, value in params.items():
+        key = f"game.strategy_params.{name}.{param}"
+        if param not in accepted:
+            raise ConfigError(
+                f"{key} is not a parameter of {name}; allowed: {', '.join(accepted) or 'none (it takes no parameters)'}"
+            )
+        rule = rules.get(param)
+        if rule is not None and not rule.ok(value):
+            raise ConfigError(
+                f"{key}={value if rule.as_typed else repr(value)} is not allowed; allowed: {rule.allowed}"
+            )
 
 
 def responds_to_agent(game: str, name: str) -> bool:
@@ -101,4 +131,4 @@ def make_strategy(game_cfg: Any, name: str, key: str = "strategy") -> Strategy:
     params = (game_cfg.get("strategy_params") or {}).get(name) or {}
     if isinstance(params, DictConfig):
         params = OmegaConf.to_container(params, resolve=True)
-    return get_strategy(game_cfg.name, name, key=key, params=params)
+    return get_strategy(game_cfg.name, name, key=key, params=params, game_cfg=game_cfg)

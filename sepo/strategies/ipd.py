@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sepo.config_rules import probability
 from sepo.games.ipd import COOPERATE, DEFECT
 from sepo.strategies.base import Strategy, register
 
@@ -24,6 +25,8 @@ class TitForTat(Strategy):
 class GenerousTFT(Strategy):
     """TFT that forgives a defection with probability `forgive` (1/3)."""
 
+    PARAMS = {"forgive": probability()}
+
     def __init__(self, forgive: float = 1.0 / 3.0):
         self.forgive = forgive
 
@@ -38,6 +41,8 @@ class GenerousTFT(Strategy):
 class MixedTFT(Strategy):
     """TFT that plays a uniformly random action 20% of the time."""
 
+    PARAMS = {"noise": probability()}
+
     def __init__(self, noise: float = 0.2):
         self.noise = noise
 
@@ -51,6 +56,8 @@ class MixedTFT(Strategy):
 class NoisyTFT(Strategy):
     """TFT whose intended action is flipped 30% of the time (robust pool; docs/spec.md §2: at 10% it would equal
     the train opponent Mixed in distribution)."""
+
+    PARAMS = {"flip": probability()}
 
     def __init__(self, flip: float = 0.3):
         self.flip = flip

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sepo.config_rules import integer, integers
 from sepo.strategies.base import Strategy, register
 
 
@@ -33,6 +34,8 @@ class Fair(Strategy):
 
 class FixedDemand(Strategy):
     """The same demand every round."""
+
+    PARAMS = {"demand": integer(0)}
 
     def __init__(self, demand: int):
         self.demand = int(demand)
@@ -68,6 +71,8 @@ class Hard(FixedDemand):
 @register("neg_v1", "Concede")
 class Concede(Strategy):
     """Demands follow `schedule` by round (8, 7, 6, 5); later rounds keep its last entry."""
+
+    PARAMS = {"schedule": integers(0)}
 
     def __init__(self, schedule: Sequence[int] = (8, 7, 6, 5)):
         self.schedule = [int(d) for d in schedule]
