@@ -261,3 +261,7 @@ def main() -> None:
         sys.exit(1)
     if sweep.last_sweep_failures:  # a sweep succeeds only when every job is done or skipped
         sys.exit(1)
+
+
+if __name__ == "__main__":  # `python -m sepo.cli ...`, as `python -m sepo` and the `sepo` command
+    main()

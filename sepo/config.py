@@ -51,7 +51,7 @@ from sepo.config_rules import (
 from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
-from sepo.model_fit import check_model_fit
+from sepo.model_fit import check_model_fit, check_sizes, in_hub_cache
 from sepo.paths import CONF_DIR, can_hold_outputs
 from sepo.stages import STAGES
 from sepo.strategies import known_strategies, make_strategy, responds_to_agent
@@ -368,14 +368,6 @@ def check_rules(cfg: DictConfig) -> None:
                 check(key, OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value, rule)
 
 
-def in_hub_cache(repo_id: str, revision: str | None) -> bool:
-    """Whether the hub id's config is in the local Hugging Face cache (no network is touched)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
-    return isinstance(found, str)
-
-
 def hub_download_hint(repo_id: str, revision: str | None) -> str:
     rev = f" --revision {revision}" if revision else ""
     return (
@@ -608,50 +600,6 @@ def check_model(cfg: DictConfig) -> None:
         f"model.drop_stopped_rows={drop} and model.decode_graphs=true: graphs replay whole batches; allowed: "
         "model.drop_stopped_rows=0 or model.decode_graphs=false",
     )
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this machine can still give (MemAvailable), or None where it cannot say."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def episodes_at_once(cfg: DictConfig) -> dict[str, int]:
-    """key -> the episodes a stage holds at once because of it: an evaluation plays every distinct opponent
-    of all pools in lockstep, a SEPO batch n rollouts per opponent of the train, exploit and collusive pools."""
-    pools = cfg.game.pools
-    out = {}
-    if applies(EVAL, cfg):
-        distinct = {n for pool in POOLS for n in pools.get(pool) or []}
-        out["eval.episodes_per_opponent"] = int(cfg.eval.episodes_per_opponent) * len(distinct)
-    if applies(SEPO, cfg):
-        groups = sum(len(set(pools.get(pool) or [])) for pool in ("train", "exploit", "collusive"))
-        out["sepo.rollouts_per_opponent"] = int(cfg.sepo.rollouts_per_opponent) * groups
-    return out
-
-
-def check_sizes(cfg: DictConfig) -> None:
-    """Episode counts whose memory alone (`eval.episode_memory_kb` each, an estimate) exceeds what this
-    machine has left are refused before any work, instead of growing until the kernel kills the run."""
-    available = available_memory()
-    if available is None:
-        return
-    per_episode = float(cfg.eval.episode_memory_kb) * 1024
-    for key, episodes in episodes_at_once(cfg).items():
-        need = episodes * per_episode
-        if need > available:
-            value = OmegaConf.select(cfg, key)
-            most = max(1, int(value * available / need))
-            raise ConfigError(
-                f"{key}={value} is not allowed on this machine: {episodes:,} episodes at once need about "
-                f"{need / 2**30:,.1f} GiB ({cfg.eval.episode_memory_kb} KiB each, eval.episode_memory_kb) and "
-                f"{available / 2**30:,.1f} GiB are available; allowed: at most about {most:,}"
-            )
 
 
 def check_relations(cfg: DictConfig) -> None:

@@ -1,4 +1,4 @@
-"""What a run asks of its language model, checked against the model's own config before any work.
+"""What a run asks of its language model and of this machine, checked before any work.
 
 Some values are only wrong for a given model: a LoRA regex that matches none of its modules, an
 attention kernel its class does not have, an answer budget past its positions, a decoding batch whose
@@ -18,9 +18,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.errors import ConfigError
+from sepo.metrics import POOLS
 
 #: stages that load a language model (datagen plays scripted demonstrators only)
 LOADING_STAGES = ("eval", "sft", "sepo", "pipeline")
+#: stages that evaluate the agent (SFT evaluates its model), and those that run SEPO's rollouts
+EVALUATING_STAGES, RL_STAGES = ("eval", "sft", "sepo", "pipeline"), ("sepo", "pipeline")
 #: module-name fragments LoRA must never touch (sepo.models.FORBIDDEN_LORA: the multimodal towers)
 FORBIDDEN_LORA = ("vision", "audio")
 #: files one of which holds a checkpoint's weights or its tokenizer
@@ -42,6 +45,8 @@ def check_model_fit(cfg: DictConfig) -> None:
     if not loads_language_model(cfg):
         return
     directory = built_model_dir(cfg)
+    if not Path(directory).expanduser().is_dir() and not in_hub_cache(directory, cfg.model.get("revision")):
+        return  # a hub id the run will download (model.download=true): no config here to check it against
     config = model_config(directory, cfg.model)
     skeleton = meta_model(config, cfg.model)
     check_lora_targets(skeleton, cfg)
@@ -65,6 +70,14 @@ def built_model_dir(cfg: DictConfig) -> str:
             hf_logging.enable_progress_bar()
 
 
+def in_hub_cache(repo_id: str, revision: str | None) -> bool:
+    """Whether the hub id's config is in the local Hugging Face cache (no network is touched)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    return isinstance(found, str)
+
+
 def model_config(directory: str, model_cfg: Any) -> Any:
     """The checkpoint's transformers config, read without its weights; a local directory must also hold
     weights and a tokenizer."""
@@ -84,7 +97,7 @@ def model_config(directory: str, model_cfg: Any) -> Any:
             str(local) if local.is_dir() else directory,
             trust_remote_code=model_cfg.get("trust_remote_code", False),
             revision=model_cfg.get("revision"),
-            local_files_only=not model_cfg.get("download", False),
+            local_files_only=True,  # a hub id is checked only once it is in the cache
         )
     except (OSError, ValueError) as err:
         raise ConfigError(
@@ -216,7 +229,6 @@ def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
 def decoding_rows(cfg: DictConfig) -> list[tuple[str, int, int]]:
     """(key, rows decoded at once, answer tokens) of the run's largest decodings: an evaluation's episodes, a Kuhn
     table's sampled answers (one information set's in one call), a SEPO batch's rollouts."""
-    from sepo.config import episodes_at_once
 
     def capped(rows: int, cap: int) -> int:
         return min(rows, cap) if cap > 0 else rows
@@ -248,14 +260,56 @@ def decoding_rows(cfg: DictConfig) -> list[tuple[str, int, int]]:
     return rows
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (MemAvailable), or None where it cannot say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def episodes_at_once(cfg: DictConfig) -> dict[str, int]:
+    """key -> the episodes a stage holds at once because of it: an evaluation plays every distinct opponent
+    of all pools in lockstep, a SEPO batch n rollouts per opponent of the train, exploit and collusive pools."""
+    pools = cfg.game.pools
+    out = {}
+    if cfg.stage.name in EVALUATING_STAGES:
+        distinct = {n for pool in POOLS for n in pools.get(pool) or []}
+        out["eval.episodes_per_opponent"] = int(cfg.eval.episodes_per_opponent) * len(distinct)
+    if cfg.stage.name in RL_STAGES:
+        groups = sum(len(set(pools.get(pool) or [])) for pool in ("train", "exploit", "collusive"))
+        out["sepo.rollouts_per_opponent"] = int(cfg.sepo.rollouts_per_opponent) * groups
+    return out
+
+
+def check_sizes(cfg: DictConfig) -> None:
+    """Episode counts whose memory alone (`eval.episode_memory_kb` each, an estimate) exceeds what this
+    machine has left are refused before any work, instead of growing until the kernel kills the run."""
+    available = available_memory()
+    if available is None:
+        return
+    per_episode = float(cfg.eval.episode_memory_kb) * 1024
+    for key, episodes in episodes_at_once(cfg).items():
+        need = episodes * per_episode
+        if need > available:
+            value = OmegaConf.select(cfg, key)
+            most = max(1, int(value * available / need))
+            raise ConfigError(
+                f"{key}={value} is not allowed on this machine: {episodes:,} episodes at once need about "
+                f"{need / 2**30:,.1f} GiB ({cfg.eval.episode_memory_kb} KiB each, eval.episode_memory_kb) and "
+                f"{available / 2**30:,.1f} GiB are available; allowed: at most about {most:,}"
+            )
+
+
 def device_memory() -> int | None:
     """Bytes the run's decoding can still use: the GPU's free memory, or this machine's available memory."""
     import torch
 
     if torch.cuda.is_available():
         return int(torch.cuda.mem_get_info()[0])
-    from sepo.config import available_memory
-
     return available_memory()
 
 

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_LAYER = {"sepo.cli", "sepo.task", "sepo.config", "sepo.sweep", "sepo.tracking"}
+RUN_LAYER = {"sepo.cli", "sepo.__main__", "sepo.task", "sepo.config", "sepo.model_fit", "sepo.sweep", "sepo.tracking"}
 #: research tools built on top of everything, outside the package: the benchmarks and studies (`python -m
 #: benchmarks ...`, `python -m benchmarks.<topic>.<script>`) and the launch scripts
 TOOLS = {"benchmarks", "launch"}

