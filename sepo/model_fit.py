@@ -113,14 +113,16 @@ def meta_model(config: Any, model_cfg: Any) -> Any:
 
     name = model_cfg.get("model_class", "AutoModelForCausalLM")
     cls = getattr(transformers, str(name), None)
-    if cls is None or not hasattr(cls, "from_config"):
+    # an auto class builds from a config with from_config, a model class with _from_config
+    build = getattr(cls, "from_config", None) or getattr(cls, "_from_config", None)
+    if build is None:
         raise ConfigError(
             f"model.model_class={name} is not allowed; allowed: a transformers model class, e.g. AutoModelForCausalLM"
         )
     attention = model_cfg.get("attn_implementation")
     try:
         with torch.device("meta"):
-            return cls.from_config(config, **({"attn_implementation": attention} if attention else {}))
+            return build(config, **({"attn_implementation": attention} if attention else {}))
     except ImportError as err:  # a kernel transformers knows whose package is not installed
         if not attention:
             raise
