@@ -27,12 +27,17 @@ MAX_RUN_NAME = 150
 
 
 def run_name(override_dirname: str) -> str:
-    """Run-dir name from the overrides: `default` when there are none, `/` made path-safe.
+    """Run-dir name from the overrides: `default` when there are none, `/` made path-safe, a boolean
+    spelled `true`/`false` however it came.
 
+    A single run's name holds each override as typed, and the command line takes booleans in lower case
+    only; a sweep's job gets its overrides from Hydra's sweeper, which renders a parsed boolean with
+    Python's `str` (`False`). Lower case for both puts a job and the same run alone in dirs of one name.
     Long override lists are cut and suffixed with a hash of the whole list, so the name stays
     unique, stable across re-launches, and within the file system's limit.
     """
-    name = override_dirname.replace("/", "_") or "default"
+    name = re.sub(r"(?<=[=\[,])(True|False)(?=[,\]]|$)", lambda m: m[1].lower(), override_dirname)
+    name = name.replace("/", "_") or "default"
     if len(name.encode()) <= MAX_RUN_NAME:
         return name
     digest = hashlib.sha1(name.encode()).hexdigest()[:12]

@@ -11,7 +11,9 @@ Forking shares the loaded model with the children without copying it (its pages 
 child's part draws from the same per-part random streams it would have drawn from in one process, so the
 split changes no answer's stream; only the float roundings of a product may differ with the batch's rows and
 the thread count, as between any two machines. A child hands its result back pickled through a pipe; a
-child that fails or dies fails the whole job with the child's traceback or signal.
+child that fails fails the whole job with the child's traceback. A child that dies without handing back
+its part (the out-of-memory killer, a SIGKILL) fails it with `WorkerDied`, a known way for a run to
+fail: FAILED and the command's one line name the worker and how it died, and a re-run resumes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from sepo.errors import RunError
+
 Part = TypeVar("Part")
+
+
+class WorkerDied(RunError):
+    """A forked worker ended without handing back its part; the message names it and how it ended."""
 
 
 def worker_count(requested: int, device: Any = "cpu") -> int:
@@ -57,12 +65,24 @@ def forked_map(work: Callable[[Part], Any], parts: Sequence[Part]) -> list[Any]:
     try:
         mine = work(parts[0])
     except BaseException:
-        for pid, fd in children:
-            _kill(pid, fd)
+        _kill_all(children)
         raise
     finally:
         torch.set_num_threads(threads)
-    return [mine] + [_collect(k + 1, pid, fd) for k, (pid, fd) in enumerate(children)]
+    return [mine, *_collect_all(children)]
+
+
+def _collect_all(children: list[tuple[int, int]]) -> list[Any]:
+    """Every child's part, in order; the first that failed or died fails the job, and the children not
+    yet collected are killed rather than left to finish work nobody reads."""
+    collected = []
+    for k, (pid, fd) in enumerate(children):
+        try:
+            collected.append(_collect(pid, fd))
+        except BaseException:
+            _kill_all(children[k + 1 :])
+            raise
+    return collected
 
 
 def _start_child(work: Callable[[Part], Any], part: Part, threads: int) -> tuple[int, int]:
@@ -97,21 +117,35 @@ def _die_with_parent() -> None:
         pass
 
 
-def _collect(index: int, pid: int, fd: int) -> Any:
+def _collect(pid: int, fd: int) -> Any:
     with os.fdopen(fd, "rb") as pipe:
         data = pipe.read()
     _, status = os.waitpid(pid, 0)
-    if not data:
-        how = (
-            f"signal {os.WTERMSIG(status)}"
-            if os.WIFSIGNALED(status)
-            else f"exit code {os.waitstatus_to_exitcode(status)}"
+    if not data or not os.WIFEXITED(status) or os.waitstatus_to_exitcode(status) not in (0, 1):
+        # nothing, or a part cut short: it died before it had handed back its part
+        raise WorkerDied(
+            f"a forked worker (pid {pid}) {_how_it_ended(status)} before handing back its part of the job; "
+            "re-run the same command to resume"
         )
-        raise RuntimeError(f"forked worker {index} died ({how}) before handing back its part")
     kind, value = pickle.loads(data)
     if kind == "error":
-        raise RuntimeError(f"forked worker {index} failed:\n{value}")
+        raise RuntimeError(f"forked worker (pid {pid}) failed:\n{value}")
     return value
+
+
+def _how_it_ended(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            return f"was killed by {signal.Signals(number).name}"
+        except ValueError:
+            return f"was killed by signal {number}"
+    return f"exited with code {os.waitstatus_to_exitcode(status)}"
+
+
+def _kill_all(children: list[tuple[int, int]]) -> None:
+    for pid, fd in children:
+        _kill(pid, fd)
 
 
 def _kill(pid: int, fd: int) -> None:

@@ -7,8 +7,11 @@ after a crash), and skipping or resuming it then would report old results, or a 
 new settings. So a run records its resolved settings when it starts (`run_settings.yaml`), and a
 later launch of the same dir, finished or not, goes ahead only when its settings equal them, up to
 the keys that cannot change results (`RESULT_NEUTRAL_KEYS`); otherwise it is refused with one line
-naming the differing keys. A finished run also keeps a copy of Hydra's own record
-(`.hydra_finished/`), put back after every launch, since Hydra rewrites `.hydra/` each time.
+naming the differing keys. A record that cannot be read (damaged, or not a mapping) stops the launch
+too, in one line naming the file: what ran there is unknown. A run also keeps a copy of Hydra's own
+record (`.hydra_finished/`, a name from when only finished runs kept one), taken when it starts: Hydra
+rewrites `.hydra/` at every launch of the dir before the project can refuse it, and a launch that
+cannot take a snapshot first (a sweep's in-process job) puts that copy back.
 
 Paths under the output root are recorded relative to it (`${paths.root_dir}/...`), so a finished
 sweep moved to another root is still the same sweep.
@@ -24,7 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.compose import STAGE_NODES
-from sepo.files import write_text_atomically
+from sepo.files import directory_written_atomically, write_text_atomically
 from sepo.trees import leaves
 
 #: keys (and whole nodes) whose value cannot change a run's results: where outputs go (and the paths
@@ -81,13 +84,42 @@ def record_settings(out: Path, cfg: DictConfig) -> None:
     write_text_atomically(out / SETTINGS, yaml.safe_dump(settings(cfg), sort_keys=True))
 
 
+class DamagedRecord(Exception):
+    """A run's recorded settings cannot be read: what ran in the dir is unknown, so it is neither reused
+    nor resumed (the message names the file and why)."""
+
+
 def recorded_settings(out: Path) -> dict[str, Any] | None:
     """The settings a run in `out` started with; None when it recorded none (a run of older code that
-    never finished, or no run at all)."""
+    never finished, or no run at all). Raises DamagedRecord when the record cannot be read."""
     for name in (SETTINGS, LEGACY_SETTINGS):
         if (out / name).exists():
-            return without_legacy_copies(yaml.safe_load((out / name).read_text()) or {})
+            return without_legacy_copies(read_record(out / name))
     return None
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A settings record, read as plain data only (`safe_load`: a tag that would build an object or run
+    code is an error, never executed). A run writes it whole and atomically, so anything but a non-empty
+    mapping was not written by a run."""
+    try:
+        recorded = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise DamagedRecord(f"{path} is damaged ({_why_unreadable(err)})") from None
+    if not isinstance(recorded, dict) or not recorded:
+        held = "nothing" if recorded is None else f"a {type(recorded).__name__}"
+        raise DamagedRecord(f"{path} is damaged (it holds {held}, not a mapping of settings)")
+    return recorded
+
+
+def _why_unreadable(err: Exception) -> str:
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem:
+        mark = err.problem_mark
+        return err.problem + (f" at line {mark.line + 1}" if mark is not None else "")
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start}"
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 def without_legacy_copies(recorded: dict[str, Any]) -> dict[str, Any]:
@@ -112,12 +144,23 @@ def describe(differing: list[str], limit: int = 5) -> str:
     return "; ".join(differing[:limit]) + (f" (and {len(differing) - limit} more)" if len(differing) > limit else "")
 
 
-def save_finished(out: Path) -> None:
+def save_hydra_record(out: Path) -> None:
+    """The copy of Hydra's record of the launch that now owns `out`, taken when it starts (after its lock
+    and its settings), so it exists for a run still going or one that died, not only a finished one."""
     if (out / ".hydra").is_dir():
-        shutil.copytree(out / ".hydra", out / HYDRA_COPY, dirs_exist_ok=True)
+        _mirror(out / ".hydra", out / HYDRA_COPY)
 
 
-def restore_hydra_record(out: Path) -> None:
-    """Put back the finished run's `.hydra/` (Hydra has just rewritten it for this launch)."""
-    if (out / HYDRA_COPY).is_dir():
-        shutil.copytree(out / HYDRA_COPY, out / ".hydra", dirs_exist_ok=True)
+def restore_hydra_record(out: Path) -> bool:
+    """Put back the run's own `.hydra/`, file for file (Hydra has just rewritten it for a launch that is
+    not going ahead); False when the run kept no copy."""
+    if not (out / HYDRA_COPY).is_dir():
+        return False
+    _mirror(out / HYDRA_COPY, out / ".hydra")
+    return True
+
+
+def _mirror(source: Path, target: Path) -> None:
+    """`target` becomes a copy of `source` (contents and times) in one rename: a reader never sees a part."""
+    with directory_written_atomically(target, replace=True) as work:
+        shutil.copytree(source, work, dirs_exist_ok=True)

@@ -7,7 +7,9 @@ one line. The kernel drops the lock when its process dies, however it dies, so a
 blocks anyone. The file stays; a launch writes its name into it and clears it when it ends, however it
 ends, unless it is killed: a dir whose lock is free, whose file still names an owner, and which holds
 neither DONE nor FAILED was left by a process that was killed without a chance to write a marker (SIGKILL, the out-of-memory killer). The next launch says so in one line
-and resumes; the tables read such a dir as failed ("died without a marker"), not as running.
+and resumes; the tables read such a dir as failed ("died without a marker"), not as running. A sweep
+that found one of its job dirs held waits at its end until the holder lets go (`wait_until_free`), and
+reports the job as the holder left it.
 """
 
 from __future__ import annotations
@@ -84,3 +86,28 @@ def hold(out: Path) -> Iterator[str | None]:
             f.truncate()
             f.flush()
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def holder(out: Path) -> str | None:
+    """A description of the live launch that holds `out` now, else None."""
+    path = out / LOCK
+    if not path.exists():
+        return None
+    with path.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _describe(_owner(path))
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
+def wait_until_free(out: Path) -> None:
+    """Block until no launch holds `out` (at once when none does). A shared lock, dropped as soon as it
+    is had: waiting takes nothing from the holder, and leaves the dir to whoever launches next."""
+    path = out / LOCK
+    if not path.exists():
+        return
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
+        fcntl.flock(f, fcntl.LOCK_UN)

@@ -104,47 +104,70 @@ RUN_OUTPUTS = (
 )
 
 
+#: what a launch records when it starts a run (its settings, its copy of Hydra's record): removed with the rest when
+#: a value is refused inside the stage before the run wrote anything, so the corrected command is not refused as
+#: "an unfinished run with other settings"
+START_RECORDS = {reuse.SETTINGS, reuse.HYDRA_COPY}
+
+
 def _remove_if_created_now(out: Path) -> None:
     """Undo what this launch made for a command line that was then rejected: the run dir and its empty
     parents when Hydra created them for it, else only what this launch added (Hydra's record, its log,
-    the markers): a dir the user named with `hydra.run.dir` keeps every file it held before."""
+    the markers, and the records of a start that wrote nothing else): a dir the user named with
+    `hydra.run.dir` keeps every file it held before."""
     if not out.is_dir() or not launch_snapshot.known(out):
         return
-    if not launch_snapshot.created_now(out):
-        before = launch_snapshot.entries_before(out)
-        for path in out.iterdir():
-            if path.name not in before and (path.name in REFUSAL_LEFTOVERS or path.suffix == ".log"):
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    before = launch_snapshot.entries_before(out) if not launch_snapshot.created_now(out) else set()
+    added = [p for p in out.iterdir() if p.name not in before]
+    removable = REFUSAL_LEFTOVERS | (START_RECORDS if all(_launch_made(p) for p in added) else set())
+    if launch_snapshot.created_now(out):
+        if any(p.name not in removable and p.suffix != ".log" for p in added):
+            return  # something a run writes: never removed
+        shutil.rmtree(out)
+        for parent in out.parents:
+            if not launch_snapshot.created_now(parent) or not parent.is_dir() or any(parent.iterdir()):
+                break
+            parent.rmdir()
         return
-    if any(p.name not in REFUSAL_LEFTOVERS and p.suffix != ".log" for p in out.iterdir()):
-        return  # something a run writes: never removed
-    shutil.rmtree(out)
-    for parent in out.parents:
-        if not launch_snapshot.created_now(parent) or not parent.is_dir() or any(parent.iterdir()):
-            break
-        parent.rmdir()
+    for path in added:
+        if path.name in removable or path.suffix == ".log":
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def _launch_made(path: Path) -> bool:
+    """Whether `path` is one of the records a launch writes whatever its stage does (not a run's output)."""
+    return path.name in REFUSAL_LEFTOVERS | START_RECORDS or path.suffix == ".log"
 
 
 def _refuse(out: Path, message: str) -> None:
     """One line for a run dir that cannot be reused or resumed with these settings; it keeps its results,
-    its markers and its own .hydra record. Alone: exit 2; in a sweep the job counts as failed."""
-    record_status(out, "failed", message)
+    its markers and its own .hydra record. Alone: exit 2, nothing in the dir changed; in a sweep the job
+    counts as failed."""
+    _put_back_record(out)
+    if _multirun():
+        record_status(out, "failed", message)
     print(f"error: {message}", file=sys.stderr)
     if not _multirun():
         sys.exit(2)
 
 
-def _skip_finished(out: Path, cfg: DictConfig) -> None:
+def _put_back_record(out: Path) -> None:
+    """Hydra rewrote `.hydra/` for this launch before the project could refuse it: the dir's own record goes
+    back, as it was before this launch (a single run's snapshot), else the copy its run keeps."""
+    if not launch_snapshot.restore_record(out):
+        reuse.restore_hydra_record(out)
+
+
+def _skip_finished(out: Path, differing: list[str] | None) -> None:
     """A finished run is skipped when it ran with these settings, refused (one line) when it did not;
     either way it keeps its results, its DONE and its own .hydra record."""
-    differing = reuse.differences(out, cfg)
-    reuse.restore_hydra_record(out)
     if differing:
         return _refuse(
             out,
             f"{out} finished with other settings: {reuse.describe(differing)}; allowed: the same settings, "
             "another run dir (hydra.run.dir=...), or resume=never to rerun it",
         )
+    _put_back_record(out)
     log.info(
         "skipping %s: DONE marker present (resume=auto)%s",
         out,
@@ -171,13 +194,17 @@ def run_task(cfg: DictConfig) -> dict | None:
 
 
 def _reject(out: Path, err: ConfigError) -> None:
-    """One line for a bad value. Alone it leaves behind nothing this launch made and exits 2; in a sweep
-    the job is marked FAILED (unless it is a finished run, which keeps its results) and the sweep goes on."""
+    """One line for a bad value. Alone it leaves behind nothing this launch made (the run already in the
+    dir keeps its record) and exits 2; in a sweep the job is marked FAILED (unless it is a finished run,
+    which keeps its results) and the sweep goes on."""
     print(f"error: {err}", file=sys.stderr)
     if not _multirun():
+        _put_back_record(out)
         _remove_if_created_now(out)
         sys.exit(2)
-    if not (out / "DONE").exists():
+    if (out / "DONE").exists():
+        _put_back_record(out)
+    else:
         mark_failed(out, f"ConfigError: {err}")
     record_status(out, "failed", str(err))
 
@@ -204,22 +231,35 @@ def _run_task(cfg: DictConfig) -> dict | None:
     try:
         with run_lock.hold(out) if distributed.launching_rank() == 0 else contextlib.nullcontext() as died:
             return _own_run_dir(out, cfg, died)
-    except run_lock.RunDirBusy as err:  # the dir is another launch's: nothing in it is touched
+    except run_lock.RunDirBusy as err:
+        return _busy(out, err)
+
+
+def _busy(out: Path, err: run_lock.RunDirBusy) -> None:
+    """The dir is another launch's: nothing in it is touched (Hydra's rewrite of its record is undone).
+    Alone: one line, exit 2. In a sweep the job is left to that launch, and the sweep waits for it at its
+    end and reports it as busy (sepo/sweep.py); a job in a process of its own tells its launcher so by
+    its exit code."""
+    _put_back_record(out)
+    if not _multirun():
         print(f"error: {err}; allowed: wait until it ends, or another run dir (hydra.run.dir=...)", file=sys.stderr)
-        if not _multirun() or os.environ.get("SEPO_SWEEP_JOB") == "1":  # a process of its own: its exit code tells
-            sys.exit(2)
-        sweep.refused_jobs.append(str(out))  # a job of an in-process sweep: the summary counts it
-        return None
+        sys.exit(2)
+    print(f"warning: {err}; the sweep leaves this job to it and waits for it at its end", file=sys.stderr)
+    if os.environ.get("SEPO_SWEEP_JOB") == "1":
+        sys.exit(sweep.BUSY_EXIT)
+    sweep.busy_jobs[sweep.absolute(out)] = str(err)
+    return None
 
 
 def _own_run_dir(out: Path, cfg: DictConfig, died: str | None) -> dict | None:
     """Reuse, resume or start the run in `out`, which this launch now holds."""
-    if died:
-        print(f"warning: the last launch in {out} ({died}) died without a marker; resuming it", file=sys.stderr)
-    if cfg.resume == "auto" and (out / "DONE").exists():
-        return _skip_finished(out, cfg)
     if cfg.resume == "auto":
-        differing = reuse.differences(out, cfg)
+        try:
+            differing = reuse.differences(out, cfg)
+        except reuse.DamagedRecord as err:
+            return _refuse(out, f"{err}; allowed: resume=never to start afresh, or another run dir (hydra.run.dir=...)")
+        if (out / "DONE").exists():
+            return _skip_finished(out, differing)
         if differing:
             return _refuse(
                 out,
@@ -228,8 +268,11 @@ def _own_run_dir(out: Path, cfg: DictConfig, died: str | None) -> dict | None:
             )
     elif distributed.launching_rank() == 0:
         _clear_previous_run(out)
+    if died:
+        print(f"warning: the last launch in {out} ({died}) died without a marker; resuming it", file=sys.stderr)
     if distributed.launching_rank() == 0:
         reuse.record_settings(out, cfg)  # what a later launch must match to resume or reuse this dir
+        reuse.save_hydra_record(out)  # what a later launch that is refused puts back
     (out / "FAILED").unlink(missing_ok=True)
     log.info("%s", share_cores())  # before any torch work: parallel jobs must not fight over the cores
     return _run_stage(out, cfg)
@@ -251,7 +294,6 @@ def _run_stage(out: Path, cfg: DictConfig) -> dict | None:
         result = stage(cfg, tracker) if main or cfg.stage.name in DATA_PARALLEL_STAGES else None
         distributed.barrier()
         if main:
-            reuse.save_finished(out)
             done = {"stage": cfg.stage.name, "seconds": round(time.time() - started, 2)}
             write_text_atomically(out / "DONE", json.dumps({**done, "processes": distributed.world_size()}) + "\n")
             record_status(out, "done")

@@ -5,13 +5,19 @@ split over workers plays the very episodes it plays whole."""
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from sepo.arena import play
-from sepo.forked import forked_map, split_round_robin, worker_count
+from sepo.errors import RunError
+from sepo.forked import WorkerDied, forked_map, split_round_robin, worker_count
 from sepo.games import make_game
 from sepo.policies import ScriptedPolicy
 from sepo.strategies import get_strategy
@@ -34,13 +40,78 @@ def test_a_failing_child_fails_the_job_with_its_traceback():
             raise ValueError("bad part 1")
         return part
 
-    with pytest.raises(RuntimeError, match="(?s)forked worker 1 failed.*ValueError: bad part 1"):
+    with pytest.raises(RuntimeError, match="(?s)forked worker \\(pid \\d+\\) failed.*ValueError: bad part 1"):
         forked_map(work, [0, 1])
 
 
-def test_a_child_that_dies_fails_the_job_with_its_signal():
-    with pytest.raises(RuntimeError, match="forked worker 1 died \\(signal 9\\)"):
-        forked_map(lambda part: os.kill(os.getpid(), 9) if part else part, [0, 1])
+def dies(part):
+    if part == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if part == 2:
+        time.sleep(120)  # collected after the dead one: killed, not waited for
+    return part
+
+
+def test_a_child_that_dies_fails_the_job_in_one_line_naming_it_and_its_signal():
+    """The probe: a SIGKILLed worker of `model.cpu_workers=2` ended the run in a traceback. A worker that dies
+    is a known way for a run to fail (a RunError: FAILED and one line), and the workers after it are killed
+    rather than waited for."""
+    started = time.time()
+    with pytest.raises(WorkerDied) as died:
+        forked_map(dies, [0, 1, 2])
+    assert isinstance(died.value, RunError)
+    message = str(died.value)
+    assert re.fullmatch(
+        r"a forked worker \(pid \d+\) was killed by SIGKILL before handing back its part of the job; "
+        r"re-run the same command to resume",
+        message,
+    ), message
+    assert time.time() - started < 30
+
+
+def children_forked_from(pid: int) -> list[int]:
+    """Processes whose parent is `pid` and that run its command line (forks of it, not programs it started)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{entry}/stat").read() if entry.isdigit() else ""
+            same = stat and open(f"/proc/{entry}/cmdline").read() == open(f"/proc/{pid}/cmdline").read()
+        except OSError:
+            continue
+        if same and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def test_a_worker_killed_during_an_evaluation_fails_the_run_in_one_line(tmp_path):
+    """The whole way: `model=tiny model.cpu_workers=2` plays its evaluation in two 1-thread processes; one
+    SIGKILLed leaves FAILED naming it and one line, exit 1, no traceback."""
+    run, log = tmp_path / "run", tmp_path / "stderr"
+    env = {**os.environ, "PROJECT_ROOT": str(tmp_path), "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+    command = ["stage=eval", "model=tiny", "model.cpu_workers=2", "logger=none", "eval.progress=false"]
+    with log.open("w") as err:
+        job = subprocess.Popen(
+            [sys.executable, str(ROOT / "main.py"), *command, "eval.episodes_per_opponent=4", f"hydra.run.dir={run}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        deadline = time.time() + 120
+        while not (workers := children_forked_from(job.pid)) and job.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert workers, "the evaluation forked no worker"
+        os.kill(workers[0], signal.SIGKILL)
+        job.wait(timeout=120)
+    stderr = log.read_text()
+    assert job.returncode == 1, stderr[-2000:]
+    assert "Traceback" not in stderr
+    (line,) = [x for x in stderr.splitlines() if x.startswith("error: ")]
+    assert f"a forked worker (pid {workers[0]}) was killed by SIGKILL" in line
+    assert f"{run} is marked FAILED" in line
+    reason = (run / "FAILED").read_text().splitlines()[0]
+    assert reason.startswith(f"WorkerDied: a forked worker (pid {workers[0]}) was killed by SIGKILL")
+    assert reason.endswith("re-run the same command to resume")
 
 
 def test_workers_are_one_per_thread_at_most_and_one_on_a_gpu():

@@ -4,6 +4,7 @@ what it made, and the sweep's exit code and summary come from each job's own mar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import pytest
 
 import sepo.stages
 from analysis import collect
-from sepo import run_lock
+from sepo import reuse, run_lock
 from sepo.task import run_task
 
 EVAL = ["stage=eval", "model=scripted", "logger=none", "eval.episodes_per_opponent=2"]
@@ -41,6 +42,70 @@ def test_an_unfinished_run_is_resumed_only_with_its_own_settings(cli, tmp_path):
     assert json.loads((run / "results.json").read_text())["game"] == "ipd"
     again = cli(*EVAL, "game=ipd", f"hydra.run.dir={run}")
     assert again.returncode == 0
+    assert (run / "DONE").exists()
+
+
+def files_of(run) -> dict[str, tuple[bytes, int]]:
+    """Every file of a run dir, its bytes and modification time; not the lock file, which any launch that
+    takes the dir writes its name into and clears."""
+    return {
+        str(p.relative_to(run)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name != run_lock.LOCK
+    }
+
+
+#: state of the run in the dir -> (what the refused launch adds to the command, what its one line says)
+REFUSALS = {
+    "running": ("eval.temperature=0.1", "is in use by another launch"),
+    "finished": ("eval.temperature=0.1", "finished with other settings"),
+    "unfinished": ("eval.temperature=0.1", "holds an unfinished run with other settings"),
+    "finished, a rejected value": ("model.strategy=NotAStrategy", "unknown ipd strategy 'NotAStrategy'"),
+}
+
+
+@pytest.mark.parametrize("state", list(REFUSALS))
+def test_a_refused_launch_leaves_the_run_dir_as_it_was(cli, tmp_path, state):
+    """The probe: while a run was going in X, the same command with eval.temperature=0.1 into X was refused
+    (the dir was busy), but afterwards X's .hydra/config.yaml said 0.1 and run_settings.yaml 0.8: Hydra
+    writes .hydra/ before the project's lock is taken."""
+    run = tmp_path / "run"
+    assert cli(*EVAL, f"hydra.run.dir={run}").returncode == 0
+    if state == "unfinished":
+        (run / "DONE").unlink()
+    before = files_of(run)
+    override, says = REFUSALS[state]
+    with run_lock.hold(run) if state == "running" else contextlib.nullcontext():
+        refused = cli(*EVAL, override, f"hydra.run.dir={run}")
+    assert refused.returncode == 2
+    (line,) = error_lines(refused)
+    assert says in line
+    assert files_of(run) == before  # .hydra/ byte for byte, and every other file
+
+
+def test_a_damaged_settings_record_is_one_line_and_runs_nothing(cli, tmp_path):
+    """The probe: a tagged, list-valued or binary run_settings.yaml gave a 53-line ConstructorError
+    traceback on re-run (safe_load ran nothing, rightly)."""
+    run, executed = tmp_path / "run", tmp_path / "executed"
+    assert cli(*EVAL, f"hydra.run.dir={run}").returncode == 0
+    damaged = {
+        "tagged": f"!!python/object/apply:os.system ['touch {executed}']\n".encode(),
+        "a list": b"- a\n- b\n",
+        "binary": bytes(range(256)),
+    }
+    for kind, content in damaged.items():
+        if kind == "a list":
+            (run / "DONE").unlink()  # an unfinished run reads its record the same way
+        (run / reuse.SETTINGS).write_bytes(content)
+        before = files_of(run)
+        proc = cli(*EVAL, f"hydra.run.dir={run}")
+        assert proc.returncode == 2, kind
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"error: {run / reuse.SETTINGS} is damaged ("), line
+        assert line.endswith("; allowed: resume=never to start afresh, or another run dir (hydra.run.dir=...)"), line
+        assert files_of(run) == before, kind
+        assert not executed.exists()
+    assert cli(*EVAL, "resume=never", f"hydra.run.dir={run}").returncode == 0  # what the line offers works
     assert (run / "DONE").exists()
 
 

@@ -101,3 +101,20 @@ def test_a_value_refused_for_the_model_leaves_no_settings_behind(cli, tmp_path):
     fixed = cli(*common)
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert (run_dir / "DONE").exists()
+
+
+def test_a_value_refused_inside_the_stage_leaves_the_run_dir_as_it_was(cli, tmp_path, tiny_dir):
+    """A checkpoint whose tokenizer has no chat template is refused when the stage loads it, after the run
+    recorded its settings: the launch takes its records away with it, so the corrected command runs."""
+    no_template = tmp_path / "no_template"
+    shutil.copytree(tiny_dir, no_template)
+    (no_template / "chat_template.jinja").unlink()
+    run_dir = tmp_path / "run"
+    common = ["stage=eval", "game=ipd", "model=tiny", "eval.episodes_per_opponent=1", "eval.max_new_tokens=4"]
+    common += ["logger=none", f"hydra.run.dir={run_dir}"]
+    refused = cli(*common, f"model.path={no_template}")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "has no chat template" in refused.stderr.strip().splitlines()[-1]
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+    fixed = cli(*common, f"model.path={tiny_dir}")
+    assert fixed.returncode == 0, fixed.stderr[-2000:]

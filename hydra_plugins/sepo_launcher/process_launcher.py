@@ -6,7 +6,8 @@ resume, its lock. Its process is its own, so a job that dies however it dies (SI
 out-of-memory killer, a segfault in a native kernel) takes nothing else with it: the other jobs run
 on, and the sweep's summary reads the dead job's dir as failed ("ended without a marker"). joblib's
 workers, which this replaces, share one pool: one dead worker broke the pool and aborted every other
-job with a traceback.
+job with a traceback. A job whose dir another launch holds touches nothing in it and says so by its
+exit code (`sweep.BUSY_EXIT`), so the summary reports it as busy, not failed (sepo/sweep.py).
 
 Cores: each job gets `OMP_NUM_THREADS = cores // n_jobs` unless the user set OMP_NUM_THREADS
 (sepo/threads.py).
@@ -110,12 +111,14 @@ class ProcessLauncher(Launcher):
             codes = list(pool.map(run, jobs))
         returns = []
         for (overrides, run_dir), code in zip(jobs, codes):
+            run_dir = sweep.absolute(run_dir)
+            sweep.launched_jobs.add(run_dir)
             if code < 0:
                 log.error("job %s was killed by signal %d", run_dir, -code)
-            if code != 0 and not (run_dir / ".hydra").exists():  # it never started: say so where the summary looks
+            if code == sweep.BUSY_EXIT:  # another launch holds its dir: the summary waits for it
+                sweep.busy_jobs[run_dir] = "held by another launch"
+            elif code != 0 and not (run_dir / ".hydra").exists():  # it never started: say so where the summary looks
                 never_started(run_dir, overrides, code)
-            elif code not in (0, 1) and (run_dir / "DONE").exists():  # refused a dir another launch holds
-                sweep.refused_jobs.append(f"{run_dir}: its process exited with {code}")
             ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED, _return_value=code)
             ret.working_dir = str(run_dir)
             returns.append(ret)
