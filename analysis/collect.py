@@ -1,8 +1,11 @@
 """Collect evaluation results into one DataFrame: one row per (run dir, checkpoint).
 
 Two sources give the same columns. A sweep directory: every `results.json` (a standalone eval writes
-`<run>/results.json`, a training run `<run>/eval/<checkpoint>/results.json`), plus the `FAILED`
-markers of runs that left no results, so the tables can tell a failed cell from one never run. The
+`<run>/results.json`, a training run `<run>/eval/<checkpoint>/results.json`), plus a row for every run
+dir that left none (failed, killed, or still going), so the tables can tell a failed cell from one never
+run. A file that cannot be trusted (cut, nested too deeply, a metric NaN, infinite or missing, damaged
+settings) makes a failed row that names it and why: a figure dropped or averaged as if whole would show a
+number over fewer runs than its cell claims. YAML is read with `safe_load` only: nothing in it runs. The
 W&B public API, for users who logged online: `frame_from_wandb` converts plain (config, summary,
 history) dicts and is tested offline; `collect_wandb` is the thin network wrapper around it.
 """
@@ -11,15 +14,17 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from analysis import variants
 from sepo import run_lock
+from sepo.files import DamagedFile, why_unreadable
 from sepo.trees import leaves
 
 log = logging.getLogger(__name__)
@@ -40,6 +45,7 @@ METRICS = (
 LAMBDAS = ("e", "c", "x")
 PHASES = ("base", "sft", "sepo")  # the table rows a result can fill
 PAYOFF_ONLY = "payoff_only"  # the row of a SEPO run trained with every lambda 0 (`lambdas=zero`)
+ROW_PHASES = (*PHASES, PAYOFF_ONLY)  # every phase with rows of its own in the tables
 TRAINING_STAGES = ("sft", "sepo", "pipeline")
 ID_COLUMNS = (
     "game",
@@ -87,7 +93,12 @@ def phase_of(stage: str | None, checkpoint: str | None, lambdas_train: dict[str,
     model, hence Base. A failed `pipeline` run may have failed in any phase, so it is `all`: the
     tables mark every cell it left empty as failed.
     """
-    if stage == "sepo" and lambdas_train and not any(float(v) for v in lambdas_train.values()):
+    if (
+        stage == "sepo"
+        and isinstance(lambdas_train, dict)
+        and lambdas_train
+        and all(map(_zero, lambdas_train.values()))
+    ):
         return PAYOFF_ONLY
     if stage in PHASES:
         return stage
@@ -96,6 +107,13 @@ def phase_of(stage: str | None, checkpoint: str | None, lambdas_train: dict[str,
     if stage == "pipeline":
         return "all"
     return stage
+
+
+def _zero(value: Any) -> bool:
+    try:
+        return float(value) == 0.0
+    except (TypeError, ValueError):
+        return False
 
 
 def columns(extra_metrics: Iterable[str] = ()) -> list[str]:
@@ -157,50 +175,137 @@ def run_status(run: Path) -> tuple[str, str | None]:
     process was killed without a chance to write a marker (its lock names an owner that is gone,
     `sepo/run_lock.py`) failed: "died without a marker"."""
     if (run / "FAILED").exists():
-        text = (run / "FAILED").read_text(errors="replace").strip()
+        try:
+            text = (run / "FAILED").read_text(errors="replace").strip()
+        except OSError as err:
+            return "failed", f"FAILED (unreadable: {why_unreadable(err)})"
         return "failed", text.splitlines()[0] if text else "FAILED"
     if (run / "DONE").exists():
         return "done", None
     for owner in (run, *list(run.parents)[:1]):  # a pipeline's phase dir: the pipeline holds the lock
-        died = run_lock.died_without_marker(owner)
+        died = died_without_marker(owner)
         if died:
             return "failed", f"died without a marker ({died})"
     return "running", None
 
 
-def run_config(run: Path) -> dict[str, Any]:
-    """game, model, stage, seed of a run that left no results.json: from Hydra's saved config, else
-    from the run dir's name (`game=ipd,model=tiny,stage=sft/seed_42`)."""
-    cfg_file = run / ".hydra" / "config.yaml"
-    if cfg_file.exists():
-        cfg = yaml.safe_load(cfg_file.read_text()) or {}
-        game, model = cfg.get("game") or {}, cfg.get("model") or {}
-        name = model.get("name")
-        if name == "scripted":
-            name = f"scripted:{model.get('strategy') or game.get('reference_strategy')}"
-        return {
-            "game": game.get("name"),
-            "model": name,
-            "stage": (cfg.get("stage") or {}).get("name"),
-            "seed": cfg.get("seed"),
-        }
+def died_without_marker(run: Path) -> str | None:
+    """`run_lock.died_without_marker`, for a lock file a reader cannot open or decode (a sweep copied
+    read-only, a damaged file): no evidence of a death, so None, as for no lock at all."""
+    try:
+        return run_lock.died_without_marker(run)
+    except (OSError, ValueError, RecursionError, AttributeError, TypeError):
+        return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def config_facts(flat: dict[str, Any]) -> dict[str, Any]:
+    """game, model, stage, seed and training lambdas from a run's flattened settings or Hydra config."""
+    model = _text(flat.get("model.name"))
+    if model == "scripted":
+        model = f"scripted:{_text(flat.get('model.strategy')) or _text(flat.get('game.reference_strategy'))}"
+    lambdas = {k: flat[f"lambdas.train.{k}"] for k in LAMBDAS if f"lambdas.train.{k}" in flat}
+    return {
+        "game": _text(flat.get("game.name")),
+        "model": model,
+        "stage": _text(flat.get("stage.name")),
+        "seed": _integer(flat.get("seed")),
+        "lambdas_train": lambdas or None,
+    }
+
+
+def run_config(run: Path, root: Path | None = None) -> tuple[dict[str, Any], str | None]:
+    """(game, model, stage, seed of a run that left no results.json, what was damaged): from Hydra's saved
+    config, else its recorded settings, else the run dir's name (`game=ipd,model=tiny,stage=sft/seed_42`).
+    A file that cannot be read is named in the second item, and the next source is tried."""
+    damage = []
+    for path in (run / ".hydra" / "config.yaml", run / variants.SETTINGS, run / variants.LEGACY_SETTINGS):
+        if not path.is_file():
+            continue
+        try:
+            return config_facts(variants.read_flat(path)), "; ".join(damage) or None
+        except DamagedFile as err:
+            damage.append(f"damaged {shown(err.path, root)}: {err.why}")
     keys = dict(part.split("=", 1) for part in run.parent.name.split(",") if "=" in part)
     seed = run.name.removeprefix("seed_")
-    return {
+    facts = {
         "game": keys.get("game"),
         "model": keys.get("model"),
         "stage": keys.get("stage"),
         "seed": int(seed) if seed.isdigit() else None,
     }
+    return facts, "; ".join(damage) or None
 
 
-def validation_metrics(path: Path) -> dict[str, float]:
-    """`valid_<metric>` of a checkpoint's validation episodes; empty when it has none (or it is unreadable)."""
+def shown(path: Path, root: Path | None) -> str:
+    """A path as the user named it: relative to the collected directory where it is under it."""
     try:
-        metrics = json.loads(path.read_text())["metrics"]
-    except (OSError, json.JSONDecodeError, KeyError):
-        return {}
-    return {f"valid_{m}": metrics[m] for m in VALIDATION_METRICS if isinstance(metrics.get(m), (int, float))}
+        return str(path.relative_to(root)) if root is not None else str(path)
+    except ValueError:
+        return str(path)
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's data; DamagedFile naming why it cannot be read (cut, not UTF-8, nested too deeply)."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise DamagedFile(path, why_unreadable(err)) from None
+
+
+def not_a_number(value: Any) -> str | None:
+    """Why `value` cannot be a metric (None when it can): a table cell must come from a finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{json.dumps(value, default=str)[:40]} (not a number)"
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else f"{value}"
+    return None
+
+
+def number_problems(section: str, values: dict[str, Any]) -> list[str]:
+    """`metrics.pay is NaN` for each value of a results section that is not a finite number."""
+    return [f"{section}.{k} is {why}" for k, v in values.items() if (why := not_a_number(v)) is not None]
+
+
+def is_metric_name(key: str) -> bool:
+    """Whether a metric of that name can have a column of its own (and not overwrite a row's game or status)."""
+    return key not in ID_COLUMNS and not key.startswith(("lambda_", "valid_")) and not key.endswith("_se")
+
+
+def damage(data: dict[str, Any]) -> list[str]:
+    """What is wrong in a decoded results.json of ours. A value dropped or averaged as if whole would put a
+    number over fewer runs in a cell, or an `inf`, so any of these makes its row a failed one."""
+    problems = [] if isinstance(data.get("model"), str) else ["model is not a name"]
+    for section in ("se", "lambdas", "lambdas_train"):
+        if not isinstance(data.get(section) or {}, dict):
+            problems.append(f"{section} is not a mapping")
+    problems += [f"metrics.{k} is not a metric's name" for k in data["metrics"] if not is_metric_name(k)]
+    problems += number_problems("metrics", data["metrics"])
+    if isinstance(data.get("se") or {}, dict):
+        problems += number_problems("se", data.get("se") or {})
+    return problems
+
+
+def validation_metrics(path: Path) -> tuple[dict[str, float], list[str]]:
+    """(`valid_<metric>` of a checkpoint's validation episodes, what is wrong with them). Empty when it has
+    none or the file is unreadable (the checkpoint is then chosen on the reported episodes, as the caption
+    says); a value there that is not a finite number would steer the choice, so it is damage."""
+    try:
+        metrics = read_json(path)["metrics"]
+    except (DamagedFile, KeyError, TypeError, IndexError):
+        return {}, []
+    if not isinstance(metrics, dict):
+        return {}, []
+    chosen = {m: metrics[m] for m in VALIDATION_METRICS if m in metrics}
+    problems = [f"{path.name}: {p}" for p in number_problems("metrics", chosen)]
+    return ({} if problems else {f"valid_{m}": v for m, v in chosen.items()}), problems
 
 
 def is_results(data: Any) -> bool:
@@ -210,61 +315,165 @@ def is_results(data: Any) -> bool:
         and isinstance(data.get("game"), str)
         and isinstance(data.get("stage"), str)
         and isinstance(data.get("metrics"), dict)
-        and isinstance(data.get("se") or {}, dict)
-        and isinstance(data.get("lambdas") or {}, dict)
     )
 
 
+#: the files that make a directory a run dir, results or not
+RUN_FILES = {variants.SETTINGS, variants.LEGACY_SETTINGS, "DONE", "FAILED"}
+
+
+def walk(root: Path) -> tuple[list[Path], list[Path]]:
+    """(every results.json, every run dir) under `root`. A run dir holds Hydra's config, recorded
+    settings or a marker, whether or not it got as far as a results.json. Hidden dirs (Hydra's own
+    record, a copy being written) hold no runs."""
+    results, runs = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here, names = Path(dirpath), set(filenames)
+        if "results.json" in names:
+            results.append(here / "results.json")
+        if names & RUN_FILES or (".hydra" in dirnames and (here / ".hydra" / "config.yaml").is_file()):
+            runs.append(here)
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+    return sorted(results), sorted(runs)
+
+
+def failed_row(meta: dict[str, Any], error: str) -> dict[str, Any]:
+    """A row without figures that says why: the tables show its cell as failed, never empty."""
+    lambdas = meta.get("lambdas_train")
+    return make_row(
+        {**meta, "lambdas_train": lambdas if isinstance(lambdas, dict) else None, "status": "failed", "error": error}
+    )
+
+
+def results_row(path: Path, root: Path) -> dict[str, Any] | None:
+    """The row of one results.json: its figures, or a failed row naming the file and what is wrong with it;
+    None for another tool's results.json."""
+    run = run_dir_of(path)
+    where = {"run_dir": str(run.relative_to(root))}
+    try:
+        data = read_json(path)
+    except DamagedFile as err:  # e.g. a run killed mid-write
+        checkpoint = path.parent.name if path.parent.parent.name == "eval" else None
+        return failed_row(
+            {**run_config(run, root)[0], **where, "checkpoint": checkpoint},
+            f"unreadable {shown(path, root)}: {err.why}",
+        )
+    if not is_results(data):  # another tool's results.json in the same tree: not a cell of ours
+        log.warning("skipping %s: not a sepo results.json (no game, stage and metrics)", path)
+        return None
+    valid, valid_problems = validation_metrics(path.parent / "validation.json")
+    problems = damage(data) + valid_problems
+    meta = {**data, "model": _text(data.get("model")), **where}
+    if problems:
+        return failed_row(meta, f"damaged {shown(path, root)}: {'; '.join(problems)}")
+    status, error = run_status(run)
+    return make_row(
+        {**meta, "status": status, "error": error}, {**data["metrics"], **valid}, data.get("se"), data.get("lambdas")
+    )
+
+
+def is_below(run_dir: str, parent: str) -> bool:
+    """Whether run dir `run_dir` lies inside run dir `parent` (both relative to the collected root)."""
+    return parent == "." or run_dir.startswith(parent + "/")
+
+
+def run_row(run: Path, root: Path, with_results: set[str]) -> dict[str, Any] | None:
+    """The row of a run dir that no results.json speaks for: killed, failed, damaged, or still going.
+
+    A dir whose runs below it have results (a pipeline and its phases) adds a row only when it failed:
+    its phases' rows show what it reached, and `failed_phases` what it did not."""
+    rel = str(run.relative_to(root))
+    if rel in with_results:
+        return None
+    status, error = run_status(run)
+    below = any(is_below(r, rel) for r in with_results)
+    if below and status != "failed":
+        return None
+    facts, damaged = run_config(run, root)
+    if damaged:
+        status, error = "failed", "; ".join(e for e in (error, damaged) if e)
+    elif status == "done" and phase_of(facts["stage"], None, facts.get("lambdas_train")) in (*ROW_PHASES, "all"):
+        status, error = "failed", "DONE, but no results.json of ours in it"
+    elif status == "running":
+        error = "no results.json, no DONE and no FAILED: killed, or still running"
+    return make_row({**facts, "status": status, "error": error, "run_dir": rel})
+
+
 def collect_dir(root: str | Path) -> pd.DataFrame:
-    """Every results.json under `root`, plus one metric-less row per failed run without results."""
+    """Every results.json under `root`, plus one metric-less row per run dir that no results.json speaks
+    for (failed, killed, damaged or still going), so every run the sweep started is a row."""
     root = Path(root)
-    rows, runs_with_results = [], set()
-    for path in sorted(root.rglob("results.json")):
-        run = run_dir_of(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:  # e.g. a run killed mid-write: a failed row, with the reason
-            log.warning("unreadable %s: %s", path, err)
-            runs_with_results.add(run)
-            checkpoint = path.parent.name if path.parent.parent.name == "eval" else None
-            rows.append(
-                make_row(
-                    {
-                        **run_config(run),
-                        "checkpoint": checkpoint,
-                        "status": "failed",
-                        "error": f"unreadable {path.name}: {err}",
-                        "run_dir": str(run.relative_to(root)),
-                    }
-                )
-            )
-            continue
-        if not is_results(data):  # another tool's results.json in the same tree: not a cell of ours
-            log.warning("skipping %s: not a sepo results.json (no game, stage and metrics)", path)
-            continue
-        runs_with_results.add(run)
-        status, error = run_status(run)
-        meta = {**data, "status": status, "error": error, "run_dir": str(run.relative_to(root))}
-        metrics = {**(data.get("metrics") or {}), **validation_metrics(path.parent / "validation.json")}
-        rows.append(make_row(meta, metrics, data.get("se"), data.get("lambdas")))
-    for marker in sorted(root.rglob("FAILED")):
-        run = marker.parent
-        if run not in runs_with_results:
-            status, error = run_status(run)
-            rows.append(
-                make_row({**run_config(run), "status": status, "error": error, "run_dir": str(run.relative_to(root))})
-            )
+    results, runs = walk(root)
+    rows, sources = [], []  # sources: the results.json each row comes from
+    for path in results:
+        row = results_row(path, root)
+        if row is not None:
+            rows.append(row)
+            sources.append(shown(path, root))
+    with_results = {row["run_dir"] for row in rows}
+    for run in runs:
+        row = run_row(run, root, with_results)
+        if row is not None:
+            rows.append(row)
+            sources.append(None)
     if not rows:
-        raise FileNotFoundError(f"no results.json and no FAILED marker under {root}")
+        raise FileNotFoundError(
+            f"sweep_dir={root} is not allowed: no results.json and no run dir under it; allowed: a directory of "
+            "runs (results.json, DONE, FAILED, run_settings.yaml or .hydra/ below it)"
+        )
     df = to_frame(rows)
-    identities = {}
+    identities, damaged = identities_of(df, root)
+    df = add_variants(without_figures(df, damaged), identities)
+    return fail_incomplete(df, pd.Series(sources, dtype=object))
+
+
+def identities_of(df: pd.DataFrame, root: Path) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """(run dir -> its identity among the runs of its row, run dir -> why its settings cannot be read)."""
+    identities, damaged = {}, {}
     for (run_dir, phase), _ in df.groupby(["run_dir", "phase"], dropna=False, sort=False):
         run = root / run_dir
-        settings = variants.recorded(run, root)
-        if settings is not None:
-            parent = variants.origin(settings.get("model.path"), run, root)
-            identities[run_dir] = variants.identity(settings, phase, parent)
-    return add_variants(df, identities)
+        try:
+            settings = variants.recorded(run, root)
+            if settings is not None:
+                parent = variants.origin(settings.get("model.path"), run, root)
+                identities[run_dir] = variants.identity(settings, phase, parent)
+        except DamagedFile as err:  # which cell its figures belong to is unknown
+            damaged[run_dir] = f"damaged {shown(err.path, root)}: {err.why}"
+    return identities, damaged
+
+
+def without_figures(df: pd.DataFrame, damaged: dict[str, str]) -> pd.DataFrame:
+    """Each run of `damaged` as one failed row without figures, saying why."""
+    if not damaged:
+        return df
+    hit = df["run_dir"].isin(list(damaged))
+    keep = df[~hit | ~df.duplicated("run_dir")].copy()
+    rows = keep.index[keep["run_dir"].isin(list(damaged))]
+    for i in rows:
+        clear(keep, i, damaged[keep.at[i, "run_dir"]])
+    return keep
+
+
+def clear(df: pd.DataFrame, i: Any, error: str) -> None:
+    """Row `i` becomes a failed row without figures (in place)."""
+    df.loc[i, df.columns[len(ID_COLUMNS) + len(LAMBDAS) :]] = math.nan
+    df.at[i, "status"], df.at[i, "error"] = "failed", error
+
+
+def fail_incomplete(df: pd.DataFrame, sources: pd.Series) -> pd.DataFrame:
+    """A results.json that lacks a metric the other runs of its row have is damaged: averaging the rest
+    would print that metric over fewer runs than the row's other columns, unmarked."""
+    metrics = [m for m in metric_columns(df) if not m.startswith("valid_")]
+    has = df[metrics].notna()
+    measured = df[has.any(axis=1) & sources.reindex(df.index).notna()]
+    for _, group in measured.groupby(["game", "model", "phase", "variant"], dropna=False, sort=False):
+        expected = [m for m in metrics if has.loc[group.index, m].any()]
+        for i in group.index:
+            missing = [m for m in expected if not has.at[i, m]]
+            if missing:
+                keys = ", ".join(f"metrics.{m}" for m in missing)
+                clear(df, i, f"damaged {sources[i]}: {keys} missing (other runs of its row have it)")
+    return df
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,6 +503,18 @@ def _split(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     metrics = {k.removeprefix("eval/"): v for k, v in values.items() if k.startswith("eval/")}
     se = {k.removeprefix("eval_se/"): v for k, v in values.items() if k.startswith("eval_se/")}
     return metrics, se
+
+
+def wandb_row(meta: dict[str, Any], metrics: dict[str, Any], se: dict[str, Any], lambdas: Any) -> dict[str, Any]:
+    """`make_row`, or a failed row naming the run and key where a logged figure is not a finite number."""
+    numbers = {f"{part}/{k}": v for part, values in (("eval", metrics), ("eval_se", se)) for k, v in values.items()}
+    # W&B also logs media and tables under eval/: only a number that is not finite is damage
+    problems = [
+        f"{k} is {not_a_number(v)}" for k, v in numbers.items() if isinstance(v, float) and not math.isfinite(v)
+    ]
+    if problems:
+        return failed_row(meta, f"damaged W&B run {meta.get('run_dir')}: {'; '.join(problems)}")
+    return make_row(meta, metrics, se, lambdas if isinstance(lambdas, dict) else None)
 
 
 def frame_from_wandb(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -334,7 +555,7 @@ def frame_from_wandb(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
                     "step": step,
                     "checkpoint": "final" if last else f"step_{step}",
                 }
-                rows.append(make_row(meta, *_split(point), lambdas))
+                rows.append(wandb_row(meta, *_split(point), lambdas))
         else:
             summary = run.get("summary") or {}
             metrics, se = _split(summary)
@@ -344,7 +565,7 @@ def frame_from_wandb(runs: Iterable[dict[str, Any]]) -> pd.DataFrame:
                 "checkpoint": "final" if training and metrics else None,
                 "step": summary.get("step") if training else None,
             }
-            rows.append(make_row(meta, metrics, se, lambdas))
+            rows.append(wandb_row(meta, metrics, se, lambdas))
         phase = make_row(base)["phase"]
         identities[base["run_dir"]] = variants.identity(leaves(_unwrap(cfg)), phase, None) if cfg else None
     return add_variants(to_frame(rows), identities)
@@ -496,19 +717,28 @@ def choose_best(checkpoints: pd.DataFrame, choose: str) -> pd.Series:
     return best
 
 
-def failed_phases(df: pd.DataFrame, game: str, model: str) -> set[str]:
-    """Phases of (game, model) that a failed run should have filled, so an empty cell reads "failed".
+def failed_phases(
+    df: pd.DataFrame, game: str, model: str, variant: str | None = None, status: str = "failed"
+) -> set[str]:
+    """Phases of (game, model) that a failed run should have filled, so an empty cell reads "failed" and a
+    filled one says that a run of it is missing (`status="running"`: runs not finished, for the ‡ mark).
 
-    A failed run without results failed in its own phase (or in any, for a pipeline); one that wrote
-    results for some phases failed in the phases after the last of them.
+    A failed run without results failed in its own phase (of its own variant; a pipeline's in any);
+    one that wrote results for some phases, itself or in its phases' dirs below it, failed in the phases
+    after the last of them. `variant=None`: of any variant.
     """
     out: set[str] = set()
     metrics = metric_columns(df)
-    failed = df[(df["game"] == game) & (df["model"] == model) & (df["status"] == "failed")]
-    for _, run in failed.groupby("run_dir"):
-        reached = [PHASES.index(p) for p in run.loc[run[metrics].notna().any(axis=1), "phase"] if p in PHASES]
+    mine = df[(df["game"] == game) & (df["model"] == model)]
+    for run_dir, run in mine[mine["status"] == status].groupby("run_dir"):
+        below = mine[mine["run_dir"].map(lambda r, parent=run_dir: isinstance(r, str) and is_below(r, parent))]
+        figures = pd.concat([run, below])
+        reached = [PHASES.index(p) for p in figures.loc[figures[metrics].notna().any(axis=1), "phase"] if p in PHASES]
+        own = run.loc[run[metrics].isna().all(axis=1)]
         if reached:
             out |= set(PHASES[max(reached) + 1 :])
+        elif not own["phase"].isin(ROW_PHASES).any():
+            out |= set(PHASES)  # a pipeline, or a run whose stage is unknown, may have failed in any
         else:
-            out |= {p for p in run["phase"] if p in PHASES} or set(PHASES)
+            out |= {p for p, v in zip(own["phase"], own["variant"]) if p in ROW_PHASES and variant in (None, v)}
     return out

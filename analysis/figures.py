@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 
 from analysis import collect  # noqa: E402
 from analysis.collect import GAMES, MODELS, ordered, trained_models  # noqa: E402
+from sepo.files import files_written_atomically  # noqa: E402
 
 
 def plain(name: str) -> str:
@@ -27,12 +28,22 @@ def plain(name: str) -> str:
     return name.replace("\\ ", " ").replace("\\", "")
 
 
+def literal(text: str) -> str:
+    """A name from data as matplotlib text that prints it: a `$` in it would start mathtext."""
+    return text.replace("$", r"\$")
+
+
 def save(fig, stem: Path) -> list[Path]:
+    """The figure as PNG and PDF, both or neither: each is written beside its name, and the two are renamed
+    over theirs together once both are whole."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    for path in paths:
-        fig.savefig(path, dpi=150, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with files_written_atomically(*paths) as tmps:
+            for tmp, path in zip(tmps, paths):
+                fig.savefig(tmp, format=path.suffix[1:], dpi=150, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return paths
 
 
@@ -74,9 +85,9 @@ def delta_safety(df: pd.DataFrame, c: pd.DataFrame, stem: Path, choose: str) -> 
                     label=f"SEPO − {phase.upper() if phase == 'sft' else 'Base'}",
                 )
         ax.axhline(0, color="black", linewidth=0.8)
-        names = [plain(GAMES.get(g, g)) + (f"\n({v})" if v else "") for g, v in bars]
+        names = [literal(plain(GAMES[g]) if g in GAMES else g) + (f"\n({literal(v)})" if v else "") for g, v in bars]
         ax.set_xticks(range(len(bars)), names, rotation=30, fontsize=7 if any(v for _, v in bars) else None)
-        ax.set_title(MODELS.get(model, model))
+        ax.set_title(literal(MODELS.get(model, model)))
         handles, labels = ax.get_legend_handles_labels()
         if handles:
             ax.legend(dict(zip(labels, handles)).values(), dict(zip(labels, handles)).keys(), fontsize=7)
@@ -147,8 +158,8 @@ def training_curves(df: pd.DataFrame, c: pd.DataFrame, out: Path, choose: str = 
             ax.set_xlabel("SEPO step (0: the SFT model)")
             ax.set_ylabel(f"{metric} ({unit(game)})")
         axes[1].legend(fontsize=7)
-        title = f"{plain(GAMES.get(game, game))} · {MODELS.get(model, model)}" + (f" · {variant}" if variant else "")
-        fig.suptitle(title, fontsize=9)
+        title = f"{plain(GAMES[game]) if game in GAMES else game} · {MODELS.get(model, model)}"
+        fig.suptitle(literal(title + (f" · {variant}" if variant else "")), fontsize=9)
         fig.tight_layout()
         name = f"{game}_{model}" + (f"_{variant}" if variant else "")
         written += save(fig, out / f"curve_{re.sub(r'[^A-Za-z0-9.=-]+', '_', name)}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from analysis.paper import SFT_DEGRADATION
 from analysis.summary import KEYS
+from sepo.files import why_unreadable, write_text_atomically
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -243,14 +244,21 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"error: {path} does not exist", file=sys.stderr)
             return 2
-    summary = json.loads(args.summary.read_text())
+    try:
+        summary = json.loads(args.summary.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        print(
+            f"error: {args.summary} is not allowed: {why_unreadable(err)}; allowed: a summary.json of analysis.summary",
+            file=sys.stderr,
+        )
+        return 2
     text = args.doc.read_text()
     begin, end = markers(args.section)
     if begin not in text or end not in text:
         print(f"error: {args.doc} has no {begin} ... {end} markers to fill", file=sys.stderr)
         return 2
     head, rest = text.split(begin, 1)
-    args.doc.write_text(head + SECTIONS[args.section](summary, str(args.summary)) + rest.split(end, 1)[1])
+    write_text_atomically(args.doc, head + SECTIONS[args.section](summary, str(args.summary)) + rest.split(end, 1)[1])
     print(f"wrote the {args.section} table of {args.summary} into {args.doc}")
     return 0
 

@@ -38,8 +38,11 @@ from typing import Any
 import pandas as pd
 
 from analysis import collect, variants
+from analysis.cli import exit_with, interruptible, not_allowed
 from analysis.collect import GAMES, PAYOFF_ONLY, ordered
+from sepo.files import write_text_atomically
 from sepo.metrics import mean_se
+from sepo.paths import OUTPUT_DIR_ALLOWED, can_hold_outputs
 
 KEYS = (
     "delta_j_train_vs_sft",
@@ -51,8 +54,10 @@ KEYS = (
 
 
 def over_seeds(values: list[float | None]) -> dict[str, float | int | None]:
-    """`sepo.metrics.mean_se` as a summary.json entry: mean, SE (None for one seed) and n, to 4 places."""
-    m = mean_se(values)
+    """`sepo.metrics.mean_se` as a summary.json entry: mean, SE (None for one seed) and n, to 4 places. A
+    NaN here is pandas' empty cell (a key a run did not measure: collect has already failed every run whose
+    figures were not finite), so it is left out as None is."""
+    m = mean_se(None if v is None or v != v else v for v in values)
     return {"mean": _round(m.mean), "se": _round(m.se), "n": m.n}
 
 
@@ -93,12 +98,13 @@ def runs_by_seed(
     (one variant of it: runs that differ only in their seeds; None: no such variant, no runs)."""
     out = {}
     sel = df[(df["game"] == game) & (df["phase"] == phase) & (df["variant"] == variant)]
+    sel = sel[sel["safety"].notna()]  # a failed or damaged row has no figures to pair (`failed_runs` names it)
     for run_dir, run in sel.groupby("run_dir"):
         seed = run["train_seed"].dropna()
         final = run[run["checkpoint"] == "final"]
         if seed.empty or final.empty:
             continue  # unfinished or from before train seeds were recorded
-        best = collect.choose_best(run[run["safety"].notna()], choose)  # this run's own best, as the tables choose
+        best = collect.choose_best(run, choose)  # this run's own best, as the tables choose
         out[int(seed.iloc[0])] = {"best": best, "final": final.iloc[-1], "run_dir": run_dir}
     return out
 
@@ -215,7 +221,16 @@ def game_summary(
         "stability": stability(sepo),
         "chosen_on": choose,
         **({"variant": variant} if variant else {}),
+        **failed_runs(df, game),
     }
+
+
+def failed_runs(df: pd.DataFrame, game: str) -> dict[str, dict[str, str]]:
+    """`failed_runs`: run dir -> why, for the game's runs whose figures are missing from the deltas (failed,
+    damaged or unfinished), so a mean over fewer seeds says so."""
+    sel = df[(df["game"] == game) & (df["status"] != "done")].drop_duplicates("run_dir")
+    named = {str(r): str(e or s) for r, s, e in sel[["run_dir", "status", "error"]].itertuples(index=False)}
+    return {"failed_runs": named} if named else {}
 
 
 def summarise(root: Path, choose: str = "validation") -> dict[str, Any]:
@@ -233,20 +248,33 @@ def summarise(root: Path, choose: str = "validation") -> dict[str, Any]:
     return out
 
 
+def check_paths(sweep_dir: Path, out: Path) -> str | None:
+    """The one-line error for a sweep dir that is not a directory or a summary file that cannot be written."""
+    if not sweep_dir.is_dir():
+        return not_allowed(f"sweep_dir={sweep_dir}", "an existing directory of runs (a sweep or run dir)")
+    if out.is_dir() or not can_hold_outputs(out.parent):
+        return not_allowed(f"--out={out}", f"a file in {OUTPUT_DIR_ALLOWED}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m analysis.summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--out", type=Path, help="default: <sweep dir>/tables/summary.json")
     parser.add_argument("--choose", choices=collect.CHOICES, default="validation")
     args = parser.parse_args(argv)
+    out = args.out or args.sweep_dir / "tables" / "summary.json"
+    problem = check_paths(args.sweep_dir, out)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         summary = summarise(args.sweep_dir, args.choose)
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = args.out or args.sweep_dir / "tables" / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomically(out, json.dumps(summary, indent=2) + "\n")
     for game, s in summary.items():
         print(
             f"{game}: "
@@ -256,9 +284,16 @@ def main(argv: list[str] | None = None) -> int:
                 if s[k]["mean"] is not None
             )
         )
+        for run_dir, why in s.get("failed_runs", {}).items():
+            print(f"  not counted: {run_dir}: {why}")
     print(f"wrote {out}")
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """`main` for the command line: Ctrl-C ends it with one line and 130 (`analysis/cli.py`)."""
+    return interruptible(main, argv, "summary not written (run it again)")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(cli())

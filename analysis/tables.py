@@ -6,7 +6,11 @@ table (exploit by stage, every game and model), `results.csv` with every collect
 figures (see analysis/figures.py). Tables are rendered by pandas' Styler; the only string surgery
 is turning the per-model marker rows into `\\multicolumn` group headers, which Styler cannot express.
 An empty cell is never a zero: `--` (not run), `--$^\\dagger$` (its run failed), `n/a` (the run did
-not measure that metric), each explained under the table.
+not measure that metric), each explained under the table. A row whose figures are not all its runs'
+carries a mark after its label: `$^\\dagger$` some of its runs failed (a damaged results.json or run
+record counts as failed: a NaN, an infinity or a missing metric is never averaged away), `$^\\ddagger$`
+some have no DONE (killed, or still going). Every run dir of the sweep is a row of `results.csv`, with
+its status and, where it failed, the file and the reason; the command prints those too.
 """
 
 from __future__ import annotations
@@ -22,16 +26,21 @@ import numpy as np
 import pandas as pd
 
 from analysis import collect
+from analysis.cli import exit_with, interruptible, not_allowed
 from analysis.collect import GAMES, MODELS, ordered, trained_models
+from sepo.files import files_written_atomically
+from sepo.paths import OUTPUT_DIR_ALLOWED, can_hold_outputs
 
 # display names: config name -> what the paper prints
 SIGNED = {"safety", "nra"}  # printed with an explicit sign, as in the paper
 
 NOT_RUN, FAILED, NOT_MEASURED = "--", r"--$^\dagger$", "n/a"
 UNFINISHED = r"$^\ddagger$"  # appended to the label of a row whose figures come from a run without DONE
+PARTIAL = r"$^\dagger$"  # appended to the label of a row some of whose runs failed: figures over the rest
 NOTES = {
     NOT_RUN: "--: not run",
-    FAILED: r"$^\dagger$: run failed",
+    PARTIAL: r"$^\dagger$: run failed (after a label or value: some of its runs failed or were damaged, and its "
+    "figures are over the others; results.csv says which and why)",
     NOT_MEASURED: "n/a: not measured",
     UNFINISHED: r"$^\ddagger$: unfinished (its run has no DONE: killed, failed later, or still running)",
 }
@@ -77,9 +86,30 @@ LAYOUTS = {
 }
 
 
+#: LaTeX's special characters and what prints each as itself
+ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+
+
 def tex(text: str) -> str:
-    """Escape a name that comes from data (model and game names may hold `_`)."""
-    return re.sub(r"([_&%#$])", r"\\\1", str(text))
+    """A name that comes from data (a model, game, variant or checkpoint name) as LaTeX that prints it:
+    every special character escaped, in one pass, so no escape is itself escaped again."""
+    return re.sub(r"[\\&%$#_{}~^]", lambda m: ESCAPES[m.group()], str(text))
+
+
+def file_part(name: str) -> str:
+    """A game's name as part of a file name: it comes from data, so it may not leave the output dir."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", name).lstrip(".") or "_"
 
 
 def model_name(model: str) -> str:
@@ -121,22 +151,49 @@ def row_label(name: str, variant: str = "", checkpoint: str = "") -> str:
     return f"{name} ({inside})" if inside else name
 
 
+@dataclass(frozen=True)
+class Marks:
+    """What the runs that left no figures say about one table row (one phase and variant)."""
+
+    failed: bool = False  # a run of the row failed or was damaged
+    unfinished: bool = False  # a run of the row has no marker yet (killed, or still going)
+
+    def missing(self) -> str:
+        """An empty cell: failed, not finished yet, or never run."""
+        return FAILED if self.failed else NOT_RUN + (UNFINISHED if self.unfinished else "")
+
+    def suffix(self, cell: pd.Series | None) -> str:
+        """After a filled row's label: its figures are not all its runs' (see NOTES)."""
+        if cell is None:
+            return ""
+        unfinished = self.unfinished or bool(cell.get("unfinished", False))
+        return (UNFINISHED if unfinished else "") + (PARTIAL if self.failed else "")
+
+
+def marks(df: pd.DataFrame, game: str, model: str, phase: str, variant: str | None) -> Marks:
+    return Marks(
+        phase in collect.failed_phases(df, game, model, variant),
+        phase in collect.failed_phases(df, game, model, variant, status="running"),
+    )
+
+
 def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: Layout, choose: str):
-    """(label, ckpt, cell or None, missing marker) for each row of one model group: every phase's
-    variants (runs that differ in more than their seeds) in rows of their own."""
-    failed = collect.failed_phases(df, game, model)
-    missing = {p: FAILED if p in failed else NOT_RUN for p in collect.PHASES}
+    """(label, ckpt, cell or None, marker of an empty cell) for each row of one model group: every phase's
+    variants (runs that differ in more than their seeds) in rows of their own, those whose every run
+    failed too."""
     scripted = model.startswith("scripted:")
     for phase, label in (("base", "Base"), ("sft", "SFT")):
-        for variant in collect.variants_of(c, game, model, phase) or [""]:
+        for variant in collect.variants_of(df, game, model, phase) or [""]:
             cell = collect.latest(c, game, model, phase, variant)
-            no_sft = not collect.variants_of(c, game, model, "sft")
+            mark = marks(df, game, model, phase, variant)
+            no_sft = not collect.variants_of(df, game, model, "sft")
             if cell is not None or not scripted or (phase == "base" and no_sft):
                 # a scripted agent: one row, even failed
-                yield row_label("Eval" if scripted else label, variant), "---", cell, missing[phase]
+                yield row_label("Eval" if scripted else label, variant) + mark.suffix(cell), "---", cell, mark.missing()
     if scripted:
         return
-    for variant in collect.variants_of(c, game, model, "sepo") or [""]:
+    for variant in collect.variants_of(df, game, model, "sepo") or [""]:
+        mark = marks(df, game, model, "sepo", variant)
         best = collect.best_sepo(c, game, model, choose, variant=variant)
         final = collect.phase_cells(c, game, model, "sepo", variant)
         final = final[final["checkpoint"] == "final"]
@@ -144,17 +201,23 @@ def rows_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, layout: La
         if layout.ckpt_column and not final.empty and best is not None and best["checkpoint"] != "final":
             sepo.append(final.iloc[-1])
         for cell in sepo:
-            if layout.ckpt_column:
-                yield row_label("SEPO", variant), ckpt_label(cell, short=True) or "---", cell, missing["sepo"]
-            else:
-                yield row_label("SEPO", variant, ckpt_label(cell)), "", cell, missing["sepo"]
-    for variant in collect.variants_of(c, game, model, collect.PAYOFF_ONLY):
+            yield *trained_label("SEPO", variant, cell, mark, layout), cell, mark.missing()
+    for variant in collect.variants_of(df, game, model, collect.PAYOFF_ONLY):
         # GRPO on the payoff alone (`lambdas=zero`), chosen the same way
+        mark = marks(df, game, model, collect.PAYOFF_ONLY, variant)
         baseline = collect.best_sepo(c, game, model, choose, phase=collect.PAYOFF_ONLY, variant=variant)
-        if layout.ckpt_column:
-            yield row_label("Payoff-only", variant), ckpt_label(baseline, short=True), baseline, NOT_RUN
-        else:
-            yield row_label("Payoff-only", variant, ckpt_label(baseline)), "", baseline, NOT_RUN
+        yield (
+            *trained_label("Payoff-only", variant, baseline, mark, layout),
+            baseline,
+            mark.missing(),
+        )
+
+
+def trained_label(name: str, variant: str, cell: pd.Series | None, mark: Marks, layout: Layout) -> tuple[str, str]:
+    """(label, Ckpt column) of a row of RL checkpoints: the checkpoint in its own column or in the label."""
+    if layout.ckpt_column:
+        return row_label(name, variant) + mark.suffix(cell), ckpt_label(cell, short=True) or "---"
+    return row_label(name, variant, ckpt_label(cell)) + mark.suffix(cell), ""
 
 
 def bold_mask(values: pd.DataFrame, groups: pd.Series, cols: list[Column]) -> pd.DataFrame:
@@ -189,7 +252,7 @@ def render(shown: pd.DataFrame, bold: pd.DataFrame, column_format: str, caption:
     )
     width = shown.shape[1]
     latex = re.sub(
-        rf"^{GROUP}([^&]*?)\s*(&\s*)*\\\\$",
+        rf"^{GROUP}((?:\\.|[^&\\])*?)\s*(&\s*)*\\\\$",  # the name: escaped characters (`\&`) or any but `&`
         lambda m: r"\midrule" + "\n" + rf"\multicolumn{{{width}}}{{@{{}}l}}{{\textit{{{m.group(1)}}}}} \\",
         latex,
         flags=re.M,
@@ -198,9 +261,11 @@ def render(shown: pd.DataFrame, bold: pd.DataFrame, column_format: str, caption:
 
 
 def notes_for(shown: pd.DataFrame) -> str:
+    """The notes of the marks a table shows: `--` alone, the others anywhere in a cell (after a value or a
+    label too)."""
     texts = set(shown.astype(str).to_numpy().ravel())
     used = [
-        note for mark, note in NOTES.items() if mark in texts or (mark == UNFINISHED and any(mark in t for t in texts))
+        note for mark, note in NOTES.items() if (mark in texts if mark == NOT_RUN else any(mark in t for t in texts))
     ]
     return (" " + "; ".join(used) + ".") if used else ""
 
@@ -225,8 +290,6 @@ def game_table(df: pd.DataFrame, c: pd.DataFrame, game: str, with_se: bool = Fal
         for label, ckpt, cell, missing in rows_of(df, c, game, model, layout, choose):
             if cell is not None and "chosen_on" in cell:
                 chosen_on.add(cell["chosen_on"])
-            if cell is not None and bool(cell.get("unfinished", False)):
-                label += UNFINISHED
             row = {"Model": label} | ({"Ckpt": ckpt} if layout.ckpt_column else {})
             vals = {}
             for col in cols:
@@ -253,7 +316,7 @@ def game_table(df: pd.DataFrame, c: pd.DataFrame, game: str, with_se: bool = Fal
         + "."
         + notes_for(shown)
     )
-    return render(shown, bold, f"@{{}}{lead}{'c' * len(cols)}@{{}}", caption, f"tab:{game}")
+    return render(shown, bold, f"@{{}}{lead}{'c' * len(cols)}@{{}}", caption, f"tab:{file_part(game)}")
 
 
 def choice_note(chosen_on: set[str]) -> str:
@@ -281,26 +344,26 @@ def degradation_table(df: pd.DataFrame, c: pd.DataFrame, with_se: bool = False, 
     stages = ("Base", "SFT", "SEPO")
     for game in ordered(df["game"].dropna().unique(), GAMES):
         for model in trained_models(df):
-            failed = collect.failed_phases(df, game, model)
-            for variant in sorted({v for p in collect.PHASES for v in collect.variants_of(c, game, model, p)}) or [""]:
-                sepo = collect.matching_variant(c, game, model, "sepo", variant)
+            for variant in sorted({v for p in collect.PHASES for v in collect.variants_of(df, game, model, p)}) or [""]:
+                matched = {p: collect.matching_variant(df, game, model, p, variant) for p in collect.PHASES}
                 cells_ = {
                     "Base": collect.start_of(c, game, model, "base", variant),
                     "SFT": collect.start_of(c, game, model, "sft", variant),
-                    "SEPO": None if sepo is None else collect.best_sepo(c, game, model, choose, variant=sepo),
+                    "SEPO": None
+                    if matched["sepo"] is None
+                    else collect.best_sepo(c, game, model, choose, variant=matched["sepo"]),
                 }
                 if cells_["SEPO"] is not None:
                     chosen_on.add(cells_["SEPO"]["chosen_on"])
                 row, vals = {"Game": game_name(game), "Model": row_label(model_name(model), variant)}, {}
                 for stage, phase in zip(stages, collect.PHASES):
-                    cell = cells_[stage]
+                    cell, mark = cells_[stage], marks(df, game, model, phase, matched[phase] or variant)
                     if cell is None:
-                        row[stage] = FAILED if phase in failed else NOT_RUN
+                        row[stage] = mark.missing()
                     elif pd.isna(cell["exploit"]):
                         row[stage] = NOT_MEASURED
                     else:
-                        row[stage] = fmt(cell["exploit"], cell["exploit_se"], "exploit", with_se)
-                        row[stage] += UNFINISHED if bool(cell.get("unfinished", False)) else ""
+                        row[stage] = fmt(cell["exploit"], cell["exploit_se"], "exploit", with_se) + mark.suffix(cell)
                         vals[stage] = cell["exploit"]
                 row[r"vs.\ Base"] = verdict(vals.get("Base", math.nan), vals.get("SEPO", math.nan))
                 shown.append(row)
@@ -319,28 +382,57 @@ def degradation_table(df: pd.DataFrame, c: pd.DataFrame, with_se: bool = False, 
     return render(shown, bold, "@{}llcccc@{}", caption, "tab:sft_degradation")
 
 
+def write_utf8(path: Path, text: str) -> None:
+    """`text` into `path` as UTF-8 whatever the locale (variant labels hold `λ`), whole or not at all."""
+    with files_written_atomically(path) as (tmp,):
+        tmp.write_bytes(text.encode("utf-8"))
+
+
 def write_all(df: pd.DataFrame, out: Path, with_se: bool = False, choose: str = "validation") -> list[Path]:
-    """Every table, the CSV and the figures into `out`; returns the paths written."""
+    """Every table, the CSV and the figures into `out`; returns the paths written. Each file is written
+    whole or not at all (a temporary file renamed over it), so Ctrl-C or a full disk leaves the old
+    outputs or new ones, never a part of one."""
     from analysis import figures  # matplotlib is only needed here
 
     out.mkdir(parents=True, exist_ok=True)
     c = collect.cells(df)
     written = []
     for game in ordered(df["game"].dropna().unique(), GAMES):
-        path = out / f"table_{game}.tex"
-        path.write_text(game_table(df, c, game, with_se, choose))
+        path = out / f"table_{file_part(game)}.tex"
+        write_utf8(path, game_table(df, c, game, with_se, choose))
         written.append(path)
     if trained_models(df):  # a sweep of scripted agents only has no stages to compare
         path = out / "sft_degradation.tex"
-        path.write_text(degradation_table(df, c, with_se, choose))
+        write_utf8(path, degradation_table(df, c, with_se, choose))
         written.append(path)
     path = out / "results.csv"
-    df.sort_values(["game", "model", "phase", "step", "run_dir"], na_position="first", kind="stable").to_csv(
-        path, index=False
-    )
+    rows = df.sort_values(["game", "model", "phase", "step", "run_dir"], na_position="first", kind="stable")
+    write_utf8(path, rows.to_csv(index=False))
     written.append(path)
     written += figures.write_figures(df, c, out / "figures", choose)
     return written
+
+
+def check_paths(sweep_dir: Path | None, out: Path) -> str | None:
+    """The one-line error for a sweep dir that is not a directory or an output dir that cannot be written
+    (checked before any work, so a bad path costs nothing and leaves nothing behind)."""
+    if sweep_dir is not None and not sweep_dir.is_dir():
+        return not_allowed(f"sweep_dir={sweep_dir}", "an existing directory of runs (a sweep or run dir)")
+    if not can_hold_outputs(out):
+        return not_allowed(f"--out={out}", OUTPUT_DIR_ALLOWED)
+    return None
+
+
+STATUS_ORDER = {"done": 0, "failed": 1, "running": 2}
+
+
+def failures(df: pd.DataFrame) -> list[str]:
+    """`failed <run dir>: <why>` for each run that left a failed or unfinished row, once each."""
+    rows = df[df["status"] != "done"].drop_duplicates(["run_dir", "status", "error"])
+    return [
+        f"{status} {run_dir}: {error or status}"
+        for status, run_dir, error in rows[["status", "run_dir", "error"]].itertuples(index=False)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,21 +451,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.sweep_dir is None and args.wandb is None:
         parser.error("give a sweep dir, or --wandb entity/project")
-    if args.wandb is None and not args.sweep_dir.is_dir():
-        parser.error(f"sweep dir {args.sweep_dir} does not exist")
     out = args.out or (args.sweep_dir / "tables" if args.sweep_dir else Path("tables"))
+    problem = check_paths(None if args.wandb else args.sweep_dir, out)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         df = collect.collect_wandb(args.wandb) if args.wandb else collect.collect_dir(args.sweep_dir)
     except (FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     written = write_all(df, out, args.se, args.choose)
-    counts = df["status"].value_counts().to_dict()
-    print(f"{len(df)} rows ({', '.join(f'{n} {s}' for s, n in counts.items())}); wrote {len(written)} files to {out}")
+    counts = df["status"].value_counts()
+    counts = [f"{counts[s]} {s}" for s in sorted(counts.index, key=lambda s: (STATUS_ORDER.get(s, 9), str(s)))]
+    print(f"{len(df)} rows ({', '.join(counts)}); wrote {len(written)} files to {out}")
+    for line in failures(df):
+        print(f"  {line}")
     for path in written:
         print(f"  {path}")
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """`main` for the command line: Ctrl-C ends it with one line and 130 (`analysis/cli.py`)."""
+    return interruptible(main, argv, "tables not finished (every file written is whole; run it again)")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(cli())

@@ -28,7 +28,10 @@ def cell(value: float, se: float) -> str:
 
 def label(row: pd.Series) -> str:
     if row["phase"] == "sepo":
-        return "SEPO final" if row["checkpoint"] == "final" else f"SEPO step {int(row['step'])}"
+        if row["checkpoint"] == "final":
+            return "SEPO final"
+        # a failed row (an unreadable checkpoint) may have no step
+        return f"SEPO step {int(row['step'])}" if pd.notna(row["step"]) else f"SEPO {row['checkpoint'] or '(failed)'}"
     return {"base": "Base", "sft": "SFT"}.get(row["phase"], str(row["phase"]))
 
 

@@ -25,8 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sepo.files import DamagedFile, read_settings
 from sepo.reuse import LEGACY_SETTINGS, ROOT_TOKEN, SETTINGS, is_neutral, without_legacy_copies
 from sepo.trees import leaves
 
@@ -52,17 +51,29 @@ def is_seed(key: str) -> bool:
     return last == "seed" or last.endswith("_seed")
 
 
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A run's settings or Hydra config as plain data (`sepo.files.read_settings`)."""
+    return read_settings(path)
+
+
+def read_flat(path: Path) -> dict[str, Any]:
+    """`read_yaml` with nested nodes as dotted keys (a record is flat already; Hydra's config is not)."""
+    try:
+        return leaves(read_yaml(path))
+    except RecursionError:
+        raise DamagedFile(path, "nested too deeply to read") from None
+
+
 def recorded(run: Path, root: Path) -> dict[str, Any] | None:
     """The settings of the run that wrote `run` (a pipeline's phase dirs are its own): its record, else
-    Hydra's saved config (runs of older code; interpolations stay unresolved), else None."""
+    Hydra's saved config (runs of older code; interpolations stay unresolved), else None. Raises
+    DamagedFile when the file it should be read from cannot be."""
     for directory in (run, *run.parents):
         for name in (SETTINGS, LEGACY_SETTINGS):
             if (directory / name).is_file():
-                return without_legacy_copies(yaml.safe_load((directory / name).read_text()) or {})
+                return without_legacy_copies(read_flat(directory / name))
         if (directory / ".hydra" / "config.yaml").is_file():
-            return without_legacy_copies(
-                leaves(yaml.safe_load((directory / ".hydra" / "config.yaml").read_text()) or {})
-            )
+            return without_legacy_copies(read_flat(directory / ".hydra" / "config.yaml"))
         if directory == root or directory == directory.parent:
             return None
     return None
@@ -71,7 +82,7 @@ def recorded(run: Path, root: Path) -> dict[str, Any] | None:
 def origin(path: str | None, run: Path, root: Path) -> dict[str, Any] | None:
     """The recorded settings of the run whose checkpoint `path` is (`<run>/merged`, `<run>/sft/merged`),
     or None. A path recorded relative to the output root is looked up under `run`'s ancestors."""
-    if not path:
+    if not isinstance(path, str) or not path:
         return None
     candidates = [Path(path)]
     if path.startswith(ROOT_TOKEN):
@@ -96,7 +107,7 @@ def identity(settings: dict[str, Any], phase: str | None, parent: dict[str, Any]
             own |= {k: v for k, v in parent.items() if _under(k, TRAINED_BY)}
     unused = UNUSED.get(phase or "", ())
     return {
-        k: json.dumps(v, sort_keys=True)
+        k: json.dumps(v, sort_keys=True, default=str)
         for k, v in own.items()
         if not (is_neutral(k) or is_seed(k) or _under(k, ROW_KEYS) or _under(k, unused))
     }

@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +34,47 @@ def write_text_atomically(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def files_written_atomically(*paths: Path) -> Iterator[list[Path]]:
+    """Yields a temporary path beside each of `paths` (same directory, hence same file system) for the
+    block to write; when it ends without an error each is flushed to disk and renamed over its final
+    name, with Ctrl-C and SIGTERM held back until every rename is done, so a set of files that belong
+    together (a figure's PNG and PDF) is all new or all old. On an error the temporary files are
+    removed and nothing at `paths` changes."""
+    finals = [Path(p) for p in paths]
+    tmps = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in finals]
+    try:
+        yield tmps
+        for tmp in tmps:
+            with tmp.open("rb") as f:
+                os.fsync(f.fileno())
+        with signals_held_back():
+            for tmp, final in zip(tmps, finals):
+                os.replace(tmp, final)
+    finally:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def signals_held_back(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Signals that arrive inside the block are delivered when it ends: a few renames that belong
+    together are not cut in two by Ctrl-C. Python runs signal handlers in the main thread only, so
+    elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    before = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for s in caught:
+            signal.raise_signal(s)
 
 
 @contextlib.contextmanager
@@ -77,3 +120,43 @@ def move_aside(path: Path, why: str) -> None:
     except OSError:
         return  # another process moved it first
     shutil.rmtree(aside, ignore_errors=True)
+
+
+class DamagedFile(Exception):
+    """A file a run left cannot be read as what it should hold; `why` says what is wrong, for one line."""
+
+    def __init__(self, path: Path, why: str):
+        super().__init__(f"{path}: {why}")
+        self.path, self.why = path, why
+
+
+def why_unreadable(err: BaseException) -> str:
+    """One line on why a file could not be decoded (a parser's own message can run over lines)."""
+    import yaml
+
+    if isinstance(err, RecursionError):
+        return "nested too deeply to read"
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start}"
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem:
+        mark = err.problem_mark
+        return err.problem + (f" at line {mark.line + 1}" if mark is not None else "")
+    if isinstance(err, OSError):
+        return err.strerror or type(err).__name__
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def read_settings(path: Path) -> dict:
+    """A run's settings or Hydra config as plain data (`safe_load`: a tag that would build an object or run
+    code is refused, never executed). A run writes a non-empty mapping, so anything else is damage."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as err:
+        raise DamagedFile(Path(path), why_unreadable(err)) from None
+    if not isinstance(data, dict) or not data:
+        held = "nothing" if data is None else f"a {type(data).__name__}"
+        raise DamagedFile(Path(path), f"it holds {held}, not a mapping of settings")
+    return data

@@ -27,7 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.compose import STAGE_NODES
-from sepo.files import directory_written_atomically, write_text_atomically
+from sepo.files import DamagedFile, directory_written_atomically, read_settings, write_text_atomically
 from sepo.trees import leaves
 
 #: keys (and whole nodes) whose value cannot change a run's results: where outputs go (and the paths
@@ -99,27 +99,11 @@ def recorded_settings(out: Path) -> dict[str, Any] | None:
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    """A settings record, read as plain data only (`safe_load`: a tag that would build an object or run
-    code is an error, never executed). A run writes it whole and atomically, so anything but a non-empty
-    mapping was not written by a run."""
+    """A settings record, read as plain data only (`sepo.files.read_settings`)."""
     try:
-        recorded = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise DamagedRecord(f"{path} is damaged ({_why_unreadable(err)})") from None
-    if not isinstance(recorded, dict) or not recorded:
-        held = "nothing" if recorded is None else f"a {type(recorded).__name__}"
-        raise DamagedRecord(f"{path} is damaged (it holds {held}, not a mapping of settings)")
-    return recorded
-
-
-def _why_unreadable(err: Exception) -> str:
-    if isinstance(err, yaml.MarkedYAMLError) and err.problem:
-        mark = err.problem_mark
-        return err.problem + (f" at line {mark.line + 1}" if mark is not None else "")
-    if isinstance(err, UnicodeDecodeError):
-        return f"not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start}"
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
+        return read_settings(path)
+    except DamagedFile as err:
+        raise DamagedRecord(f"{path} is damaged ({err.why})") from None
 
 
 def without_legacy_copies(recorded: dict[str, Any]) -> dict[str, Any]:

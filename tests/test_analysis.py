@@ -525,7 +525,7 @@ def test_tables_show_what_is_missing(tmp_path):
     df = collect.collect_dir(tmp_path)
     unreadable = df[df["run_dir"] == "ipd_sepo"].iloc[0]
     assert unreadable["status"] == "failed"
-    assert unreadable["error"].startswith("unreadable results.json")
+    assert unreadable["error"].startswith("unreadable ipd_sepo/eval/step_5/results.json: ")  # the file, by its path
     assert unreadable["checkpoint"] == "step_5"
     assert unreadable["phase"] == "sepo"
     written = tables.write_all(df, tmp_path / "tables")
