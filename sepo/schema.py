@@ -58,10 +58,14 @@ class SepoSchema:
     beta: float = MISSING
     clip_eps: float = MISSING
     grad_clip: float = MISSING
+    optimizer: str = MISSING
+    momentum: float = MISSING
     weight_decay: float = MISSING
     reward_scale: float = MISSING
     refresh_steps: int = MISSING
     refresh_kl: float = MISSING
+    trust_region_kl: float = MISSING
+    line_search_steps: int = MISSING
     micro_batch: int = MISSING
     micro_batch_tokens: int = MISSING
     no_grad_micro_batch_tokens: int = MISSING

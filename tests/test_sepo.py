@@ -544,3 +544,50 @@ def test_a_rollout_batch_played_by_forked_workers_is_the_batch_played_whole(setu
         assert torch.equal(a.tokens.gen_ids, b.tokens.gen_ids)
         assert torch.equal(a.tokens.logprobs, b.tokens.logprobs)
     assert split.advantages.tolist() == whole.advantages.tolist()
+
+
+def test_sgd_steps_along_the_gradient_itself(setup):
+    """sepo.optimizer=sgd (momentum 0): the step is -lr times the (clipped) gradient, coordinate for coordinate;
+    AdamW's first step is about the sign of each coordinate instead."""
+    from sepo.stages.sepo_loop import make_optimizer
+
+    cfg, s, game, model, policy = setup("sepo.optimizer=sgd", "sepo.lr=0.5", "sepo.grad_clip=1e9")
+    batch = collect(cfg, s, game, policy)
+    ref = reference_logprobs(model, policy, batch, s)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(params, s)
+    assert isinstance(opt, torch.optim.SGD)
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = None
+    accumulate_gradients(model, policy, batch, ref, s)
+    grads = [p.grad.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, p0 in zip(params, before):
+            p.copy_(p0)
+    update(model, policy, opt, batch, ref, s, step=0)
+    lr = float(opt.param_groups[0]["lr"])  # the schedule's rate at step 0
+    for p, p0, g in zip(params, before, grads):
+        torch.testing.assert_close(p.detach(), p0 - lr * g, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("limit", [1e9, 1e-12])
+def test_the_trust_region_keeps_a_step_within_its_kl_or_undoes_it(setup, limit):
+    """With a limit no step reaches, the step is the optimizer's whole step; with one every step passes, it is
+    halved line_search_steps times and then undone: the parameters and the optimizer's moments as before."""
+    cfg, s, game, model, policy = setup(f"sepo.trust_region_kl={limit}", "sepo.line_search_steps=2", "sepo.lr=1e-2")
+    batch = collect(cfg, s, game, policy)
+    ref = reference_logprobs(model, policy, batch, s)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    before = [p.detach().clone() for p in params]
+    stats = update(model, policy, opt, batch, ref, s, step=0)
+    moved = any(not torch.equal(p, p0) for p, p0 in zip(params, before))
+    if limit > 1:
+        assert stats["step_fraction"] in (1.0, 0.5, 0.25, 0.0)  # a negative surrogate gain can still shrink it
+        assert moved == (stats["step_fraction"] > 0)
+        if stats["step_fraction"] > 0:
+            assert 0 < stats["kl_step"] <= limit and stats["surrogate_gain"] >= 0
+    else:
+        assert stats["step_fraction"] == 0.0 and not moved
+        assert all(not opt.state[p] for p in params)  # the optimizer's state is as before its first step

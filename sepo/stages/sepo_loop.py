@@ -30,6 +30,7 @@ pass the update differentiates.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -63,7 +64,14 @@ from sepo.training.best_response import BestResponseSchedule
 from sepo.training.checkpoints import load_checkpoint, save_checkpoint
 from sepo.training.divergence import check_step, first_non_finite, non_finite_inputs
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
-from sepo.training.objective import EstimatorState, masked, old_policy_kl, sepo_settings, token_loss
+from sepo.training.objective import (
+    LOG_RATIO_LIMIT,
+    EstimatorState,
+    masked,
+    old_policy_kl,
+    sepo_settings,
+    token_loss,
+)
 from sepo.training.rollouts import BatchBuilder, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -230,12 +238,18 @@ def generated_tokens(batch: RolloutBatch) -> int:
 
 # ------------------------------------------------------------------------------ the update
 def accumulate_gradients(
-    model: Any, policy: LMPolicy, batch: RolloutBatch, ref: list[torch.Tensor] | None, s: DictConfig
+    model: Any,
+    policy: LMPolicy,
+    batch: RolloutBatch,
+    ref: list[torch.Tensor] | None,
+    s: DictConfig,
+    before: list[torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Backward of the batch loss (docs/spec.md §4.3) into `.grad`, micro-batch by micro-batch.
 
     The policy term is a sum over decisions, so micro-batches simply add up; the KL term is a mean
-    over all the batch's tokens, so each micro-batch divides by the batch's token count.
+    over all the batch's tokens, so each micro-batch divides by the batch's token count. `before`, when
+    given, receives every decision's token log-probs as this pass scored them (the trust region's anchor).
     """
     model.train()
     tokens = generated_tokens(batch)
@@ -258,6 +272,10 @@ def accumulate_gradients(
             torch.autograd.set_detect_anomaly(anomaly),
         ):  # in the forward too: its traceback names the layer
             lp, mask = _policy_logprobs(model, policy, decisions, s, root)
+        if before is not None:
+            before.extend([None] * (len(batch.decisions) - len(before)))
+            for i, row, m in zip(part, lp.detach(), mask):
+                before[i] = row[m.bool()]
         width = lp.shape[1]
         old = _pad([d.tokens.logprobs.float() for d in decisions], width).to(lp)
         reference = _pad([ref[i] for i in part], width).to(lp) if ref is not None else None
@@ -323,6 +341,82 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
             tokens += int(mask.sum())
     total, tokens = distributed.sum_floats(total, tokens)
     return total / max(tokens, 1)
+
+
+# ------------------------------------------------------------------------------ the trust region
+def policy_change(
+    model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig, before: list[torch.Tensor]
+) -> tuple[float, float]:
+    """(KL(pi_theta || pi_before) per decision, the surrogate's gain) on the batch, the parameters as they are now
+    against the log-probs the update scored before its step (`before`, in the update's own passes, so that no
+    step reads exactly 0 and no rounding of another pass layout reads as a step).
+
+    The KL is between answer distributions, summed over an answer's tokens (the chain rule) and averaged over
+    decisions, TRPO's mean KL over states: a mean over tokens would dilute the one token that says the action
+    in the templated reasoning around it. The gain is the importance-weighted estimate of what the step adds
+    to J: sum_d A_d * mean_t (ratio_t - 1), as the loss weighs each decision's tokens (`sepo.length_norm`)."""
+    divisor = answer_divisor(s)
+    kl, gain, decisions = 0.0, 0.0, 0
+    with torch.no_grad(), section("trust_region"):
+        for part, lp, mask in scored_passes(model, policy, batch.decisions, s, like_update=True):
+            real = mask.bool()
+            old = _pad([before[i] for i in part], lp.shape[1]).to(lp)
+            kl += float(masked(old_policy_kl(lp, old), real).sum())
+            ratio = torch.exp(torch.clamp(lp - old, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+            per_answer = masked(ratio - 1.0, real).sum(dim=1) / (
+                real.sum(dim=1).clamp(min=1) if divisor is None else divisor
+            )
+            adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=per_answer.dtype)
+            gain += float((adv * per_answer.cpu()).sum())
+            decisions += len(part)
+    kl, gain, decisions = distributed.sum_floats(kl, gain, decisions)
+    return kl / max(decisions, 1), gain
+
+
+@dataclass
+class StepStart:
+    """The trainable parameters and the optimizer's state before a step, to shrink the step or undo it."""
+
+    params: list[torch.Tensor]
+    optimizer: dict[str, Any]
+
+    @classmethod
+    def of(cls, params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> StepStart:
+        return cls([p.detach().clone() for p in params], copy.deepcopy(optimizer.state_dict()))
+
+
+def trust_region(
+    model: Any,
+    policy: LMPolicy,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    batch: RolloutBatch,
+    s: DictConfig,
+    start: StepStart,
+    before: list[torch.Tensor],
+) -> dict[str, float]:
+    """TRPO's line search on the optimizer's step: keep the largest of 1, 1/2, 1/4, ... of it
+    (`sepo.line_search_steps` halvings) whose KL(pi_new || pi_old) per decision on the batch is within
+    `sepo.trust_region_kl` and whose surrogate gain is not negative; if none is, undo the step (its
+    parameters and the optimizer's moments). With a fresh batch every step the PPO clip never acts (every
+    ratio is 1 when the gradient is taken), so without this nothing but the learning rate bounds how far
+    one noisy batch moves the policy."""
+    full = [p.detach().clone() for p in params]
+    fraction = 1.0
+    for _ in range(int(s.line_search_steps) + 1):
+        kl, gain = policy_change(model, policy, batch, s, before)
+        if kl <= float(s.trust_region_kl) and gain >= 0.0:
+            moved = math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in zip(params, start.params)))
+            return {"step_fraction": fraction, "kl_step": kl, "surrogate_gain": gain, "step_norm": moved}
+        fraction /= 2
+        with torch.no_grad():
+            for p, p0, p1 in zip(params, start.params, full):
+                p.copy_(p0 + fraction * (p1 - p0))
+    with torch.no_grad():
+        for p, p0 in zip(params, start.params):
+            p.copy_(p0)
+    optimizer.load_state_dict(start.optimizer)
+    return {"step_fraction": 0.0, "kl_step": 0.0, "surrogate_gain": 0.0, "step_norm": 0.0}
 
 
 def evaluate_checkpoint(
@@ -430,11 +524,20 @@ def training_parts(
         # batch's tokens had |ratio - 1| > 0.2 against 1.1% sampled with SDPA (docs/speed.md §5g)
         cascade_attention=False,
     )
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=float(s.lr), weight_decay=float(s.weight_decay)
-    )
+    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], s)
     estimator = EstimatorState(scale_decay=float(s.adv_scale_decay), switch_episodes=int(s.exploit_switch_episodes))
     return policy, optimizer, estimator, BatchBuilder(cfg, s)
+
+
+def make_optimizer(params: list[torch.Tensor], s: DictConfig) -> torch.optim.Optimizer:
+    """`sepo.optimizer`: AdamW, the paper's, or SGD with momentum. Adam divides each coordinate of the step by
+    that coordinate's own running scale, so its first steps are about the sign of each coordinate: where one
+    batch's gradient is mostly noise (the main job's SFT model: signal-to-noise 0.34), that sign vector is not
+    the gradient's direction (benchmarks/studies/sepo_signal.py measured a cosine of -0.24 with the mean of
+    other batches' gradients, against +0.55 for the gradient itself). SGD's step is the gradient, scaled."""
+    if s.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=float(s.lr), momentum=float(s.momentum), weight_decay=float(s.weight_decay))
+    return torch.optim.AdamW(params, lr=float(s.lr), weight_decay=float(s.weight_decay))
 
 
 def best_response_schedule(builder: BatchBuilder, s: DictConfig) -> BestResponseSchedule:
@@ -513,8 +616,9 @@ def update(
     lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
     set_learning_rate(optimizer, lr)
     optimizer.zero_grad(set_to_none=True)
+    before: list[torch.Tensor] | None = [] if float(s.trust_region_kl) > 0 else None
     try:
-        stats = accumulate_gradients(model, policy, batch, ref, s)
+        stats = accumulate_gradients(model, policy, batch, ref, s, before)
         if not math.isfinite(stats["loss"]):  # summed over processes: another one's pass was not finite
             raise Diverged(f"the loss is {stats['loss']} (another process's pass)")
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -528,8 +632,11 @@ def update(
         raise Diverged(f"diverged at step {step + 1}: {err}; the checkpoints before it are kept") from None
     with section("optimizer"):
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, float(s.grad_clip)))
+        start = StepStart.of(params, optimizer) if before is not None else None
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if start is not None:
+        stats.update(trust_region(model, policy, optimizer, params, batch, s, start, before))
     check_step(step + 1, None, model, when="after")
     return {**stats, "lr": lr}
 
@@ -555,14 +662,16 @@ def log_step(
         },
         step=step,
     )
+    trust = f"  kl_step {stats['kl_step']:.4f}  step {stats['step_fraction']:.3g}" if "kl_step" in stats else ""
     log.info(
-        "step %d  loss %.4f  objective %.3f  kl_ref %.4f  kl_after %s  clip %.3f  %.1f s%s",
+        "step %d  loss %.4f  objective %.3f  kl_ref %.4f  kl_after %s  clip %.3f%s  %.1f s%s",
         step,
         stats["loss"],
         batch.stats["objective"],
         stats.get("kl_ref", 0.0),
         f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-",
         stats["clip_fraction"],
+        trust,
         seconds,
         f"  gpu peak {gpu_peak:.1f} GiB" if gpu_peak is not None else "",
     )
