@@ -185,11 +185,15 @@ def claim_stat(s: dict, key: str, reference: tuple[str, str] | None) -> dict:
 
 def holds(stat: dict, sign: int) -> str:
     """`holds` where the difference is more than 2 SE on the claimed side, `opposite` beyond 2 SE on the other;
-    one run (no SE) tests nothing."""
+    one run (no SE) tests nothing, and neither does one SFT model: its SE is over its evaluation's episodes
+    (`se_from: episodes`), while a second SFT draw of the same data can land far outside it (Kuhn on smollm2:
+    0.250 and 0.368 at sft.seed 0 and 1)."""
     mean, se = stat.get("mean"), stat.get("se")
     if mean is None:
         return "--"
     value = cell(stat, arrows=False)
+    if stat.get("se_from") == "episodes":
+        return f"untested (one SFT model; SE over its episodes, not over SFT seeds): {value}"
     if se:
         if sign * mean > 2 * se:
             return f"**holds**: {value}"

@@ -57,6 +57,8 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     assert report.holds({"mean": 0.3, "se": 0.1}, +1) == "**holds**: +0.300 ± 0.100"
     assert report.holds({"mean": 0.3, "se": 0.1}, -1) == "opposite: +0.300 ± 0.100"
     assert report.holds({"mean": 1.05, "se": None}, +1) == "untested (one run, no SE): +1.050"
+    one_sft = {"mean": -2.0, "se": 0.3, "n": 1, "se_from": "episodes"}  # far beyond 2 SE, but one SFT draw
+    assert report.holds(one_sft, +1).startswith("untested (one SFT model")
     assert report.verdict({"mean": 0.0, "se": 0.0}) == "not met: +0.000 ± 0.000"
     with_seeds = {"mean": 2.9, "se": 1.7, "per_seed": {"3": 6.11, "4": -0.46, "5": 5.07}}
     assert report.verdict(with_seeds) == "not met: +2.900 ± 1.700 (1.7 SE) (seeds 3: +6.11, 4: -0.46, 5: +5.07)"
@@ -127,7 +129,8 @@ def test_the_pretrained_tables_set_a_run_beside_the_papers_rows_and_judge_each_c
     assert rows[2].startswith("| kuhn | **smollm2** (3 seeds) | +0.336 ± 0.010 | +0.380 ± 0.050 | +0.300 ± 0.020 |")
     assert rows[2].endswith("| +0.044 ± 0.051 | -0.036 ± 0.022 |")  # SE sqrt(0.02^2 + 0.01^2): 1.6 SE, no arrow
     claims = rows[3].split(" | ")
-    assert claims[1].startswith("within noise: +0.044 ± 0.051 (+0.9 SE)")  # SFT raises exploit: not shown
+    # SFT raises exploit: one SFT model's difference, whose SE is over episodes, tests nothing over SFT draws
+    assert claims[1] == "untested (one SFT model; SE over its episodes, not over SFT seeds): +0.044 ± 0.051"
     # SEPO lowers exploit below SFT's: -0.080 over seeds, but every seed is set against one SFT read of SE 0.050
     assert claims[2] == "within noise: -0.080 ± 0.054 (-1.5 SE)"  # sqrt(0.020^2 + 0.050^2)
     assert claims[3] == "**holds**: +0.300 ± 0.112"  # sqrt(0.05^2 + Base's 0.1^2)
