@@ -663,11 +663,15 @@ def log_step(
         step=step,
     )
     trust = f"  kl_step {stats['kl_step']:.4f}  step {stats['step_fraction']:.3g}" if "kl_step" in stats else ""
+    terms = " ".join(
+        f"{k.split('/')[1]} {batch.stats[k]:.3f}" for k in ("train/u", "exploit/e", "collusive/c", "train/x")
+    )
     log.info(
-        "step %d  loss %.4f  objective %.3f  kl_ref %.4f  kl_after %s  clip %.3f%s  %.1f s%s",
+        "step %d  loss %.4f  objective %.3f (%s)  kl_ref %.4f  kl_after %s  clip %.3f%s  %.1f s%s",
         step,
         stats["loss"],
         batch.stats["objective"],
+        terms,
         stats.get("kl_ref", 0.0),
         f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-",
         stats["clip_fraction"],

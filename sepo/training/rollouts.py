@@ -236,13 +236,22 @@ class BatchBuilder:
         arrays = {k: np.asarray(v, dtype=float) for k, v in unscaled.items()}
 
         stats = batch_stats(game, plan, records, groups, self.lambdas, self.reward_scale)
-        stats.update(adv_std=batch_std, adv_scale=scale)
+        stats.update(adv_std=batch_std, adv_scale=scale, **advantage_spread(groups, scale))
         if self.mode == "pooled":
             for g in groups:
                 if g.pool == "exploit":
                     stats[f"exploit_on/{g.opponent}"] = float(g.exploit_on)
                     state.record_exploit(g.opponent, advantage_per_round(g.records).mean(axis=1))
         return RolloutBatch(groups, decisions, arrays["total"] / scale, arrays, scale, stats)
+
+
+def advantage_spread(groups: list[Group], scale: float) -> dict[str, float]:
+    """`adv_std/<pool>`: the std of the advantages the loss gives each pool's decisions (weights and batch scale
+    included), so a pool whose signal is drowned or dominates shows in the logs."""
+    by_pool: dict[str, list[np.ndarray]] = {}
+    for g in groups:
+        by_pool.setdefault(g.pool, []).append((g.weight * g.advantages / scale).ravel())
+    return {f"adv_std/{pool}": float(np.concatenate(parts).std()) for pool, parts in by_pool.items()}
 
 
 def batch_stats(

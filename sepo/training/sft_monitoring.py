@@ -140,7 +140,13 @@ def matmul_share(model: Any, positions: dict[str, int], metrics: dict[str, Any],
     achieved = training_gflop(body, positions, bool(s.full_finetune)) / seconds
     machine = matmul_gflops(weights.dtype)
     return {
-        "matmul_gflops": round(achieved, 1),
-        "machine_matmul_gflops": round(machine, 1),
-        "matmul_share": round(achieved / machine, 3),
+        "matmul_gflops": _three_figures(achieved),
+        "machine_matmul_gflops": _three_figures(machine),
+        "matmul_share": _three_figures(achieved / machine),
     }
+
+
+def _three_figures(value: float) -> float:
+    """Three significant figures: a small model on a slow machine reaches a few MFLOP/s, which a fixed
+    number of decimals would print as 0."""
+    return float(f"{value:.3g}")
