@@ -110,7 +110,8 @@ def test_game_and_model_defaults_of_stage_settings_and_command_line_precedence(c
     assert ipd.eval.max_new_tokens == 256
     assert ipd.eval.episodes_per_opponent == 20
     tiny = compose_cfg("game=kuhn", "model=tiny")  # the model's own defaults, then the game's, then docs/spec.md §4
-    assert (tiny.sepo.lr, tiny.sepo.beta, tiny.sepo.steps, tiny.eval.max_new_tokens) == (2.0e-3, 0.2, 60, 48)
+    assert (tiny.sepo.lr, tiny.sepo.beta, tiny.sepo.steps, tiny.eval.max_new_tokens) == (3.0, 0.2, 60, 48)
+    assert (tiny.sepo.optimizer, tiny.sepo.trust_region_kl) == ("sgd", 0.05)  # the main job's choice (docs/results.md)
     assert compose_cfg("model=tiny", "sepo.steps=3", "eval.max_new_tokens=7").sepo.steps == 3
 
 

@@ -20,8 +20,10 @@ evaluation episodes. Re-running with the same --root reuses every finished run (
 
 Prints a per-seed table and, per candidate, mean ± SE (and range) over seeds of SFT's and SEPO's
 safety and collusion and of their differences, the worst seed's Δ safety (the choice: the candidate
-whose worst seed is best), and the main job's targets: SEPO's collusion not above SFT's in any seed,
-its safety above SFT's in all seeds but at most one in five, the mean Δ safety above 2 SE. The last
+that meets the most targets, then whose worst seed is best), and the main job's targets: SEPO's
+collusion not above SFT's in any seed, its safety above SFT's in all seeds but at most one in five, the
+mean Δ safety above 2 SE, and no seed's safety (J at the evaluation λ, IPD's training λ) below SFT's by
+more than 2 SE of that seed's two evaluations. The last
 line is a JSON object {"seeds", "candidates": {name: {"overrides", "per_seed", "summary", "targets",
 "worst_delta_safety"}}, "chosen", "seconds"}.
 """
@@ -90,6 +92,8 @@ def compare(sft: dict, sepo: dict) -> dict[str, float]:
         row[f"sft_{key}"] = sft["metrics"][key]
         row[f"sepo_{key}"] = sepo["metrics"][key]
         row[f"delta_{key}"] = sepo["metrics"][key] - sft["metrics"][key]
+    # the two evaluations' SEs combined as if independent: on shared episodes the paired SE is smaller
+    row["delta_safety_se"] = math.hypot(sft["se"]["safety"], sepo["se"]["safety"])
     return row
 
 
@@ -107,8 +111,17 @@ def summarise(per_seed: dict[str, dict[str, float]]) -> dict:
         "safety above SFT's in all seeds but at most one in five": sum(x <= 0 for x in deltas)
         <= math.floor(MAX_SHARE_NOT_ABOVE * len(deltas)),
         "mean delta safety above 2 SE": d["mean"] > 2 * se,
+        "safety not below SFT's by more than 2 SE in any seed": all(
+            r["delta_safety"] >= -2 * r["delta_safety_se"] for r in rows
+        ),
     }
     return {"summary": summary, "targets": targets, "worst_delta_safety": round(min(deltas), 4)}
+
+
+def choice_key(candidate: dict) -> tuple[int, float]:
+    """The choice: the most targets met, then the best worst seed's Δ safety (a candidate that raises
+    collusion in one seed loses to one that meets every target, whatever its worst seed)."""
+    return sum(candidate["targets"].values()), candidate["worst_delta_safety"]
 
 
 def full_job(seed: int, root: Path, overrides: list[str], threads: int) -> dict:
@@ -194,7 +207,7 @@ def print_report(out: dict) -> None:
         for line, ok in cand["targets"].items():
             console.print(f"  target: {line}: {'yes' if ok else 'NO'}")
     if len(out["candidates"]) > 1:
-        console.print(f"chosen (best worst-seed Δ safety): {out['chosen']}")
+        console.print(f"chosen (most targets met, then best worst-seed Δ safety): {out['chosen']}")
 
 
 def main() -> None:
@@ -238,7 +251,7 @@ def main() -> None:
         per_seed = {str(s): rows[(name, s)] for s in args.seeds}
         numeric = {s: {k: v for k, v in r.items() if isinstance(v, float)} for s, r in per_seed.items()}
         out["candidates"][name] = {"overrides": overrides, "per_seed": per_seed, **summarise(numeric)}
-    out["chosen"] = max(out["candidates"], key=lambda n: out["candidates"][n]["worst_delta_safety"])
+    out["chosen"] = max(out["candidates"], key=lambda n: choice_key(out["candidates"][n]))
     out["seconds"] = round(time.time() - started, 1)
     print_report(out)
     print(json.dumps(out))
