@@ -93,7 +93,7 @@ def main() -> None:
             f"model={args.model}",
             f"game={args.game}",
             "stage=sepo",
-            f"model.path={args.model_path}",
+            f"model.path='{args.model_path}'",  # quoted: run dirs are named by overrides (a=b,c=d)
             f"paths.root_dir={args.root}",
             f"paths.output_dir={args.root}/run",
             "logger=none",
@@ -105,6 +105,8 @@ def main() -> None:
     game = make_game(cfg.game)
     learner = build_learner(cfg, s)
     started = time.time()
+    # the pools' best responders (Kuhn's exploit pool) answer the policy as it plays, as at the loop's step 0
+    best_response = learner.best_response.refresh(game, learner.policy, 0) if learner.best_response.due(0) else {}
 
     totals, per_term, kl_pulls, objectives = [], {k: [] for k in TERMS}, [], []
     for k in range(args.batches):
@@ -153,6 +155,7 @@ def main() -> None:
         "adam_step_cosine_with_the_others": cosine(adam, others[0]),
         "sgd_step_cosine_with_the_others": cosine(g[0], others[0]),
         "terms": terms,
+        "exploit_exact": best_response.get("best_response/exploit_exact"),
         "seconds": round(time.time() - started, 1),
     }
     print(json.dumps(result))
