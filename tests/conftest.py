@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,18 @@ from sepo.policies.lm import LMPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
+
+
+@pytest.fixture(autouse=True)
+def default_signal_handlers():
+    """Each test starts with Python's own Ctrl-C and SIGTERM handling, whatever a test before it in the
+    same worker left installed, and leaves it so: the tests that send themselves SIGINT expect
+    KeyboardInterrupt."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.signal(s, h) for s, h in zip(signals, (signal.default_int_handler, signal.SIG_DFL))}
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
 
 
 @pytest.fixture
