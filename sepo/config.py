@@ -55,7 +55,15 @@ from sepo.model_fit import check_model_fit, check_sizes, in_hub_cache
 from sepo.paths import CONF_DIR, can_hold_outputs
 from sepo.stages import STAGES
 from sepo.strategies import known_strategies, make_strategy, responds_to_agent
-from sepo.training.options import ADV_NORMS, CREDITS, LENGTH_NORMS, LR_SCHEDULES, PENALTY_MODES
+from sepo.training.options import (
+    ADV_NORMS,
+    CREDITS,
+    ESTIMATORS,
+    EXACT_VALUE_GAMES,
+    LENGTH_NORMS,
+    LR_SCHEDULES,
+    PENALTY_MODES,
+)
 from sepo.trees import dotted_keys
 
 log = logging.getLogger(__name__)
@@ -256,6 +264,9 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
         )
     ],
     (SEPO, "sepo.steps", integer(1)),
+    (SEPO, "sepo.estimator", one_of(*ESTIMATORS)),
+    (SEPO, "sepo.infoset_samples", integer(2, why="the leave-one-out baseline compares each answer with the others")),
+    (SEPO, "sepo.responder_table_decay", real(0.0, high=1.0, high_closed=True)),
     (SEPO, "sepo.penalty_mode", one_of(*PENALTY_MODES)),
     (SEPO, "sepo.credit", one_of(*CREDITS)),
     (SEPO, "sepo.adv_norm", one_of(*ADV_NORMS)),
@@ -629,6 +640,11 @@ def check_relations(cfg: DictConfig) -> None:
                 "sepo.ref_4bit=true needs a CUDA device (bitsandbytes 4-bit) and none is available; "
                 "allowed: sepo.ref_4bit=false",
             )
+        _require(
+            cfg.sepo.estimator != "exact_values" or cfg.game.name in EXACT_VALUE_GAMES,
+            f"sepo.estimator=exact_values is not allowed for game={cfg.game.name} (it values actions from Kuhn "
+            f"poker's rules); allowed: game={'|'.join(EXACT_VALUE_GAMES)}, or sepo.estimator=rollouts",
+        )
         if float(cfg.sepo.lora.dropout) != 0.0:
             log.warning(
                 "sepo.lora.dropout=%s: the training pass then differs from the sampling pass, so the "

@@ -42,6 +42,9 @@ class SepoSchema:
     steps: int = MISSING
     seed: int = MISSING
     rollouts_per_opponent: int = MISSING
+    estimator: str = MISSING
+    infoset_samples: int = MISSING
+    responder_table_decay: float = MISSING
     penalty_mode: str = MISSING
     credit: str = MISSING
     adv_norm: str = MISSING

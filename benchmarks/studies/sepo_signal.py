@@ -108,11 +108,13 @@ def main() -> None:
     # the pools' best responders (Kuhn's exploit pool) answer the policy as it plays, as at the loop's step 0
     best_response = learner.best_response.refresh(game, learner.policy, 0) if learner.best_response.due(0) else {}
 
-    totals, per_term, kl_pulls, objectives = [], {k: [] for k in TERMS}, [], []
+    totals, per_term, kl_pulls, objectives, exploit_reads = [], {k: [] for k in TERMS}, [], [], []
     for k in range(args.batches):
         batch = learner.builder.collect(game, RecordingPolicy(learner.policy), 10_000 + k, learner.estimator)
         ref = reference_logprobs(learner.model, learner.policy, batch, s, learner.ref_model)
         objectives.append(float(batch.stats["objective"]))
+        if "exploit_exact" in batch.stats:
+            exploit_reads.append(float(batch.stats["exploit_exact"]))
         totals.append(gradient_of(learner, batch, ref, s))
         for term in TERMS:
             if term in batch.unscaled:
@@ -155,7 +157,8 @@ def main() -> None:
         "adam_step_cosine_with_the_others": cosine(adam, others[0]),
         "sgd_step_cosine_with_the_others": cosine(g[0], others[0]),
         "terms": terms,
-        "exploit_exact": best_response.get("best_response/exploit_exact"),
+        # the best responders' read, or (sepo.estimator=exact_values) the tables the batches read
+        "exploit_exact": best_response.get("best_response/exploit_exact", exploit_reads[0] if exploit_reads else None),
         "seconds": round(time.time() - started, 1),
     }
     print(json.dumps(result))

@@ -296,15 +296,19 @@ class LMPolicy:
     def _act(self, requests: list[DecisionRequest], return_logprobs: bool) -> list[Decision]:
         answers, decisions = self._answer(requests)
         if return_logprobs:
-            for decision, answer in zip(decisions, answers):
-                decision.tokens = TokenTrace(
-                    prompt_ids=torch.tensor(answer.prompt, dtype=torch.long),
-                    gen_ids=torch.tensor(answer.generated, dtype=torch.long),
-                    logprobs=answer.logprobs,
-                    logprob_temperature=self.logprob_temperature,
-                    fallback=not decision.parsed,
-                )
+            self._trace(answers, decisions)
         return decisions
+
+    def _trace(self, answers: list[Answer], decisions: list[Decision]) -> None:
+        """Give every decision its answer's tokens and behaviour log-probs, for training."""
+        for decision, answer in zip(decisions, answers):
+            decision.tokens = TokenTrace(
+                prompt_ids=torch.tensor(answer.prompt, dtype=torch.long),
+                gen_ids=torch.tensor(answer.generated, dtype=torch.long),
+                logprobs=answer.logprobs,
+                logprob_temperature=self.logprob_temperature,
+                fallback=not decision.parsed,
+            )
 
     def _answer(self, requests: list[DecisionRequest]) -> tuple[list[Answer], list[Decision]]:
         """Sample, parse and (where nothing parses) fall back: every request's answer and decision."""
@@ -340,13 +344,19 @@ class LMPolicy:
                 decisions[i].action = action
         return decisions
 
-    def answer(self, requests: list[DecisionRequest]) -> tuple[list[Answer], list[Decision]]:
+    def answer(
+        self, requests: list[DecisionRequest], return_logprobs: bool = False
+    ) -> tuple[list[Answer], list[Decision]]:
         """Answers and decisions exactly as `act_batch` plays them, for estimates outside an episode
-        (`action_probabilities`): eval mode, and the arena's encoded prompts left as they were."""
+        (`action_probabilities`, and a SEPO batch that trains on the answers it reads the table from):
+        eval mode, and the arena's encoded prompts left as they were."""
         was_training, encoded = self.model.training, dict(self.prompt_cache.held)  # a copy: `_generate` pops
         self.model.eval()
         try:
-            return self._answer(requests)
+            answers, decisions = self._answer(requests)
+            if return_logprobs:
+                self._trace(answers, decisions)
+            return answers, decisions
         finally:
             self.model.train(was_training)
             self.prompt_cache.held = encoded

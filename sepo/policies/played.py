@@ -191,17 +191,26 @@ def estimate_copies(policy: Any, groups: list[list[DecisionRequest]]) -> list[Ac
         part = policy.answer(group)
         answers += part[0]
         decisions += part[1]
+    return estimates_from_answers(policy, copies, answers, decisions, samples)
 
+
+def estimates_from_answers(
+    policy: Any, copies: list[DecisionRequest], answers: list[Any] | None, decisions: list[Any], samples: int
+) -> list[ActionEstimate]:
+    """The estimate of each request from its `samples` consecutive copies' answers (`sample_requests`'
+    order), already sampled: what `estimate_copies` does after sampling, and what a SEPO batch that trains on
+    the same answers (`sepo.training.exact_values`) reads its table from. Without `answers` (a policy that
+    writes no text) every sample is counted."""
     rows: list[np.ndarray] = []
     scored: list[tuple[int, list[Alternative]]] = []  # (row, its alternatives)
     contexts: list[list[int]] = []
-    for index, (request, answer, decision) in enumerate(zip(copies, answers, decisions)):
+    for index, (request, decision) in enumerate(zip(copies, decisions)):
         row = np.zeros(len(request.legal))
         row[request.legal.index(decision.action)] = 1.0
         rows.append(row)
         found = (
-            alternatives(policy, request, answer, decision.action)
-            if decision.parsed and policy.temperature > 0
+            alternatives(policy, request, answers[index], decision.action)
+            if answers is not None and decision.parsed and policy.temperature > 0
             else None
         )
         if found is not None and len(found[1]) > 1:
@@ -218,7 +227,7 @@ def estimate_copies(policy: Any, groups: list[list[DecisionRequest]]) -> list[Ac
             rows[index] = row
 
     out = []
-    for i, request in enumerate(group[0] for group in groups):
+    for i, request in enumerate(copies[::samples]):
         block = np.stack(rows[i * samples : (i + 1) * samples])
         mean = block.mean(axis=0)
         se = block.std(axis=0, ddof=1) / np.sqrt(samples) if samples > 1 else np.zeros_like(mean)

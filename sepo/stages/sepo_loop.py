@@ -57,12 +57,14 @@ from sepo.lm.prefix_tree import EncodedRoot, encode_root, root_length, tree_pass
 from sepo.models import adapter_folded, attach_lora, forward_extras, quantized_reference
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.lm import LMPolicy
+from sepo.policies.played import ActionEstimate, estimates_from_answers
 from sepo.profiling import gpu_peak_gib_since_last_call, section
 from sepo.stages.evaluate import evaluate_and_write, evaluation_policy, played_table_of, split_seed
 from sepo.tracking import NO_TRACKING, NullTracker
 from sepo.training.best_response import BestResponseSchedule
 from sepo.training.checkpoints import load_checkpoint, save_checkpoint
 from sepo.training.divergence import check_step, first_non_finite, non_finite_inputs
+from sepo.training.exact_values import ExactValueBuilder
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
 from sepo.training.objective import (
     LOG_RATIO_LIMIT,
@@ -91,6 +93,13 @@ class RecordingPolicy:
 
     def act_batch(self, requests: list[DecisionRequest]) -> list[Decision]:
         return self.policy.act_batch(requests, return_logprobs=True)
+
+    def read_answers(self, copies: list[DecisionRequest], samples: int) -> tuple[list[Decision], list[ActionEstimate]]:
+        """`samples` answers to each request (`sample_requests`' copies), with their training traces, and the
+        estimate of the policy's action probabilities read from those very answers (Rao-Blackwellised): what
+        an exact-value batch (`sepo.training.exact_values`) trains on and values."""
+        answers, decisions = self.policy.answer(copies, return_logprobs=True)
+        return decisions, estimates_from_answers(self.policy, copies, answers, decisions, samples)
 
     def episodes_over(self) -> None:
         self.policy.episodes_over()
@@ -507,7 +516,7 @@ def answer_checkpoint_read(cfg: DictConfig, learner: Learner, table: Any, step: 
 # ------------------------------------------------------------------------------ the stage
 def training_parts(
     cfg: DictConfig, s: DictConfig, model: Any, tokenizer: Any
-) -> tuple[LMPolicy, torch.optim.Optimizer, EstimatorState, BatchBuilder]:
+) -> tuple[LMPolicy, torch.optim.Optimizer, EstimatorState, BatchBuilder | ExactValueBuilder]:
     """The rollout policy, optimizer, estimator statistics and batch builder of a SEPO run on `model`
     (with its adapter attached); the benchmarks take their steps with the very same parts."""
     policy = LMPolicy(
@@ -526,7 +535,13 @@ def training_parts(
     )
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], s)
     estimator = EstimatorState(scale_decay=float(s.adv_scale_decay), switch_episodes=int(s.exploit_switch_episodes))
-    return policy, optimizer, estimator, BatchBuilder(cfg, s)
+    return policy, optimizer, estimator, batch_builder(cfg, s)
+
+
+def batch_builder(cfg: DictConfig, s: DictConfig) -> BatchBuilder | ExactValueBuilder:
+    """`sepo.estimator`: rollouts (episodes against the pools, docs/spec.md §4.2) or exact_values (Kuhn poker:
+    answers at the 12 information sets, each action valued exactly, `sepo.training.exact_values`)."""
+    return ExactValueBuilder(cfg, s) if s.estimator == "exact_values" else BatchBuilder(cfg, s)
 
 
 def make_optimizer(params: list[torch.Tensor], s: DictConfig) -> torch.optim.Optimizer:
@@ -540,7 +555,7 @@ def make_optimizer(params: list[torch.Tensor], s: DictConfig) -> torch.optim.Opt
     return torch.optim.AdamW(params, lr=float(s.lr), weight_decay=float(s.weight_decay))
 
 
-def best_response_schedule(builder: BatchBuilder, s: DictConfig) -> BestResponseSchedule:
+def best_response_schedule(builder: BatchBuilder | ExactValueBuilder, s: DictConfig) -> BestResponseSchedule:
     """The run's best-response exploiters and their refresh: the opponents of the pools SEPO plays
     (train, exploit, collusive) that respond to the agent; one in the robust pool is never played
     in training, and evaluation gives it the evaluated policy's table."""
@@ -561,7 +576,7 @@ class Learner:
     policy: LMPolicy  # samples the rollouts (and their behaviour log-probs)
     optimizer: torch.optim.Optimizer
     estimator: EstimatorState  # running statistics: the exploit switch, the advantage scale
-    builder: BatchBuilder  # plays one rollout batch
+    builder: BatchBuilder | ExactValueBuilder  # builds one training batch
     best_response: BestResponseSchedule  # keeps the pools' best responders answering the current policy
 
 
@@ -663,15 +678,17 @@ def log_step(
         step=step,
     )
     trust = f"  kl_step {stats['kl_step']:.4f}  step {stats['step_fraction']:.3g}" if "kl_step" in stats else ""
+    read = f"  exploit_exact {batch.stats['exploit_exact']:.3f}" if "exploit_exact" in batch.stats else ""
     terms = " ".join(
         f"{k.split('/')[1]} {batch.stats[k]:.3f}" for k in ("train/u", "exploit/e", "collusive/c", "train/x")
     )
     log.info(
-        "step %d  loss %.4f  objective %.3f (%s)  kl_ref %.4f  kl_after %s  clip %.3f%s  %.1f s%s",
+        "step %d  loss %.4f  objective %.3f (%s)%s  kl_ref %.4f  kl_after %s  clip %.3f%s  %.1f s%s",
         step,
         stats["loss"],
         batch.stats["objective"],
         terms,
+        read,
         stats.get("kl_ref", 0.0),
         f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-",
         stats["clip_fraction"],

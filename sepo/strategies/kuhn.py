@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from sepo.games.kuhn import ACTION_INDEX, CARDS, node_of
 from sepo.games.kuhn_exact import Table, best_response_table
 from sepo.strategies.base import Strategy, register
@@ -38,6 +40,12 @@ class KuhnTableStrategy(Strategy):
     def probs(self, obs: dict[str, Any], legal: list[str]) -> dict[str, float]:
         p = self.aggression[(obs["card"], node_of(obs["betting"]))]
         return {a: (p if ACTION_INDEX[a] == 1 else 1.0 - p) for a in legal}
+
+    def table(self) -> Table:
+        """The (pass/fold, bet/call) probabilities at the 12 information sets, in `sepo.games.kuhn_exact`'s layout."""
+        return {
+            f"{CARDS.index(card)}{history}": np.array([1.0 - p, p]) for (card, history), p in self.aggression.items()
+        }
 
 
 @register("kuhn", "NashApx", "NashApprox")

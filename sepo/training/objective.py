@@ -211,6 +211,9 @@ class EstimatorState:
     switch_episodes: int = 32
     adv_scale: float | None = None
     exploit_adv: dict[str, list[float]] = field(default_factory=dict)
+    #: `sepo.estimator=exact_values`: the previous batch's played table (information set -> P(bet or call)), which
+    #: the next batch's best responder and max(0, .) switches answer, independent of that batch's own samples
+    table: dict[str, float] | None = None
 
     def exploit_on(self, opponent: str) -> bool:
         history = self.exploit_adv.get(opponent, [])
@@ -234,11 +237,17 @@ class EstimatorState:
             self.adv_scale = self.scale_decay * self.adv_scale + (1.0 - self.scale_decay) * batch_std
 
     def to_dict(self) -> dict[str, Any]:
-        return {"adv_scale": self.adv_scale, "exploit_adv": {k: list(v) for k, v in self.exploit_adv.items()}}
+        return {
+            "adv_scale": self.adv_scale,
+            "exploit_adv": {k: list(v) for k, v in self.exploit_adv.items()},
+            **({"table": dict(self.table)} if self.table is not None else {}),
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.adv_scale = state.get("adv_scale")
         self.exploit_adv = {k: [float(a) for a in v] for k, v in (state.get("exploit_adv") or {}).items()}
+        table = state.get("table")
+        self.table = {k: float(v) for k, v in table.items()} if table is not None else None
 
 
 # --------------------------------------------------------------------------- the update

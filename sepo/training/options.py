@@ -11,3 +11,7 @@ ADV_NORMS = ("batch", "group_round")
 LENGTH_NORMS = ("answer", "budget")
 #: sepo.lr_schedule: how the learning rate goes from sepo.lr to sepo.lr_final_ratio * sepo.lr
 LR_SCHEDULES = ("constant", "cosine", "linear")
+#: sepo.estimator: advantages from played episodes, or (Kuhn poker) exact values of the sampled actions
+ESTIMATORS = ("rollouts", "exact_values")
+#: the games whose rules and pools `sepo.estimator=exact_values` can value exactly
+EXACT_VALUE_GAMES = ("kuhn",)
