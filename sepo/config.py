@@ -170,6 +170,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (_game("kuhn"), "game.ante", integer(1)),
     (_game("kuhn"), "game.bet", integer(1)),
     (_game("kuhn"), "game.reasoning.name_the_check", boolean()),
+    (_game("kuhn"), "game.reasoning.phrasings", integer(0)),
     (_game("kuhn"), "game.training.lr", real(0.0, strict=True)),
     (_game("kuhn"), "game.training.beta", real(0.0)),
     # ---- the model

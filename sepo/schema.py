@@ -331,6 +331,7 @@ class NegV2Schema(GameSchema):
 @dataclass
 class KuhnReasoningSchema:
     name_the_check: bool = MISSING
+    phrasings: int = MISSING
 
 
 @dataclass

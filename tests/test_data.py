@@ -300,3 +300,20 @@ def test_kuhn_can_name_a_bet_after_ones_own_check():
     for case, lines in kuhn.items():
         assert all(line.startswith("I checked") == ("checkbet" in case) for line in lines), case
     assert {c.replace("checkbet", "facing") for c in kuhn if "checkbet" in c} == {c for c in kuhn if "facing" in c}
+
+
+def test_kuhn_can_keep_one_phrasing_per_case():
+    """game.reasoning.phrasings=k keeps each case's first k lines (SEPO then trains on answers whose wording says
+    less); 0 keeps them all."""
+    from sepo.training.reasoning import PHRASES
+
+    obs = {"card": "K", "betting": []}
+    first = PHRASES["kuhn"]["K_open_BET"][0]
+    rng = np.random.default_rng(0)
+    one = {
+        reasoning_line("kuhn", "NashApprox", "BET", obs, rng, {"phrasings": 1, "name_the_check": False})
+        for _ in range(20)
+    }
+    assert one == {first}
+    every = {reasoning_line("kuhn", "NashApprox", "BET", obs, rng, {"phrasings": 0}) for _ in range(40)}
+    assert every == set(PHRASES["kuhn"]["K_open_BET"]) and len(every) > 1

@@ -58,10 +58,13 @@ def reasoning_line(
 ) -> str:
     """One reasoning line for `strategy` taking `action` after observing `obs` (no newline).
 
-    `options`: the game's `reasoning` config block, passed to its explainer (Kuhn: `name_the_check`).
+    `options`: the game's `reasoning` config block: `phrasings` (k > 0: only each case's first k phrasings; 0: all)
+    and the rest for its explainer (Kuhn: `name_the_check`).
     """
+    phrasings = int((options or {}).get("phrasings", 0) or 0)
     case, fields = _explain(game, strategy, action, obs, options)
     phrases = PHRASES.get(game, {}).get(case) or (RANDOM_LINES if case == "random" else GENERIC)
+    phrases = phrases[:phrasings] if phrasings else phrases
     return phrases[int(rng.integers(len(phrases)))].format(action=action, **fields)
 
 
@@ -81,7 +84,8 @@ def _explain(
         return "random", {}
     if game not in EXPLAINERS:
         return "generic", {}
-    case, fields, implied = EXPLAINERS[game](name, action, obs, **(options or {}))
+    explainer_options = {k: v for k, v in (options or {}).items() if k != "phrasings"}  # phrasings: reasoning_line's
+    case, fields, implied = EXPLAINERS[game](name, action, obs, **explainer_options)
     return ("generic", {}) if implied is not None and implied != action else (case, fields)
 
 
