@@ -53,8 +53,6 @@ from sepo.strategies import make_strategy
 from sepo.training.objective import EstimatorState
 from sepo.training.rollouts import RolloutBatch, batch_seed
 
-#: the exploit pool's opponent that answers the agent's table (`sepo.strategies.kuhn.BestResponse`)
-RESPONDER = "BestResponse"
 #: the terms of Kuhn's J (it has no collusive pool and no externality)
 EXACT_TERMS = ("u", "e")
 
@@ -80,14 +78,21 @@ class KuhnObjective:
             name: best_response_table(at, self.ante, self.bet) if table is None else table
             for name, table in self.exploit.items()
         }
-        return tables, {name: -2.0 * self.value(at, t) > 0.0 for name, t in tables.items()}
+        return tables, {name: a > 0.0 for name, a in self.advantages(at, tables).items()}
+
+    def payoff(self, agent: Table) -> float:
+        """u: the agent's chips per hand against the train pool."""
+        return float(np.mean([self.value(agent, t) for t in self.train.values()])) if self.train else 0.0
+
+    def advantages(self, agent: Table, exploit: dict[str, Table]) -> dict[str, float]:
+        """Each exploit opponent's chips minus the agent's, per hand (zero-sum: -2 * the agent's value)."""
+        return {n: -2.0 * self.value(agent, t) for n, t in exploit.items()}
 
     def terms(self, agent: Table, exploit: dict[str, Table], on: dict[str, bool]) -> dict[str, float]:
-        """s*u and -lambda_e*s*e of `agent` against the given exploit tables and switches (zero-sum: the
-        opponent's chips are the agent's, negated, so adv = -2 * value)."""
-        u = float(np.mean([self.value(agent, t) for t in self.train.values()])) if self.train else 0.0
-        e = float(np.mean([on[n] * -2.0 * self.value(agent, t) for n, t in exploit.items()])) if exploit else 0.0
-        return {"u": self.reward_scale * u, "e": -self.lambda_e * self.reward_scale * e}
+        """s*u and -lambda_e*s*e of `agent` against the given exploit tables and switches."""
+        advantages = self.advantages(agent, exploit)
+        e = float(np.mean([on[n] * a for n, a in advantages.items()])) if advantages else 0.0
+        return {"u": self.reward_scale * self.payoff(agent), "e": -self.lambda_e * self.reward_scale * e}
 
     def action_values(self, table: Table, held_at: Table) -> dict[str, dict[str, np.ndarray]]:
         """term -> information set -> [J_I(pass/fold), J_I(bet/call)]: each term of J with the information set
@@ -108,8 +113,7 @@ class KuhnObjective:
     def measured(self, table: Table) -> dict[str, float]:
         """u, e and J of `table` itself: its own best response, and max(0, .) of its own advantages."""
         exploit, _ = self.held(table)
-        u = float(np.mean([self.value(table, t) for t in self.train.values()])) if self.train else 0.0
-        advantages = {n: -2.0 * self.value(table, t) for n, t in exploit.items()}
+        u, advantages = self.payoff(table), self.advantages(table, exploit)
         e = float(np.mean([max(0.0, a) for a in advantages.values()])) if advantages else 0.0
         return {
             "objective": self.reward_scale * u - self.lambda_e * self.reward_scale * e,
@@ -131,11 +135,11 @@ class ExactValueBuilder:
 
     def __init__(self, cfg: DictConfig, s: DictConfig):
         self.pools = pools_of(cfg.game)
-        tables = {
-            name: None if name == RESPONDER else table_of(make_strategy(cfg.game, name, key="game.pools"))
-            for pool in ("train", "exploit")
-            for name in self.pools[pool]
+        strategies = {
+            n: make_strategy(cfg.game, n, key="game.pools") for p in ("train", "exploit") for n in self.pools[p]
         }
+        # an opponent that answers the agent's table (BestResponse) is held at the running table instead
+        tables = {n: None if getattr(st, "responds_to_agent", False) else st.table() for n, st in strategies.items()}
         self.objective = KuhnObjective(
             train={n: tables[n] for n in self.pools["train"]},
             exploit={n: tables[n] for n in self.pools["exploit"]},
@@ -206,8 +210,3 @@ def played_table_from(keyed: list[tuple[str, Any]], estimates: list[ActionEstima
     se = {key: float(next(v for a, v in e.se.items() if ACTION_INDEX[a] == 1)) for (key, _), e in zip(keyed, estimates)}
     mixed = float(np.mean([e.rao_blackwellised for e in estimates]))
     return PlayedTable(table, se, samples, mixed, game.ante, game.bet)
-
-
-def table_of(strategy: Any) -> Table:
-    """A Kuhn table strategy's (pass/fold, bet/call) probabilities at the 12 information sets."""
-    return strategy.table()
