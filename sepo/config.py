@@ -57,7 +57,6 @@ from sepo.stages import STAGES
 from sepo.strategies import known_strategies, make_strategy, responds_to_agent
 from sepo.training.options import (
     ADV_NORMS,
-    BASELINES,
     CREDITS,
     ESTIMATORS,
     EXACT_VALUE_GAMES,
@@ -269,7 +268,6 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.estimator", one_of(*ESTIMATORS)),
     (SEPO, "sepo.infoset_samples", integer(2, why="the leave-one-out baseline compares each answer with the others")),
     (SEPO, "sepo.responder_table_decay", real(0.0, high=1.0, high_closed=True)),
-    (SEPO, "sepo.baseline", one_of(*BASELINES)),
     (SEPO, "sepo.penalty_mode", one_of(*PENALTY_MODES)),
     (SEPO, "sepo.credit", one_of(*CREDITS)),
     (SEPO, "sepo.adv_norm", one_of(*ADV_NORMS)),
@@ -647,11 +645,6 @@ def check_relations(cfg: DictConfig) -> None:
             cfg.sepo.estimator != "exact_values" or cfg.game.name in EXACT_VALUE_GAMES,
             f"sepo.estimator=exact_values is not allowed for game={cfg.game.name} (it values actions from Kuhn "
             f"poker's rules); allowed: game={'|'.join(EXACT_VALUE_GAMES)}, or sepo.estimator=rollouts",
-        )
-        _require(
-            cfg.sepo.baseline == "answer" or cfg.sepo.estimator == "exact_values",
-            f"sepo.baseline={cfg.sepo.baseline} is not allowed with sepo.estimator={cfg.sepo.estimator} (a prefix "
-            "baseline compares answers to one prompt); allowed: sepo.baseline=answer, or sepo.estimator=exact_values",
         )
         if float(cfg.sepo.lora.dropout) != 0.0:
             log.warning(

@@ -45,7 +45,6 @@ class SepoSchema:
     estimator: str = MISSING
     infoset_samples: int = MISSING
     responder_table_decay: float = MISSING
-    baseline: str = MISSING
     penalty_mode: str = MISSING
     credit: str = MISSING
     adv_norm: str = MISSING

@@ -8,7 +8,6 @@ computed by `sepo.games.kuhn_exact` (itself checked against OpenSpiel in tests/t
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass, field
 
@@ -23,7 +22,7 @@ from sepo.games import make_game
 from sepo.games.kuhn import ACTION_INDEX, CARDS, node_of
 from sepo.games.kuhn_exact import INFOSETS, best_response_table, exploitability
 from sepo.policies.base import Decision
-from sepo.training.exact_values import ExactValueBuilder, leave_one_out, prefix_advantages
+from sepo.training.exact_values import ExactValueBuilder, leave_one_out
 from sepo.training.objective import EstimatorState, sepo_settings
 
 from .conftest import final_adapter, run_dirs
@@ -145,58 +144,6 @@ def test_the_running_table_is_kept_for_resume():
     restored = EstimatorState()
     restored.load(state.to_dict())
     assert restored.table == state.table
-
-
-def test_prefix_baselines_by_hand():
-    """Token t of an answer is compared with the other answers that share its first t tokens; alone, with the deepest
-    prefix another answer shares. Answers 0 and 1 share (7, 8) and then differ in wording only: same value."""
-    answers = [(7, 8, 1), (7, 8, 2, 5), (7, 9), (4,)]
-    values = np.array([1.0, 1.0, 0.0, 0.5])
-    got = prefix_advantages(answers, values)
-    np.testing.assert_allclose(got[0], [1.0 - 0.5, 1.0 - 0.5, 1.0 - 1.0])  # all others; {1, 2}; {1}
-    np.testing.assert_allclose(got[1], [1.0 - 0.5, 1.0 - 0.5, 0.0, 0.0])  # {0, 2, 3}; {0, 2}; {0}; none: {0}'s
-    np.testing.assert_allclose(got[2], [0.0 - 2.5 / 3, 0.0 - 1.0])
-    np.testing.assert_allclose(got[3], [0.5 - 2.0 / 3])
-    assert prefix_advantages([(3,), (4,)], np.array([2.0, 0.0]))[0] == pytest.approx([2.0])  # one token: leave-one-out
-
-
-def test_the_prefix_baseline_keeps_the_expected_update_exactly():
-    """Every draw of K = 3 answers from a small token tree, enumerated with its probability: the expected update
-    sum_k sum_t A_kt * grad log p(token t) / K is the gradient of E[value], exactly as with the answer baseline."""
-    sequences = [(0, 0), (0, 1), (1, 0, 0), (1, 0, 1), (2,)]  # token trees of different depths
-    value = {seq: v for seq, v in zip(sequences, [1.0, 1.0, -0.5, 2.0, 0.25])}
-    logits = {(): torch.tensor([0.3, -0.2, 0.1]), (0,): torch.tensor([0.5, -0.5]), (1,): torch.tensor([0.0]),
-              (1, 0): torch.tensor([-0.4, 0.7])}  # fmt: skip
-    params = [t.requires_grad_() for t in logits.values()]
-
-    def token_logps(seq):
-        return [torch.log_softmax(logits[seq[:t]], 0)[seq[t]] for t in range(len(seq))]
-
-    probs = {seq: float(torch.stack(token_logps(seq)).sum().exp()) for seq in sequences}
-    assert sum(probs.values()) == pytest.approx(1.0)
-    exact = torch.autograd.grad(sum(torch.stack(token_logps(s)).sum().exp() * value[s] for s in sequences), params)
-
-    k = 3
-    for baseline in ("answer", "prefix"):
-        expected = [torch.zeros_like(p) for p in params]
-        for draw in itertools.product(sequences, repeat=k):
-            values = np.array([value[s] for s in draw])
-            if baseline == "prefix":
-                advantages = prefix_advantages(list(draw), values)
-            else:
-                advantages = [np.full(len(s), a) for s, a in zip(draw, leave_one_out(values))]
-            surrogate = sum(float(a[t]) * lp for s, a in zip(draw, advantages) for t, lp in enumerate(token_logps(s)))
-            weight = np.prod([probs[s] for s in draw]) / k
-            for e, g in zip(expected, torch.autograd.grad(surrogate, params, allow_unused=True)):
-                if g is not None:
-                    e += weight * g
-        for e, x in zip(expected, exact):
-            torch.testing.assert_close(e, x, atol=1e-6, rtol=1e-5)
-
-
-def test_the_prefix_baseline_is_for_exact_values():
-    with pytest.raises(ConfigError, match=r"sepo.baseline=prefix is not allowed with sepo.estimator=rollouts"):
-        validate(compose_config(["game=kuhn", "model=tiny", "stage=sepo", "sepo.baseline=prefix"]))
 
 
 def test_exact_values_is_for_kuhn_only():

@@ -39,16 +39,11 @@ def flat_gradient(params: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.grad.detach().reshape(-1).clone() for p in params])
 
 
-def gradient_of(learner, batch, ref, s, term: str | None = None, beta: float | None = None):
-    """The flat gradient of the batch loss, with one term's advantages (`"zero"`: none) or another beta when given."""
-    saved_adv, saved_tokens, saved_beta = batch.advantages, batch.token_advantages, s.beta
-    if term == "zero":
-        batch.advantages = np.zeros_like(batch.advantages)
-        batch.token_advantages = [0.0 * a for a in saved_tokens] if saved_tokens is not None else None
-    elif term is not None:
-        batch.advantages = batch.unscaled[term] / batch.scale
-        if saved_tokens is not None:
-            batch.token_advantages = [a / batch.scale for a in batch.token_unscaled[term]]
+def gradient_of(learner, batch, ref, s, advantages: np.ndarray | None = None, beta: float | None = None):
+    """The flat gradient of the batch loss, with other advantages or another beta when given."""
+    saved_adv, saved_beta = batch.advantages, s.beta
+    if advantages is not None:
+        batch.advantages = advantages
     if beta is not None:
         s.beta = beta
     params = [p for p in learner.model.parameters() if p.requires_grad]
@@ -56,7 +51,7 @@ def gradient_of(learner, batch, ref, s, term: str | None = None, beta: float | N
     for p in params:
         p.grad = torch.zeros_like(p)
     accumulate_gradients(learner.model, learner.policy, batch, ref, s)
-    batch.advantages, batch.token_advantages, s.beta = saved_adv, saved_tokens, saved_beta
+    batch.advantages, s.beta = saved_adv, saved_beta
     return flat_gradient(params)
 
 
@@ -123,9 +118,12 @@ def main() -> None:
         totals.append(gradient_of(learner, batch, ref, s))
         for term in TERMS:
             if term in batch.unscaled:
-                per_term[term].append(gradient_of(learner, batch, ref, s, term=term, beta=0.0))
+                per_term[term].append(
+                    gradient_of(learner, batch, ref, s, advantages=batch.unscaled[term] / batch.scale, beta=0.0)
+                )
         if ref is not None and float(s.beta) > 0:
-            kl_pulls.append(gradient_of(learner, batch, ref, s, term="zero"))
+            zero = np.zeros_like(batch.advantages)
+            kl_pulls.append(gradient_of(learner, batch, ref, s, advantages=zero))
         print(
             f"batch {k + 1}/{args.batches}: objective {objectives[-1]:.3f}, |g| {float(totals[-1].norm()):.4g}",
             flush=True,

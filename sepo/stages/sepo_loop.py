@@ -288,7 +288,7 @@ def accumulate_gradients(
         width = lp.shape[1]
         old = _pad([d.tokens.logprobs.float() for d in decisions], width).to(lp)
         reference = _pad([ref[i] for i in part], width).to(lp) if ref is not None else None
-        adv = advantage_rows(batch, part, width, lp)
+        adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=lp.dtype, device=lp.device)
         loss, stats = token_loss(
             lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens, answer_tokens=per_answer
         )
@@ -325,14 +325,6 @@ def accumulate_gradients(
     if diagnosis:
         raise Diverged(diagnosis)
     return summed
-
-
-def advantage_rows(batch: RolloutBatch, part: list[int], width: int, like: torch.Tensor) -> torch.Tensor:
-    """The advantages of the decisions `part` as the loss multiplies their tokens: [P, 1], one per decision, or
-    [P, width], one per token (`batch.token_advantages`, `sepo.baseline=prefix`)."""
-    if batch.token_advantages is None:
-        return torch.tensor([float(batch.advantages[i]) for i in part], dtype=like.dtype, device=like.device)[:, None]
-    return _pad([torch.as_tensor(batch.token_advantages[i], dtype=torch.float32) for i in part], width).to(like)
 
 
 def first_non_finite_gradient(model: Any) -> str | None:
@@ -380,11 +372,11 @@ def policy_change(
             old = _pad([before[i] for i in part], lp.shape[1]).to(lp)
             kl += float(masked(old_policy_kl(lp, old), real).sum())
             ratio = torch.exp(torch.clamp(lp - old, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-            adv = advantage_rows(batch, part, lp.shape[1], lp)
-            per_answer = masked(adv * (ratio - 1.0), real).sum(dim=1) / (
+            per_answer = masked(ratio - 1.0, real).sum(dim=1) / (
                 real.sum(dim=1).clamp(min=1) if divisor is None else divisor
             )
-            gain += float(per_answer.sum())
+            adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=per_answer.dtype)
+            gain += float((adv * per_answer.cpu()).sum())
             decisions += len(part)
     kl, gain, decisions = distributed.sum_floats(kl, gain, decisions)
     return kl / max(decisions, 1), gain

@@ -30,19 +30,6 @@ response held is the gradient of the exploitability; a table read from few answe
 responder where two actions are nearly worth the same, which smooths the max. `tests/test_exact_values.py`
 checks the expected update of a table agent against J's finite-difference gradient, term by term.
 
-The prefix baseline (`sepo.baseline=prefix`). An answer's score is the sum of its tokens' scores, and most of an
-SFT model's tokens only word a decision it has already taken: two answers that share their first words and then
-phrase the same action differently carry opposite scores on the same advantage, and that wording is most of a
-batch's noise. So token t of answer k may use its own baseline b_kt, the mean value of the OTHER answers at I that
-share answer k's first t - 1 tokens (while none does, the deepest prefix some other answer shares):
-
-    A_kt = (J_I(a_k) - b_kt) / K.
-
-b_kt depends only on the tokens before t and on the other, independent answers, so E[grad log p(token t) * b_kt]
-= 0 and the expected update is the one above; but once the words so far settle the action, every answer that
-shares them has the same value, and the tokens after carry no advantage at all. Token 1's baseline is the
-leave-one-out mean, so a one-token answer (a table agent) gets the answer baseline.
-
 What it measures is the hand-1 policy (no previous hands in the prompt), the policy `exploit_exact` reads;
 the evaluation's episodes, six hands with their history in the prompt, then show whether the later hands
 follow.
@@ -142,32 +129,6 @@ def leave_one_out(values: np.ndarray) -> np.ndarray:
     return values - (values.sum() - values) / (k - 1)
 
 
-def answer_tokens(decision: Decision) -> tuple[int, ...]:
-    """The answer's generated tokens; a policy that writes no text answers with one token, its action."""
-    if decision.tokens is None:
-        return (ACTION_INDEX[decision.action],)
-    return tuple(int(t) for t in decision.tokens.gen_ids.tolist())
-
-
-def prefix_advantages(answers: list[tuple[int, ...]], values: np.ndarray) -> list[np.ndarray]:
-    """For each answer k and each of its tokens t: values[k] minus the mean of values[j] over the other answers j
-    that share answer k's first t tokens (0-based t, so token 0 compares with all the others); where no other answer
-    shares them, the baseline of the deepest prefix some other answer shares."""
-    out = []
-    for k, words in enumerate(answers):
-        sharing = [j for j in range(len(answers)) if j != k]
-        baseline = np.empty(len(words))
-        current = float(np.mean(values[sharing]))
-        for t in range(len(words)):
-            if t > 0:
-                sharing = [j for j in sharing if len(answers[j]) >= t and answers[j][t - 1] == words[t - 1]]
-            if sharing:
-                current = float(np.mean(values[sharing]))
-            baseline[t] = current
-        out.append(values[k] - baseline)
-    return out
-
-
 class ExactValueBuilder:
     """Builds the exact-value batches of one Kuhn run (`sepo.estimator: exact_values`); the same `collect` as
     `sepo.training.rollouts.BatchBuilder`, so the loop takes either."""
@@ -191,7 +152,6 @@ class ExactValueBuilder:
         self.samples, self.seed = int(s.infoset_samples), int(s.seed)
         self.adv_norm, self.eps = str(s.adv_norm), float(s.adv_eps)
         self.table_decay = float(s.responder_table_decay)
-        self.prefix_baseline = str(s.baseline) == "prefix"
 
     def collect(self, game: Game, policy: Any, batch_index: int, state: EstimatorState) -> RolloutBatch:
         """Sample K answers per information set, read the table from them, and give each its exact advantage."""
@@ -205,20 +165,12 @@ class ExactValueBuilder:
         self.remember(state, played.table)
 
         unscaled: dict[str, list[float]] = {"total": [], **{k: [] for k in EXACT_TERMS}}
-        per_token: dict[str, list[np.ndarray]] = {"total": [], **{k: [] for k in EXACT_TERMS}}
         for i, (key, _) in enumerate(keyed):
-            answers = decisions[i * self.samples : (i + 1) * self.samples]
-            chosen = np.array([ACTION_INDEX[d.action] for d in answers])
+            chosen = np.array([ACTION_INDEX[d.action] for d in decisions[i * self.samples : (i + 1) * self.samples]])
             per_term = {k: leave_one_out(values[k][key][chosen]) / self.samples for k in EXACT_TERMS}
             for k in EXACT_TERMS:
                 unscaled[k] += per_term[k].tolist()
             unscaled["total"] += sum(per_term.values()).tolist()
-            if self.prefix_baseline:
-                words = [answer_tokens(d) for d in answers]
-                tokens = {k: prefix_advantages(words, values[k][key][chosen]) for k in EXACT_TERMS}
-                for k in EXACT_TERMS:
-                    per_token[k] += [a / self.samples for a in tokens[k]]
-                per_token["total"] += [sum(tokens[k][j] for k in EXACT_TERMS) / self.samples for j in range(len(words))]
         arrays = {k: np.asarray(v, dtype=float) for k, v in unscaled.items()}
 
         batch_std = float(arrays["total"].std())
@@ -238,11 +190,7 @@ class ExactValueBuilder:
             "adv_std/infosets": float((arrays["total"] / scale).std()),
             **{f"bet_or_call/{key}": float(p[1]) for key, p in played.table.items()},
         }
-        batch = RolloutBatch([], decisions, arrays["total"] / scale, arrays, scale, stats)
-        if self.prefix_baseline:
-            batch.token_advantages = [a / scale for a in per_token["total"]]
-            batch.token_unscaled = per_token
-        return batch
+        return RolloutBatch([], decisions, arrays["total"] / scale, arrays, scale, stats)
 
     def remember(self, state: EstimatorState, table: Table) -> None:
         """Fold this batch's table into the running table the next batches' responder and switches answer."""

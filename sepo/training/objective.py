@@ -274,8 +274,8 @@ def token_loss(
     in losing states and the shorter one in winning states (docs/results.md, Kuhn poker).
 
     Shapes: logp*, mask [D, L] (D decisions, L generated positions, mask 1 on real tokens);
-    advantage [D] (or [D, 1]): each decision's advantage, or [D, L]: one per token (`sepo.baseline=prefix`);
-    it already carries the 1/|pool|, 1/n, 1/T weights and the batch scale, so at ratio 1 the surrogate's gradient is -sum_d A_d * grad log pi(y_d) /
+    advantage [D]: each decision's advantage, which already carries the 1/|pool|, 1/n, 1/T weights
+    and the batch scale, so at ratio 1 the surrogate's gradient is -sum_d A_d * grad log pi(y_d) /
     answer_tokens (or the token mean of grad log pi). `kl_tokens` is the number of generated tokens of
     the whole batch (micro-batches add up to one mean); default: this call's tokens. Neither term's
     scale depends on how many opponents there are. `logp_ref=None` (beta = 0: the reference pass is skipped) drops the KL
@@ -283,7 +283,7 @@ def token_loss(
     """
     real = mask.bool()
     ratio = torch.exp(torch.clamp(logp - logp_old, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-    adv = advantage[:, None] if advantage.dim() == 1 else advantage
+    adv = advantage[:, None]
     surrogate = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     kl_ref = torch.clamp(logp - logp_ref, min=0.0) if logp_ref is not None else torch.zeros_like(logp)
     tokens = mask.sum(dim=1).clamp(min=1) if answer_tokens is None else float(answer_tokens)

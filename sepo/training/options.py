@@ -15,5 +15,3 @@ LR_SCHEDULES = ("constant", "cosine", "linear")
 ESTIMATORS = ("rollouts", "exact_values")
 #: the games whose rules and pools `sepo.estimator=exact_values` can value exactly
 EXACT_VALUE_GAMES = ("kuhn",)
-#: sepo.baseline (exact_values): what each answer's value is compared with, for all its tokens at once or token by token
-BASELINES = ("answer", "prefix")

@@ -87,11 +87,6 @@ class RolloutBatch:
     unscaled: dict[str, np.ndarray]
     scale: float  # the divisor used (1.0 with adv_norm=group_round)
     stats: dict[str, float]
-    #: per decision, one advantage per generated token (scaled like `advantages`; `sepo.baseline=prefix`); None: each
-    #: decision's advantage on all its tokens
-    token_advantages: list[np.ndarray] | None = None
-    #: the same before the scale, "total" and per term (what the gradient study takes term by term)
-    token_unscaled: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
 
 def _match_indices(group: GroupPlan) -> list[int]:
