@@ -22,8 +22,10 @@ drift), `levels`: exploit (Kuhn: exact) and safety of Base, SFT, SEPO and payoff
 the paper's SFT-degradation table), and `stability`: SEPO's safety at the chosen and at the final checkpoints (mean and SE over
 seeds), their per-seed difference final - chosen (mean and SE), and `final_holds_chosen`: the final
 checkpoint is not below the chosen one by more than one SE of that difference (late drift would be).
-SFT is one model per game, evaluated on the same test episodes, so its own noise is common to every
-seed and is not in the SE; the SE is the spread of the per-seed differences.
+Where SFT was trained once per seed (`launch/tiny_paper.sh`), each SEPO seed is compared with the SFT model it
+started from, so the SE of SEPO - SFT holds SFT's training noise too; where there is one SFT model, evaluated on
+the same test episodes, its own noise is common to every seed and is not in the SE. Either way the SE is the
+spread of the per-seed differences.
 """
 
 from __future__ import annotations
@@ -110,16 +112,17 @@ def runs_by_seed(
 
 
 def deltas(
-    sepo: dict, payoff_only: dict, sft: pd.Series, base: pd.Series | None, root: Path, which: str
+    sepo: dict, payoff_only: dict, sft: dict[int, pd.Series], base: pd.Series | None, root: Path, which: str
 ) -> dict[str, Any]:
-    """Each key's mean ± SE over seeds, and its value per seed (`per_seed`), so a verdict can show them."""
+    """Each key's mean ± SE over seeds, and its value per seed (`per_seed`), so a verdict can show them; each
+    seed against its own start (`sft_of_each`)."""
     rows: dict[str, dict[int, float]] = {k: {} for k in KEYS}
     for seed, run in sorted(sepo.items()):
-        point = run[which]
+        point, start = run[which], sft[seed]
         obj = objective(root / run["run_dir"])
-        rows["delta_j_train_vs_sft"][seed] = j_train(point, obj) - j_train(sft, obj)
-        rows["delta_safety_vs_sft"][seed] = point["safety"] - sft["safety"]
-        rows["delta_exploit_vs_sft"][seed] = exploit_of(point) - exploit_of(sft)
+        rows["delta_j_train_vs_sft"][seed] = j_train(point, obj) - j_train(start, obj)
+        rows["delta_safety_vs_sft"][seed] = point["safety"] - start["safety"]
+        rows["delta_exploit_vs_sft"][seed] = exploit_of(point) - exploit_of(start)
         if seed in payoff_only:
             rows["delta_safety_vs_payoff_only"][seed] = point["safety"] - payoff_only[seed][which]["safety"]
         if base is not None:
@@ -194,6 +197,23 @@ def sft_runs_of(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, varian
     return sel.groupby("run_dir", sort=True).tail(1)
 
 
+def sft_of_each(root: Path, sepo: dict, sft_runs: pd.DataFrame, sft: pd.Series) -> dict[int, pd.Series]:
+    """seed -> the SFT figures that seed's SEPO run is compared with: where the SFT cell holds several SFT runs (SFT
+    re-trained per seed), the one of the SFT seed its `model.path` was trained with; else the cell (one SFT model)."""
+    by_seed = {int(row["train_seed"]): row for _, row in sft_runs.iterrows() if pd.notna(row["train_seed"])}
+    if len(by_seed) < 2:
+        return dict.fromkeys(sepo, sft)
+    return {seed: by_seed.get(sft_seed_of_start(root, run["run_dir"]), sft) for seed, run in sepo.items()}
+
+
+def sft_seed_of_start(root: Path, run_dir: str) -> int | None:
+    """The `sft.seed` of the SFT model a SEPO run started from (the settings its `model.path`'s run recorded)."""
+    run = root / run_dir
+    settings = variants.recorded(run, root) or {}
+    seed = (variants.origin(settings.get("model.path"), run, root) or {}).get("sft.seed")
+    return None if seed is None else int(seed)
+
+
 def game_summary(
     df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choose: str, variant: str = ""
 ) -> dict[str, Any] | None:
@@ -206,8 +226,9 @@ def game_summary(
         df, game, PAYOFF_ONLY, choose, collect.matching_variant(c, game, model, PAYOFF_ONLY, variant)
     )
     base = collect.start_of(c, game, model, "base", variant)
-    best = deltas(sepo, payoff_only, sft, base, root, "best")
     sft_runs = sft_runs_of(df, c, game, model, variant)
+    starts = sft_of_each(root, sepo, sft_runs, sft)
+    best = deltas(sepo, payoff_only, starts, base, root, "best")
     return {
         **best,
         **(
@@ -217,7 +238,7 @@ def game_summary(
         ),
         "levels": levels(base, sft, sepo, payoff_only),
         "checkpoints": {str(s): r["best"]["checkpoint"] for s, r in sorted(sepo.items())},
-        "final": deltas(sepo, payoff_only, sft, base, root, "final"),
+        "final": deltas(sepo, payoff_only, starts, base, root, "final"),
         "stability": stability(sepo),
         "chosen_on": choose,
         **({"variant": variant} if variant else {}),

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from analysis.report import cell
-from launch.tiny_paper import GAMES, SFT_RUN_OF, preset_of
+from launch.tiny_paper import GAMES, SFT_RUN_OF, preset_of, sft_model
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 # tiny_paper's games, the SFT run each starts from, and its shared settings: this reruns its SEPO arm
@@ -60,7 +60,7 @@ def sweep(game: str, source: Path, root: Path, args: argparse.Namespace) -> list
         "stage=sepo",
         f"game={game}",
         f"lambdas={game}",
-        f"model.path={source / 'sft' / SFT_RUN_OF[game] / 'merged'}",
+        f"model.path={sft_model(source, SFT_RUN_OF[game], '${sepo.seed}')}",  # each seed from its own seed's SFT
         f"sepo.seed={args.seeds}",
         f"sepo.steps={args.steps}",
         f"sepo.checkpoint_steps=[{quarter},{2 * quarter},{3 * quarter}]",

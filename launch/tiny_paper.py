@@ -8,17 +8,19 @@
 `--model M` (default tiny, the embedded model) takes its settings from the preset
 `conf/experiment/M_paper.yaml` (and `M_paper_<game>.yaml` where one exists) and writes under
 `<root>/M_paper/`: `--model smollm2` is the same plan on SmolLM2-135M-Instruct, a pretrained chat model,
-where the Base row means something; `--model gemma4|qwen --launch slurm` is the paper's grid on a cluster,
-training each SFT once per model and dataset as the paper does (`launch/grid.sh` trains `multi` once per
-game: 3 times per model). Phases, in order; each is one Hydra sweep through the local launcher
-(`+launch=local`, `--jobs` at a time, each job given cores // jobs threads) or SLURM's, under
-`<root>/M_paper/<phase>/`:
-  sft            the model's three SFTs, as in the paper: `multi` (serves IPD, auction, neg_v1), `kuhn`,
-                 `neg_gt` (neg_v2), each evaluated on its own game
-  sft_eval       the `multi` SFT evaluated on auction and neg_v1 (the SFT rows of those tables)
+where the Base row means something; `--model gemma4|qwen --launch slurm` is the paper's grid on a cluster.
+SFT is trained once per dataset AND seed: the paper trains it once per dataset, but then SFT - Base is one draw
+of SFT's training (on SmolLM2's Kuhn two draws of the same data read 0.250 and 0.368 against Base's 0.336), so
+every seed s trains its own SFTs (`sft.seed=s`) and its SEPO and payoff-only runs (`sepo.seed=s`) start from
+them; `analysis.summary` pairs each SEPO seed with the SFT model it started from, and averages SFT - Base over
+the SFT draws. Phases, in order; each is one Hydra sweep through the local launcher (`+launch=local`, `--jobs`
+at a time, each job given cores // jobs threads) or SLURM's, under `<root>/M_paper/<phase>/`:
+  sft            per seed, the model's three SFTs: `multi` (serves IPD, auction, neg_v1), `kuhn`, `neg_gt`
+                 (neg_v2), each evaluated on its own game (`sft/<game>/sft_seed_<s>/`)
+  sft_eval       each seed's `multi` SFT evaluated on auction and neg_v1 (the SFT rows of those tables)
   base           the model before any training, on every game
-  sepo_<game>    per game, from its SFT: SEPO (the game's lambdas) and payoff-only (`lambdas=zero`; `--arms`
-                 picks), one run per seed (`sepo.seed`), every run evaluated on the same test episodes (and the same
+  sepo_<game>    per game and seed, from that seed's SFT: SEPO (the game's lambdas) and payoff-only
+                 (`lambdas=zero`; `--arms` picks), every run evaluated on the same test episodes (and the same
                  validation episodes, which choose each run's best checkpoint)
   tables         `python -m analysis.tables` and `python -m analysis.summary` into `<root>/M_paper/tables`
 The settings every job shares are the preset `conf/experiment/tiny_paper.yaml`; a game's SEPO runs use
@@ -51,6 +53,8 @@ CONF = ROOT / "conf" / "experiment"
 #: the arms each game's SEPO phase trains per seed: SEPO with the game's lambdas, and GRPO on the payoff alone
 ARMS = ("sepo", "payoff_only")
 LAUNCHERS = ("local", "slurm", "submitit_local")
+#: an SFT run's dir in its phase: one per dataset (named by the game it is trained under) and SFT seed
+SFT_SUBDIR = "${game.name}/sft_seed_${sft.seed}"
 
 
 def models() -> list[str]:
@@ -76,12 +80,15 @@ class Phase:
 def phases(
     out: Path, seeds: list[int], games: tuple[str, ...] = GAMES, model: str = "tiny", arms: tuple[str, ...] = ARMS
 ) -> list[Phase]:
-    """The phases for `games` (all five by default; a subset runs only the SFTs those games start from)."""
+    """The phases for `games` (all five by default; a subset runs only the SFTs those games start from). Every
+    seed s trains its own SFTs (`sft.seed=s`), and its SEPO and payoff-only runs (`sepo.seed=s`) start from them."""
     shared_preset = preset_of(model)
-    sft_dir = out / "sft"
     sft_games = sorted({SFT_RUN_OF[g] for g in games})
     shared = [g for g in games if SFT_RUN_OF[g] != g]
-    plan = [Phase("sft", ["stage=sft", f"game={','.join(sft_games)}"], "${game.name}", shared_preset)]
+    each_seed = ",".join(map(str, seeds))
+    plan = [
+        Phase("sft", ["stage=sft", f"game={','.join(sft_games)}", f"sft.seed={each_seed}"], SFT_SUBDIR, shared_preset)
+    ]
     if shared:
         plan.append(
             Phase(
@@ -90,9 +97,10 @@ def phases(
                     "stage=eval",
                     "eval.phase=sft",
                     f"game={','.join(shared)}",
-                    f"model.path={sft_dir / 'ipd' / 'merged'}",
+                    f"sft.seed={each_seed}",
+                    f"model.path={sft_model(out, 'ipd', '${sft.seed}')}",
                 ],
-                "${game.name}",
+                SFT_SUBDIR,
                 shared_preset,
             )
         )
@@ -105,14 +113,19 @@ def phases(
                     "stage=sepo",
                     f"game={game}",
                     "lambdas=" + ",".join(game if arm == "sepo" else "zero" for arm in arms),
-                    f"model.path={sft_dir / SFT_RUN_OF[game] / 'merged'}",
-                    f"sepo.seed={','.join(map(str, seeds))}",
+                    f"sepo.seed={each_seed}",
+                    f"model.path={sft_model(out, SFT_RUN_OF[game], '${sepo.seed}')}",
                 ],
                 "lambdas_${hydra:runtime.choices.lambdas}/sepo_seed_${sepo.seed}",
                 preset_of(model, game),
             )
         )
     return plan
+
+
+def sft_model(out: Path, sft_game: str, seed: str) -> Path:
+    """The merged SFT model of one dataset and SFT seed (a number, or an interpolation a sweep fills in)."""
+    return out / "sft" / sft_game / f"sft_seed_{seed}" / "merged"
 
 
 def model_of(text: str) -> str:
@@ -167,11 +180,17 @@ def expand(phase: Phase, out: Path, overrides: list[str]) -> list[list[str]]:
     for batch in BasicSweeper.split_arguments(parsed, None):
         for job in batch:
             values = dict(o.split("=", 1) for o in job if "=" in o)
-            subdir = (
-                phase.subdir.replace("${game.name}", values.get("game", "ipd"))
-                .replace("${hydra:runtime.choices.lambdas}", values.get("lambdas", ""))
-                .replace("${sepo.seed}", values.get("sepo.seed", ""))
-            )
+            fill = {
+                "${game.name}": values.get("game", "ipd"),
+                "${hydra:runtime.choices.lambdas}": values.get("lambdas", ""),
+                "${sepo.seed}": values.get("sepo.seed", ""),
+                "${sft.seed}": values.get("sft.seed", ""),
+            }
+            subdir = phase.subdir
+            job = [a.replace("$\\{", "${").replace("\\}", "}") for a in job]  # the parser's quoting of "${"
+            for key, value in fill.items():
+                subdir = subdir.replace(key, value)
+                job = [a.replace(key, value) if a.startswith("model.path=") else a for a in job]
             lines.append(["python", "main.py", phase.preset, *job, f"hydra.run.dir={out / phase.name / subdir}"])
     return lines
 
@@ -208,7 +227,7 @@ def main() -> int:
         "--seeds",
         type=lambda s: [int(x) for x in s.split(",")],
         default=[0, 1, 2],
-        help="SEPO seeds of every arm, comma-separated (default 0,1,2)",
+        help="seeds, comma-separated (default 0,1,2): each trains its own SFTs (sft.seed) and SEPO runs (sepo.seed)",
     )
     parser.add_argument(
         "--games",

@@ -29,11 +29,11 @@ def phase_counts(lines: list[str]) -> dict[str, int]:
     }
 
 
-def all_games_plan(sepo_jobs_per_game: int) -> dict[str, int]:
-    """The phases of the plan on all five games: 3 SFTs, the `multi` SFT evaluated on auction and neg_v1, Base
-    on every game, and each game's SEPO jobs (arms x seeds)."""
+def all_games_plan(sepo_jobs_per_game: int, seeds: int) -> dict[str, int]:
+    """The phases of the plan on all five games: per seed 3 SFTs and the `multi` SFT evaluated on auction and
+    neg_v1, Base on every game, and each game's SEPO jobs (arms x seeds)."""
     games = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
-    return {"sft": 3, "sft_eval": 2, "base": 5, **{f"sepo_{g}": sepo_jobs_per_game for g in games}}
+    return {"sft": 3 * seeds, "sft_eval": 2 * seeds, "base": 5, **{f"sepo_{g}": sepo_jobs_per_game for g in games}}
 
 
 def test_a_table_script_prints_one_command_per_job():
@@ -81,24 +81,30 @@ def test_an_unknown_experiment_is_one_line():
 
 
 def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
-    """3 SFTs (multi, kuhn, neg_gt), the multi SFT evaluated on auction and neg_v1, Base on 5 games, and per game
-    SEPO and payoff-only x 2 seeds from that game's SFT; nothing is run or written."""
+    """Per seed 3 SFTs (multi, kuhn, neg_gt) and the multi SFT evaluated on auction and neg_v1, Base on 5 games,
+    and per game SEPO and payoff-only x 2 seeds, each seed from that game's SFT of its own seed; nothing is run or
+    written."""
     proc = dry_run("tiny_paper.sh", "--root", str(tmp_path), "--seeds", "0,1", "sepo.lr=1e-3")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     phases = phase_counts(lines)
-    assert phases == all_games_plan(sepo_jobs_per_game=4)
+    assert phases == all_games_plan(sepo_jobs_per_game=4, seeds=2)
     jobs = [dict(a.split("=", 1) for a in line.split()[2:] if "=" in a) for line in lines if not line.startswith("#")]
     assert len(jobs) == sum(phases.values())
     assert all(j["sepo.lr"] == "0.001" for j in jobs)  # the user's keys reach every job
-    sft_of = {j["game"]: j["model.path"] for j in jobs if j.get("stage") == "sepo"}
     out = tmp_path / "tiny_paper"
+    trained = {(j["game"], j["sft.seed"]): j["hydra.run.dir"] for j in jobs if j.get("stage") == "sft"}
+    assert trained == {(g, s): str(out / "sft" / g / f"sft_seed_{s}") for g in ("ipd", "kuhn", "neg_v2") for s in "01"}
+    sft_of = {(j["game"], j["sepo.seed"]): j["model.path"] for j in jobs if j.get("stage") == "sepo"}
     assert sft_of == {
-        g: str(out / "sft" / s / "merged")
+        (g, seed): trained[(s, seed)] + "/merged"
         for g, s in (("ipd", "ipd"), ("auction", "ipd"), ("neg_v1", "ipd"), ("neg_v2", "neg_v2"), ("kuhn", "kuhn"))
+        for seed in "01"
     }
+    evaluated = {(j["game"], j["sft.seed"]): j["model.path"] for j in jobs if j.get("eval.phase") == "sft"}
+    assert evaluated == {(g, s): trained[("ipd", s)] + "/merged" for g in ("auction", "neg_v1") for s in "01"}
     arms = sorted((j["game"], j["lambdas"], j["sepo.seed"]) for j in jobs if j.get("stage") == "sepo")
-    assert arms == sorted((g, lam, s) for g in sft_of for lam in (g, "zero") for s in ("0", "1"))
+    assert arms == sorted((g, lam, s) for g, s in sft_of for lam in (g, "zero"))
     assert len({j["hydra.run.dir"] for j in jobs}) == len(jobs)  # every job its own run dir
     preset_of = {line.split()[4]: line.split()[2] for line in lines if " stage=sepo " in line}
     assert preset_of == {  # IPD and Kuhn add their tuned settings to the shared preset
@@ -114,8 +120,8 @@ def test_tiny_paper_dry_run_lists_every_job_of_every_phase(tmp_path):
 @pytest.mark.parametrize(
     "games, expected",
     [
-        ("neg_v1", {"sft": 1, "sft_eval": 1, "base": 1, "sepo_neg_v1": 6}),
-        ("kuhn,neg_v2", {"sft": 2, "base": 2, "sepo_neg_v2": 6, "sepo_kuhn": 6}),
+        ("neg_v1", {"sft": 3, "sft_eval": 3, "base": 1, "sepo_neg_v1": 6}),
+        ("kuhn,neg_v2", {"sft": 6, "base": 2, "sepo_neg_v2": 6, "sepo_kuhn": 6}),
     ],
 )
 def test_tiny_paper_on_some_games_runs_only_the_sfts_they_start_from(tmp_path, games, expected):
@@ -126,7 +132,7 @@ def test_tiny_paper_on_some_games_runs_only_the_sfts_they_start_from(tmp_path, g
     lines = proc.stdout.strip().splitlines()
     phases = phase_counts(lines)
     assert phases == expected
-    sft_games = sorted(line.split("game=")[1].split()[0] for line in lines if " stage=sft " in line)
+    sft_games = sorted({line.split("game=")[1].split()[0] for line in lines if " stage=sft " in line})
     assert sft_games == sorted({"neg_v1": "ipd", "kuhn": "kuhn", "neg_v2": "neg_v2"}[g] for g in games.split(","))
 
 
@@ -159,14 +165,14 @@ def test_tiny_paper_takes_a_model_with_a_paper_preset(tmp_path):
     )
 
 
-def test_the_paper_plan_on_a_full_size_model_trains_each_sft_once(tmp_path):
-    """`paper_plan.sh --model gemma4 --arms sepo`: the grid's jobs for one model with its three SFTs trained once
-    (grid.sh trains `multi` once per game), one SEPO run per game and seed, no payoff-only arm."""
+def test_the_paper_plan_on_a_full_size_model_trains_each_sft_once_per_seed(tmp_path):
+    """`paper_plan.sh --model gemma4 --arms sepo`: the grid's jobs for one model with its three SFTs trained once for
+    the one seed (grid.sh trains `multi` once per game), one SEPO run per game and seed, no payoff-only arm."""
     proc = dry_run("paper_plan.sh", "--model", "gemma4", "--root", str(tmp_path), "--seeds", "42", "--arms", "sepo")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     phases = phase_counts(lines)
-    assert phases == all_games_plan(sepo_jobs_per_game=1)
+    assert phases == all_games_plan(sepo_jobs_per_game=1, seeds=1)
     jobs = [line.split() for line in lines if not line.startswith("#")]
     assert {job[2] for job in jobs} == {"+experiment=gemma4_paper"}
     sepo = [dict(a.split("=", 1) for a in job if "=" in a) for job in jobs if "stage=sepo" in job]

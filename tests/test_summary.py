@@ -167,6 +167,35 @@ def test_base_deltas_pair_sepo_seeds_with_base_and_sft_runs_with_base(tmp_path):
     assert two == {"mean": 0.3, "se": 0.1, "n": 2, "se_from": "runs"}  # 0.4 and 0.2 over two SFT runs
 
 
+def test_sft_retrained_per_seed_each_sepo_seed_is_compared_with_its_own_sft(tmp_path):
+    """Two SFT runs (sft.seed 0 and 1) and one SEPO run from each: SEPO - SFT pairs every seed with the SFT model its
+    `model.path` names, not with their mean; SFT - Base and the SFT level are over the two SFT draws."""
+    write(tmp_path / "base" / "results.json", "eval", metrics(1.0, 0.5, 0.2, 0.3, 0.25), checkpoint=None)
+    (tmp_path / "base" / "DONE").write_text("{}\n")
+    for seed, exploit in ((0, 0.9), (1, 0.3)):
+        sft = tmp_path / "sft" / f"sft_seed_{seed}"
+        write(sft / "eval" / "sft" / "results.json", "sft", metrics(2.0, exploit, 0.25, 0.2, 1.0), train_seed=seed)
+        (sft / "merged").mkdir(parents=True)
+        (sft / "run_settings.yaml").write_text(yaml.safe_dump({"stage.name": "sft", "sft.seed": seed}))
+        (sft / "DONE").write_text("{}\n")
+    # SEPO seed 0 starts from SFT seed 1 and seed 1 from SFT seed 0: the pairing follows the path, not the number
+    for seed, start, exploit in ((0, 1, 0.2), (1, 0, 0.6)):
+        sepo_run(tmp_path, f"sepo{seed}", seed, LAMBDAS_TRAIN, [(20, metrics(2.5, exploit, 0.0, 0.1, 1.5), 1.5)])
+        settings = {
+            "stage.name": "sepo",
+            "model.path": str(tmp_path / "sft" / f"sft_seed_{start}" / "merged"),
+            "sepo.reward_scale": 3.0,
+            "game.max_payoff": 5.0,
+            **{f"lambdas.train.{k}": v for k, v in LAMBDAS_TRAIN.items()},
+        }
+        (tmp_path / f"sepo{seed}" / "run_settings.yaml").write_text(yaml.safe_dump(settings))
+
+    ipd = summarise(tmp_path)["ipd"]
+    assert ipd["delta_exploit_vs_sft"]["per_seed"] == {"0": pytest.approx(0.2 - 0.3), "1": pytest.approx(0.6 - 0.9)}
+    assert ipd["delta_exploit_sft_vs_base"] == {"mean": 0.1, "se": 0.3, "n": 2, "se_from": "runs"}  # 0.4 and -0.2
+    assert ipd["levels"]["sft"]["exploit"] == {"mean": 0.6, "se": 0.3}  # the SFT cell: over the two draws
+
+
 def test_without_a_base_row_the_base_keys_are_empty(tmp_path):
     write(tmp_path / "sft" / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.9, 0.25, 0.2, 1.0), train_seed=0)
     (tmp_path / "sft" / "DONE").write_text("{}\n")
