@@ -175,10 +175,12 @@ def claim_stat(s: dict, key: str, reference: tuple[str, str] | None) -> dict:
     """A claim's difference with the SE it must be judged by. Every seed's difference against a one-model arm
     shares that arm's single measurement, so the SE over seeds does not see its error: it is added in
     quadrature (conservative: the arms are read on the same episodes and sampling streams, whose positive
-    correlation would shrink it)."""
+    correlation would shrink it). SFT trained once per seed (`models` > 1) is no one-model arm: each seed is
+    compared with its own SFT model, so the SE over seeds holds SFT's error already."""
     stat = dict(s.get(key, {}))
     level = s.get("levels", {}).get(reference[0], {}).get(reference[1], {}) if reference else {}
-    if stat.get("se") is not None and level.get("se") is not None:
+    one_model = s.get("levels", {}).get(reference[0], {}).get("models", 1) == 1 if reference else False
+    if one_model and stat.get("se") is not None and level.get("se") is not None:
         stat["se"] = quadrature(stat["se"], level["se"])
     return stat
 
@@ -218,12 +220,13 @@ def pretrained_section(summary: dict, source: str, model: str = "smollm2") -> st
         f"{begin}\nFrom `{source}` (`python -m analysis.report --section pretrained`). Exploit (Kuhn: the exact "
         "exploitability as played) at Base, SFT and SEPO, lower is better: the paper's rows (its SFT-degradation "
         f"table) and {model}'s, SEPO at each seed's checkpoint chosen on validation episodes, mean ± SE over seeds; "
-        "Base and SFT are one model each, with their SE over episodes.\n\n"
+        "Base is one model, with its SE over episodes; SFT one model per SFT seed where it was trained per seed "
+        "(SE over those models), else one model (SE over episodes).\n\n"
         + header
         + "\n"
         + "\n".join(degradation)
-        + f"\n\nThe paper's claims on {model} (differences paired by seed; against Base or SFT, one model each, the SE "
-        "adds that model's own SE over episodes; holds: more than 2 SE on the claimed side):\n\n"
+        + f"\n\nThe paper's claims on {model} (differences paired by seed; against a one-model arm, Base or an SFT "
+        "trained once, the SE adds that model's own SE over episodes; holds: more than 2 SE on the claimed side):\n\n"
         + "\n".join(claims)
         + f"\n{end}"
     )

@@ -167,11 +167,11 @@ def arm_level(runs: dict) -> dict[str, Any]:
     }
 
 
-def levels(base: pd.Series | None, sft: pd.Series, sepo: dict, payoff_only: dict) -> dict[str, Any]:
+def levels(base: pd.Series | None, sft: pd.Series, sepo: dict, payoff_only: dict, sft_models: int) -> dict[str, Any]:
     """The rows the paper's SFT-degradation table prints (exploit at Base, SFT, SEPO) and their safety, so a
-    report can set them beside the paper's: Base and SFT are one model each (SE over episodes), SEPO and
-    payoff-only one run per seed (SE over seeds)."""
-    out = {"sft": level(sft), "sepo": arm_level(sepo)}
+    report can set them beside the paper's: Base is one model (SE over episodes), SFT `models` models (one per SFT
+    seed, SE over them; one: over episodes), SEPO and payoff-only one run per seed (SE over seeds)."""
+    out = {"sft": {**level(sft), "models": sft_models}, "sepo": arm_level(sepo)}
     if base is not None:
         out["base"] = level(base)
     if payoff_only:
@@ -236,7 +236,7 @@ def game_summary(
             if base is not None and not sft_runs.empty
             else {}
         ),
-        "levels": levels(base, sft, sepo, payoff_only),
+        "levels": levels(base, sft, sepo, payoff_only, max(len(sft_runs), 1)),
         "checkpoints": {str(s): r["best"]["checkpoint"] for s, r in sorted(sepo.items())},
         "final": deltas(sepo, payoff_only, starts, base, root, "final"),
         "stability": stability(sepo),

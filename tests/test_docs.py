@@ -136,6 +136,16 @@ def test_the_pretrained_tables_set_a_run_beside_the_papers_rows_and_judge_each_c
     assert claims[3] == "**holds**: +0.300 ± 0.112"  # sqrt(0.05^2 + Base's 0.1^2)
     assert claims[4].startswith("opposite: -0.400 ± 0.100")
 
+    # SFT trained once per seed: each seed against its own SFT model, so the SE over seeds stands alone
+    kuhn["levels"]["sft"]["models"] = 3
+    kuhn["delta_exploit_sft_vs_base"] = {"mean": 0.044, "se": 0.020, "n": 3, "se_from": "runs"}
+    (tmp_path / "summary.json").write_text(json.dumps({"kuhn": kuhn}))
+    assert report.main([str(tmp_path / "summary.json"), "--doc", str(doc), "--section", "pretrained"]) == 0
+    claims = [line for line in doc.read_text().splitlines() if line.startswith("| kuhn |")][3].split(" | ")
+    assert claims[1] == "**holds**: +0.044 ± 0.020"
+    assert claims[2] == "**holds**: -0.080 ± 0.020"
+    assert claims[3] == "**holds**: +0.300 ± 0.112"  # Base is one model still
+
 
 def undocumented_fields(path: Path, root: Path = ROOT) -> list[str]:
     """Keys of a config file that carry no comment. A key is documented by a comment on its line or
