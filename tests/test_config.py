@@ -113,6 +113,16 @@ def test_game_and_model_defaults_of_stage_settings_and_command_line_precedence(c
     assert (tiny.sepo.lr, tiny.sepo.beta, tiny.sepo.steps, tiny.eval.max_new_tokens) == (3.0, 0.2, 60, 48)
     assert (tiny.sepo.optimizer, tiny.sepo.trust_region_kl) == ("sgd", 0.05)  # the main job's choice (docs/results.md)
     assert compose_cfg("model=tiny", "sepo.steps=3", "eval.max_new_tokens=7").sepo.steps == 3
+    # a model's defaults for one game (conf/sepo/model_game/<model>_<game>.yaml) reach that game only
+    kuhn, ipd = compose_cfg("game=kuhn", "model=smollm2"), compose_cfg("game=ipd", "model=smollm2")
+    assert (kuhn.sepo.estimator, kuhn.sepo.optimizer, kuhn.sepo.lr, kuhn.sepo.steps) == (
+        "exact_values",
+        "sgd",
+        0.03,
+        40,
+    )
+    assert (ipd.sepo.estimator, ipd.sepo.optimizer, ipd.sepo.lr, ipd.sepo.steps) == ("rollouts", "adamw", 2e-4, 8)
+    assert compose_cfg("game=kuhn", "model=smollm2", "sepo.steps=3").sepo.steps == 3
 
 
 EXPECTED_CHOICES = {
@@ -127,6 +137,7 @@ EXPECTED_CHOICES = {
     "tiny_paper_ipd": {"model": "tiny", "logger": "none"},  # ... and what was tuned per game on top
     "tiny_paper_kuhn": {"model": "tiny", "logger": "none"},
     "smollm2_paper": {"model": "smollm2", "logger": "none"},  # `launch/tiny_paper.sh --model smollm2`
+    "smollm2_paper_kuhn": {"model": "smollm2", "logger": "none"},
     "gemma4_paper": {"model": "gemma4", "logger": "wandb"},  # `launch/paper_plan.sh --model gemma4`
     "qwen_paper": {"model": "qwen", "logger": "wandb"},
     "sepo_safety": {"model": "tiny", "logger": "none"},  # launch/sepo_safety.sh's shared settings
@@ -138,6 +149,7 @@ PAPER_SETTINGS = {
     "tiny_paper_ipd": (80, "cosine", 5, 20),
     "tiny_paper_kuhn": (40, "constant", 1, 20),
     "smollm2_paper": (10, "cosine", 1, 8),  # as docs/smollm2_summary.json was measured (the pipeline's: 8 steps, 6)
+    "smollm2_paper_kuhn": (40, "cosine", 1, 8),  # Kuhn's exact-value steps (conf/sepo/model_game/smollm2_kuhn.yaml)
     "gemma4_paper": (100, "constant", 5, 20),  # the paper's sizes: the stages' defaults
     "qwen_paper": (100, "constant", 5, 20),
     "sepo_safety": (60, "constant", 5, 20),  # steps: tiny's own (the launcher's --steps sets every arm's)
@@ -263,14 +275,14 @@ def test_every_stage_node_is_composed_onto_its_schema(model):
     assert check_values([f"model={model}", "sepo.micro_batch=4"]) is None
 
 
-@pytest.mark.parametrize("preset", [[], ["+experiment=smollm2_paper"]])
+@pytest.mark.parametrize("preset", [[], ["+experiment=smollm2_paper"], ["+experiment=smollm2_paper_kuhn"]])
 def test_smollm2_s_best_responders_read_the_policy_only_where_a_checkpoint_s_evaluation_reads_it(preset):
     """A read of Kuhn's played table costs ~55 s on 2 cores; where the best responders' refresh falls on an
     evaluated checkpoint, that evaluation's test read serves it (docs/speed.md §5o: every 5 with a checkpoint at 4
-    read the policy once more)."""
+    read the policy once more). Rollout batches have such responders (exact-value batches hold their own)."""
     from sepo.compose import compose_config
 
-    s = compose_config(["model=smollm2", "game=kuhn", *preset]).sepo
+    s = compose_config(["model=smollm2", "game=kuhn", "sepo.estimator=rollouts", *preset]).sepo
     refreshes = set(range(int(s.best_response_every), int(s.steps) + 1, int(s.best_response_every)))
     assert refreshes <= {int(k) for k in s.checkpoint_steps} | {int(s.steps)}
     assert refreshes  # the responders do re-read the policy during the run
