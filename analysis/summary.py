@@ -67,9 +67,10 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def objective(run_dir: Path) -> dict[str, float]:
-    """s and the training lambdas of a SEPO run, from the settings it recorded (analysis/variants.py)."""
-    cfg = variants.recorded(run_dir, run_dir) or {}
+def objective(run: Path, root: Path | None = None) -> dict[str, float]:
+    """s and the training lambdas of a SEPO run, from the settings it recorded (analysis/variants.py): its own, or
+    those of a run above it up to `root` (a pipeline's SEPO phase: the pipeline's)."""
+    cfg = variants.recorded(run, root or run) or {}
     s = float(cfg["sepo.reward_scale"]) / float(cfg["game.max_payoff"])
     return {"s": s, **{k: float(cfg[f"lambdas.train.{k}"]) for k in ("e", "c", "x")}}
 
@@ -119,7 +120,7 @@ def deltas(
     rows: dict[str, dict[int, float]] = {k: {} for k in KEYS}
     for seed, run in sorted(sepo.items()):
         point, start = run[which], sft[seed]
-        obj = objective(root / run["run_dir"])
+        obj = objective(root / run["run_dir"], root)
         rows["delta_j_train_vs_sft"][seed] = j_train(point, obj) - j_train(start, obj)
         rows["delta_safety_vs_sft"][seed] = point["safety"] - start["safety"]
         rows["delta_exploit_vs_sft"][seed] = exploit_of(point) - exploit_of(start)
@@ -207,10 +208,14 @@ def sft_of_each(root: Path, sepo: dict, sft_runs: pd.DataFrame, sft: pd.Series) 
 
 
 def sft_seed_of_start(root: Path, run_dir: str) -> int | None:
-    """The `sft.seed` of the SFT model a SEPO run started from (the settings its `model.path`'s run recorded)."""
+    """The `sft.seed` of the SFT model a SEPO run started from: a pipeline's own (its SFT phase beside it), else
+    the one the run's `model.path` names (the settings that model's run recorded)."""
     run = root / run_dir
     settings = variants.recorded(run, root) or {}
-    seed = (variants.origin(settings.get("model.path"), run, root) or {}).get("sft.seed")
+    if settings.get("stage.name") == "pipeline":
+        seed = settings.get("sft.seed")
+    else:
+        seed = (variants.origin(settings.get("model.path"), run, root) or {}).get("sft.seed")
     return None if seed is None else int(seed)
 
 

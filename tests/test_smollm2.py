@@ -212,7 +212,7 @@ SMOLLM2_PIPELINE = [
     "eval.progress=false",
     "sepo.steps=2",
     "sepo.checkpoint_steps=[1]",
-    "sepo.rollouts_per_opponent=2",
+    "sepo.infoset_samples=2",  # smollm2's Kuhn default: exact-value batches (conf/sepo/model_game/smollm2_kuhn.yaml)
     "sepo.max_new_tokens=12",
     "sepo.best_response_every=1",
 ]

@@ -196,6 +196,36 @@ def test_sft_retrained_per_seed_each_sepo_seed_is_compared_with_its_own_sft(tmp_
     assert ipd["levels"]["sft"]["exploit"] == {"mean": 0.6, "se": 0.3}  # the SFT cell: over the two draws
 
 
+def test_pipelines_each_compare_their_sepo_with_their_own_sft(tmp_path):
+    """`python main.py seed=s sft.seed=s sepo.seed=s`, one pipeline per seed under one root: each pipeline's SEPO
+    phase is compared with the SFT phase beside it (the pipeline's recorded sft.seed)."""
+    for seed, sft_exploit, sepo_exploit in ((1, 0.3, 0.1), (2, 0.2, 0.15)):
+        pipeline = tmp_path / f"pipeline_{seed}"
+        write(
+            pipeline / "sft" / "eval" / "sft" / "results.json",
+            "sft",
+            metrics(2.0, sft_exploit, 0.2, 0.2, 1.0),
+            train_seed=seed,
+        )
+        for name, split in (("results", "test"), ("validation", "validation")):  # phase dirs hold no settings
+            point = metrics(2.5, sepo_exploit, 0.0, 0.1, 1.5)
+            write(
+                pipeline / "sepo" / "eval" / "step_20" / f"{name}.json", "sepo", point, "final", 20, seed, split=split
+            )
+        (pipeline / "sepo" / "DONE").write_text("{}\n")
+        settings = {
+            "stage.name": "pipeline",
+            "sft.seed": seed,
+            "sepo.reward_scale": 3.0,
+            "game.max_payoff": 5.0,
+            **{f"lambdas.train.{k}": v for k, v in LAMBDAS_TRAIN.items()},
+        }
+        (pipeline / "run_settings.yaml").write_text(yaml.safe_dump(settings))
+        (pipeline / "DONE").write_text("{}\n")
+    ipd = summarise(tmp_path)["ipd"]
+    assert ipd["delta_exploit_vs_sft"]["per_seed"] == {"1": pytest.approx(-0.2), "2": pytest.approx(-0.05)}
+
+
 def test_without_a_base_row_the_base_keys_are_empty(tmp_path):
     write(tmp_path / "sft" / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.9, 0.25, 0.2, 1.0), train_seed=0)
     (tmp_path / "sft" / "DONE").write_text("{}\n")
