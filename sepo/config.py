@@ -491,7 +491,8 @@ def check_stage_keys(cfg: DictConfig) -> None:
             _require(
                 key in known,
                 f"{stage}.{key} is not a key of the {stage} node (set by model={cfg.model.name}'s "
-                f"conf/{stage}/model/{cfg.model.name}.yaml or a preset); allowed: {', '.join(sorted(known))}",
+                f"conf/{stage}/model/{cfg.model.name}.yaml, its conf/sepo/model_game/ file, or a preset); "
+                f"allowed: {', '.join(sorted(known))}",
             )
 
 
