@@ -16,6 +16,15 @@ from .conftest import ROOT
 LONG_EVAL = ["stage=eval", "model=scripted", "logger=wandb", "eval.progress=false", "eval.episodes_per_opponent=400"]
 
 
+def found(root, pattern: str) -> list:
+    """`root.rglob(pattern)` while a run writes under it: a temporary file of an atomic write can vanish between
+    the walk's listing and its look at it, and then the walk simply looks again at the next poll."""
+    try:
+        return list(root.rglob(pattern))
+    except FileNotFoundError:
+        return []
+
+
 @pytest.mark.parametrize(
     "signum,code", [(signal.SIGINT, 130), pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow)]
 )
@@ -30,7 +39,7 @@ def test_a_signal_marks_failed_closes_the_tracker_and_a_rerun_resumes(tmp_path, 
         text=True,
     )
     deadline = time.time() + 120
-    while not list((tmp_path / "outputs").rglob("wandb/offline-run-*")) and time.time() < deadline:
+    while not found(tmp_path / "outputs", "wandb/offline-run-*") and time.time() < deadline:
         time.sleep(0.2)  # the stage has started once its tracker exists
     time.sleep(1.0)
     proc.send_signal(signum)
