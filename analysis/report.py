@@ -32,6 +32,7 @@ BEGIN, END = markers("five-games")
 HEADERS = {
     "delta_j_train_vs_sft": "ΔJ (training λ) vs SFT",
     "delta_safety_vs_payoff_only": "ΔSafety vs payoff-only",
+    "delta_exploit_vs_payoff_only": "ΔExploit vs payoff-only",
     "delta_safety_vs_sft": "ΔSafety vs SFT",
     "delta_exploit_vs_sft": "ΔExploit vs SFT",
     "delta_safety_vs_base": "ΔSafety vs Base",
@@ -52,9 +53,9 @@ def cell(stat: dict, arrows: bool = True) -> str:
 
 
 def table(summary: dict, which: str | None = None) -> str:
-    """One column per summary key that every game has (a summary.json of older code lacks the newer ones, and
-    one merged from two runs may have them for some games only)."""
-    keys = [k for k in KEYS if all(k in s for s in summary.values())]
+    """One column per difference (`HEADERS`) that every game has (a summary.json of older code lacks the newer
+    ones, and one merged from two runs may have them for some games only)."""
+    keys = [k for k in KEYS if k in HEADERS and all(k in s for s in summary.values())]
     rows = ["| game | seeds | " + " | ".join(HEADERS[k] for k in keys) + " |", "|---" * (len(keys) + 2) + "|"]
     for game, s in summary.items():
         block = s if which is None else s[which]
@@ -168,6 +169,7 @@ CLAIMS = {
     "delta_exploit_vs_sft": ("SEPO lowers exploit below SFT's", -1, ("sft", "exploit")),
     "delta_safety_vs_base": ("SEPO's safety above Base's", 1, ("base", "safety")),
     "delta_safety_vs_payoff_only": ("SEPO's safety above payoff-only's", 1, None),  # both arms have seeds
+    "delta_exploit_vs_payoff_only": ("SEPO's exploit below payoff-only's", -1, None),
 }
 
 
@@ -209,10 +211,11 @@ def pretrained_section(summary: dict, source: str, model: str = "smollm2") -> st
     begin, end = markers("pretrained")
     header = "| game | model | Base | SFT | SEPO | SFT − Base | SEPO − Base |\n|---|---|---|---|---|---|---|"
     degradation = [row for game, s in summary.items() for row in degradation_rows(game, s, model)]
-    claims = ["| game | " + " | ".join(text for text, *_ in CLAIMS.values()) + " |", "|---" * (len(CLAIMS) + 1) + "|"]
+    tested = {key: claim for key, claim in CLAIMS.items() if any(key in s for s in summary.values())}
+    claims = ["| game | " + " | ".join(text for text, *_ in tested.values()) + " |", "|---" * (len(tested) + 1) + "|"]
     claims += [
         f"| {game} | "
-        + " | ".join(holds(claim_stat(s, key, reference), sign) for key, (_, sign, reference) in CLAIMS.items())
+        + " | ".join(holds(claim_stat(s, key, reference), sign) for key, (_, sign, reference) in tested.items())
         + " |"
         for game, s in summary.items()
     ]

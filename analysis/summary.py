@@ -7,8 +7,10 @@ validation episodes, reported on the test episodes; `--choose reported`: the pap
   delta_j_train_vs_sft         J at the TRAINING lambdas (what SEPO optimises), on the evaluation
                                episodes: J = s*u - lambda_e*s*e - lambda_c*c - lambda_x*x, SEPO - SFT
   delta_safety_vs_payoff_only  safety (evaluation lambdas), SEPO - payoff-only of the same seed
+  delta_exploit_vs_payoff_only exploit, SEPO - payoff-only of the same seed (is a fall the exploit term's doing?)
   delta_safety_vs_sft          safety, SEPO - SFT
   delta_exploit_vs_sft         exploit, SEPO - SFT (Kuhn poker: the exact exploitability)
+  exploit_ratio_vs_sft         exploit, SEPO / SFT (a target of the form "at most half of SFT's"; None where SFT's is 0)
   delta_safety_vs_base         safety, SEPO - Base (the model before any training; where a Base row exists)
 
 beside them, where both rows exist, `delta_exploit_sft_vs_base`: exploit, SFT - Base (the paper's
@@ -49,8 +51,10 @@ from sepo.paths import OUTPUT_DIR_ALLOWED, can_hold_outputs
 KEYS = (
     "delta_j_train_vs_sft",
     "delta_safety_vs_payoff_only",
+    "delta_exploit_vs_payoff_only",
     "delta_safety_vs_sft",
     "delta_exploit_vs_sft",
+    "exploit_ratio_vs_sft",
     "delta_safety_vs_base",
 )
 
@@ -124,8 +128,11 @@ def deltas(
         rows["delta_j_train_vs_sft"][seed] = j_train(point, obj) - j_train(start, obj)
         rows["delta_safety_vs_sft"][seed] = point["safety"] - start["safety"]
         rows["delta_exploit_vs_sft"][seed] = exploit_of(point) - exploit_of(start)
+        if exploit_of(start) != 0:
+            rows["exploit_ratio_vs_sft"][seed] = exploit_of(point) / exploit_of(start)
         if seed in payoff_only:
             rows["delta_safety_vs_payoff_only"][seed] = point["safety"] - payoff_only[seed][which]["safety"]
+            rows["delta_exploit_vs_payoff_only"][seed] = exploit_of(point) - exploit_of(payoff_only[seed][which])
         if base is not None:
             rows["delta_safety_vs_base"][seed] = point["safety"] - base["safety"]
     return {

@@ -45,7 +45,7 @@ def test_the_five_game_table_is_written_from_summary_json(tmp_path):
     assert text.startswith("# Results\n\nbefore\n")
     assert text.endswith("after\n")
     row = next(line for line in text.splitlines() if line.startswith("| ipd |"))
-    assert row.count("+0.500 ± 0.100 **↑**") == len(report.KEYS) - 1
+    assert row.count("+0.500 ± 0.100 **↑**") == len(report.HEADERS) - 1  # a ratio is no column
     assert "-0.050 ± 0.040 |" in row  # < 2 SE: no arrow
     older = {k: stat for k in report.KEYS if k != "delta_safety_vs_base"}  # a summary.json of older code
     (tmp_path / "summary.json").write_text(json.dumps({"ipd": {**older, "seeds": [0, 1, 2], "final": older}}))

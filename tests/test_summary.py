@@ -108,6 +108,9 @@ def test_deltas_are_paired_by_seed_at_each_runs_validation_chosen_checkpoint(tmp
     assert ipd["delta_safety_vs_sft"] == {"mean": 1.0, "se": 0.5, "n": 2, "per_seed": {"0": 0.5, "1": 1.5}}
     assert ipd["delta_safety_vs_payoff_only"] == {"mean": 3.5, "se": 0.0, "n": 2, "per_seed": {"0": 3.5, "1": 3.5}}
     assert ipd["delta_exploit_vs_sft"] == {"mean": -0.225, "se": 0.025, "n": 2, "per_seed": {"0": -0.25, "1": -0.2}}
+    # SEPO's exploit 0.25 and 0.3 against SFT's 0.5 and payoff-only's 3.0 in both seeds
+    assert ipd["exploit_ratio_vs_sft"] == {"mean": 0.55, "se": 0.05, "n": 2, "per_seed": {"0": 0.5, "1": 0.6}}
+    assert ipd["delta_exploit_vs_payoff_only"]["per_seed"] == {"0": -2.75, "1": -2.7}
     final = ipd["final"]  # the final checkpoints: safety 9.9 and 2.5
     assert final["delta_safety_vs_sft"]["mean"] == pytest.approx((8.9 + 1.5) / 2)
     # stability: chosen 1.5, 2.5 (mean 2.0, SE 0.5); final 9.9, 2.5 (mean 6.2); final - chosen 8.4, 0.0
