@@ -1,4 +1,4 @@
-"""`python -m analysis.report <summary.json> [--doc docs/results.md] [--section five-games|five-seeds|stability|pretrained]`.
+"""`python -m analysis.report <summary.json> [--doc docs/results.md] [--section five-games|five-seeds|stability|pretrained|kuhn-heldout]`.
 
 Renders `summary.json` (written by `analysis.summary`, e.g. by `launch/tiny_paper.sh` or
 `launch/stability.py`) as Markdown tables and puts them between the `<!-- <section>:begin -->` and
@@ -207,8 +207,8 @@ def holds(stat: dict, sign: int) -> str:
     return f"untested (one run, no SE): {value}"  # a single difference cannot show that a claim holds
 
 
-def pretrained_section(summary: dict, source: str, model: str = "smollm2") -> str:
-    begin, end = markers("pretrained")
+def pretrained_section(summary: dict, source: str, model: str = "smollm2", name: str = "pretrained") -> str:
+    begin, end = markers(name)
     header = "| game | model | Base | SFT | SEPO | SFT − Base | SEPO − Base |\n|---|---|---|---|---|---|---|"
     degradation = [row for game, s in summary.items() for row in degradation_rows(game, s, model)]
     tested = {key: claim for key, claim in CLAIMS.items() if any(key in s for s in summary.values())}
@@ -220,7 +220,7 @@ def pretrained_section(summary: dict, source: str, model: str = "smollm2") -> st
         for game, s in summary.items()
     ]
     return (
-        f"{begin}\nFrom `{source}` (`python -m analysis.report --section pretrained`). Exploit (Kuhn: the exact "
+        f"{begin}\nFrom `{source}` (`python -m analysis.report --section {name}`). Exploit (Kuhn: the exact "
         "exploitability as played) at Base, SFT and SEPO, lower is better: the paper's rows (its SFT-degradation "
         f"table) and {model}'s, SEPO at each seed's checkpoint chosen on validation episodes, mean ± SE over seeds; "
         "Base is one model, with its SE over episodes; SFT one model per SFT seed where it was trained per seed "
@@ -241,6 +241,8 @@ SECTIONS = {
     "five-seeds": partial(section, name="five-seeds", heading=""),
     "stability": stability_section,
     "pretrained": pretrained_section,
+    # the same tables for the held-out seeds of one game's pipeline (docs/smollm2_kuhn_heldout_summary.json)
+    "kuhn-heldout": partial(pretrained_section, name="kuhn-heldout"),
 }
 
 
