@@ -93,6 +93,29 @@ def test_rows_that_leave_as_they_stop_play_what_generate_plays(taught, drops, te
         assert len(drops) == len(set(lengths)) - 1  # at every step where some rows stopped, but the last
 
 
+@pytest.mark.parametrize("static_cache", [True, False])
+def test_rows_that_repeat_a_prompt_encode_it_once_and_play_what_generate_plays(taught, monkeypatch, static_cache):
+    """Three samples of each of four states (each its own stream): the first pass carries four rows, and every
+    row plays what generate, which encodes all twelve, gives it."""
+    states = [h for h in HISTORIES[:4] for _ in range(3)]
+    model, tokenizer, cfg = taught
+
+    def answers(**settings):
+        agent = LMPolicy(model, tokenizer, OmegaConf.merge(cfg, settings), 1.0, 24, 0)
+        return agent.act_batch([ipd_request(h, k) for k, h in enumerate(states)], return_logprobs=True)
+
+    passes = []
+    forward = row_dropping.forward_last
+    monkeypatch.setattr(row_dropping, "forward_last", lambda *a: passes.append(a[1].shape) or forward(*a))
+    plain = answers(static_cache=static_cache, drop_stopped_rows=0)
+    assert not passes
+    shared = answers(static_cache=static_cache, drop_stopped_rows=1.0)
+    assert passes[0][0] == 4 and passes[0][1] > 1  # the prompts' pass: one row per state
+    assert passes[1][0] == len(states)  # then every row draws its own tokens
+    assert_same_play(shared, plain)
+    assert len({d.text for d in plain}) > 4  # the copies of a state answered differently
+
+
 def test_a_batch_decoded_with_cascade_attention_drops_rows_the_same(taught, drops):
     from sepo.lm.cascade_attention import use_cascade_attention
 

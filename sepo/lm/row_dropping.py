@@ -12,6 +12,9 @@ it, in one copy of the cache's rows (`select_rows`; copying at every stop would 
 What each row samples is unchanged: its stream is keyed by row (`RowSampler`), its position ids and cache
 columns are those generate gives it, so only the float sums of a batch of another size differ.
 
+The prompts are encoded the same way: rows that repeat a prompt (K samples of one state) share one pass over
+it, and the cache rows are copied out to them before the first token is drawn (`encode_prompts`).
+
 Only plain full-attention caches (every layer `DynamicLayer` or `StaticLayer`) can drop rows this way; the
 caller declares it with `model.prefix_cache` (`model.drop_stopped_rows` needs it).
 """
@@ -106,7 +109,7 @@ def decode_dropping_stopped(
     already in `cache`); `after_prompts(cache)` sees the cache while it still holds every row's prompt."""
     rows, width_p = ids.shape
     positions = position_ids_from_mask(mask)  # the forwards' time is billed by `sepo.profiling.time_model_forwards`
-    logits = forward_last(model, ids[:, width_a:], mask, positions[:, width_a:], cache, extras)
+    logits = encode_prompts(model, ids, mask, positions, width_a, cache, extras)
     after_prompts(cache)
     open_rows = np.arange(rows)  # the request row of each cache row
     done = np.zeros(rows, dtype=bool)
@@ -129,6 +132,41 @@ def decode_dropping_stopped(
         if stop.stop_at[r] is None and decoded.tokens[r]:
             decoded.held[int(r)] = hold_row(cache, cache_row, mask[cache_row], width_p, decoded.fed(r))
     return decoded
+
+
+def encode_prompts(
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    width_a: int,
+    cache: Any,
+    extras: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+) -> torch.Tensor:
+    """The next-token logits after each prompt, every distinct prompt encoded once and its cache rows copied to
+    the rows that repeat it. K samples of one state share their prompt (`sepo.policies.played`: the exact-value
+    batch and the read of Kuhn's table ask each information set 16 or 32 times), and encoding each copy was a
+    fifth of a SmolLM2 Kuhn SEPO step."""
+    repeats = repeated_rows(ids, mask)
+    if repeats is None:
+        return forward_last(model, ids[:, width_a:], mask, positions[:, width_a:], cache, extras)
+    first, inverse = repeats
+    select_rows(cache, first)
+    logits = forward_last(model, ids[first, width_a:], mask[first], positions[first, width_a:], cache, extras)
+    select_rows(cache, inverse)
+    return logits[inverse]
+
+
+def repeated_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(the first row of each distinct prompt, each row's index among those), or None where no row repeats
+    another: rows are the same prompt when their tokens and their mask (the same padding) are."""
+    rows = torch.cat([ids, mask.to(ids.dtype)], dim=1)
+    distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    if len(distinct) == len(rows):
+        return None
+    first = torch.full((len(distinct),), len(rows), dtype=torch.long, device=ids.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(len(rows), device=ids.device), "amin")
+    return first, inverse
 
 
 def forward_last(
