@@ -536,3 +536,26 @@ def test_exploitability_se_is_the_spread_of_the_estimate(game, name):
     ]
     assert K.exploitability_se(centre, se) == pytest.approx(float(np.std(draws)), rel=0.15)
     assert K.exploitability_se(centre, {key: 0.0 for key in se}) == 0.0
+
+
+def test_the_dominant_actions_of_kuhn_arms_never_earn_less_and_nash_plays_them(game):
+    """benchmarks/kuhn/kuhn_arms.py removes weakly dominated actions: against every opponent table (random
+    ones, always-bet and always-pass) switching one of them to its dominant action never lowers the agent's
+    value in either seat, and the Nash table already plays them (removing changes nothing)."""
+    from benchmarks.kuhn.kuhn_arms import DOMINANT, without_dominated
+    from benchmarks.kuhn.kuhn_gradient import table_of as table_from
+
+    rng = np.random.default_rng(7)
+    opponents = [table_from(rng.random(12)) for _ in range(20)] + [table_from(np.ones(12)), table_from(np.zeros(12))]
+    for _ in range(20):
+        q = rng.random(12)
+        for infoset, p in DOMINANT.items():
+            moved = q.copy()
+            moved[K.INFOSETS.index(infoset)] = p
+            for o in opponents:
+                before, after = K.seat_values(table_from(q), o), K.seat_values(table_from(moved), o)
+                assert after["first"] >= before["first"] - 1e-12
+                assert after["second"] >= before["second"] - 1e-12
+    nash = table_of(game, "NashApx")
+    q = np.array([nash[k][1] for k in K.INFOSETS])
+    assert np.allclose(without_dominated(q), q)
