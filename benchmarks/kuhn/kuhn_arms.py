@@ -33,20 +33,20 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.kuhn.kuhn_gradient import exact_ascent, exact_gradients, exact_objective, exact_optimum, table_of
+from benchmarks.kuhn.kuhn_gradient import (
+    exact_ascent,
+    exact_gradients,
+    exact_objective,
+    exact_optimum,
+    played,
+    played_point,
+    table_of,
+)
 
 # information set -> P(BET or CALL) of the action that weakly dominates its alternative (docs/spec.md §1:
 # "0b" is the J facing an opening bet, "2p" the K after the opponent's check)
 DOMINANT = {"0b": 0.0, "0pb": 0.0, "2b": 1.0, "2pb": 1.0, "2p": 1.0}
 OBJECTIVES = {"sepo": [], "payoff_only": ["lambdas=zero"]}
-
-
-def played(results: Path) -> np.ndarray:
-    """The P(BET or CALL) of each information set, in `kuhn_exact.INFOSETS` order."""
-    from sepo.games.kuhn_exact import INFOSETS
-
-    table = json.loads(results.read_text())["played_table"]["bet_or_call"]
-    return np.array([table[k] for k in INFOSETS])
 
 
 def without_dominated(q: np.ndarray) -> np.ndarray:
@@ -60,8 +60,7 @@ def without_dominated(q: np.ndarray) -> np.ndarray:
 
 def start_row(results: Path, configs: dict, length: float) -> dict:
     """The exact figures of one start (see the module docstring)."""
-    q = np.clip(played(results), 0.01, 0.99)  # logits stay finite
-    theta = np.log(q / (1 - q))
+    q, theta = played_point(results)
     row = {"results": str(results), "exploitability": float(exact_objective(table_of(q), configs["sepo"])[1])}
     row["exploitability_without_dominated"] = float(exact_objective(table_of(without_dominated(q)), configs["sepo"])[1])
     for name, cfg in configs.items():

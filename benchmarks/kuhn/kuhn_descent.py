@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.summary import over_seeds
-from benchmarks.kuhn.kuhn_gradient import TableAgent, exact_objective
+from benchmarks.kuhn.kuhn_gradient import TableAgent, exact_objective, played_point
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 
@@ -82,11 +82,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. 'game.pools.exploit=[BestResponse]'")
     args = parser.parse_args()
 
-    from sepo.games.kuhn_exact import INFOSETS
-
-    played = json.loads(Path(args.results).read_text())["played_table"]["bet_or_call"]
-    q = np.clip(np.array([played[k] for k in INFOSETS]), 0.01, 0.99)  # logits stay finite
-    theta0 = np.log(q / (1 - q))
+    _, theta0 = played_point(args.results)
     j0, x0 = exact_objective(TableAgent(theta0).table(), compose_kuhn(0, args.overrides))
     print(f"start (the SFT model's played table): exploitability {x0:.4f}, J {j0:+.4f}; half: {x0 / 2:.4f}")
     runs, cells = [], []

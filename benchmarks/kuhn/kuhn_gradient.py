@@ -67,6 +67,21 @@ class TableAgent:
         return out
 
 
+def played(results: Path) -> np.ndarray:
+    """A Kuhn results.json's played table: P(BET or CALL) at each information set, in `kuhn_exact.INFOSETS` order."""
+    from sepo.games.kuhn_exact import INFOSETS
+
+    table = json.loads(Path(results).read_text())["played_table"]["bet_or_call"]
+    return np.array([table[k] for k in INFOSETS])
+
+
+def played_point(results: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The played table as a starting point: its probabilities clipped to [0.01, 0.99], so that the logits
+    stay finite, and those logits."""
+    q = np.clip(played(results), 0.01, 0.99)
+    return q, np.log(q / (1 - q))
+
+
 def exact_objective(table, cfg, response=None) -> tuple[float, float]:
     """J of docs/spec.md §4.1 for a history-independent table, and its exploitability, from expected values.
 
@@ -184,11 +199,8 @@ def batch_updates(theta: np.ndarray, cfg, batches: int, burn_in: int) -> np.ndar
 def main() -> None:
     args = parse_args()
     from sepo.compose import compose_config
-    from sepo.games.kuhn_exact import INFOSETS
 
-    played = json.loads(Path(args.results).read_text())["played_table"]["bet_or_call"]
-    q = np.clip(np.array([played[k] for k in INFOSETS]), 0.01, 0.99)  # logits stay finite
-    theta = np.log(q / (1 - q))
+    q, theta = played_point(args.results)
 
     def config(credit: str, n: int):
         return compose_config(
