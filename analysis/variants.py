@@ -88,11 +88,10 @@ def origin(path: str | None, run: Path, root: Path) -> dict[str, Any] | None:
     if path.startswith(ROOT_TOKEN):
         rest = path[len(ROOT_TOKEN) :].lstrip("/")
         candidates = [a / rest for a in run.parents]
-    for checkpoint in candidates:
-        if checkpoint.exists():
-            for directory in list(checkpoint.parents)[:3]:
-                if (directory / SETTINGS).is_file() or (directory / LEGACY_SETTINGS).is_file():
-                    return recorded(directory, directory)
+    for checkpoint in candidates:  # the checkpoint itself may be gone (a run's summary kept without its weights)
+        for directory in list(checkpoint.parents)[:3]:
+            if (directory / SETTINGS).is_file() or (directory / LEGACY_SETTINGS).is_file():
+                return recorded(directory, directory)
     return None
 
 

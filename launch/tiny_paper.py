@@ -2,7 +2,7 @@
 
     launch/tiny_paper.sh [--model tiny|smollm2|gemma4|qwen] [--dry-run] [--root DIR] [--seeds 0,1,2]
                          [--games ipd,...] [--arms sepo,payoff_only] [--launch local|slurm] [--jobs 2]
-                         [--tables-anyway] [overrides]
+                         [--archive DIR] [--tables-anyway] [overrides]
     launch/paper_plan.sh ...   (the same command, named for the full-size models on a cluster)
 
 `--model M` (default tiny, the embedded model) takes its settings from the preset
@@ -29,7 +29,10 @@ IPD, Kuhn). `key=value` arguments are passed to every job after its preset. `--d
 one command line each (run alone, it is that job in the same run dir), and runs nothing. Re-running the same
 command skips every finished job (its DONE marker) and resumes a SEPO run from its last checkpoint. A phase
 with a failed job stops the run before the tables (exit 1) unless --tables-anyway. Prints the wall time of
-every phase at the end.
+every phase at the end. `--archive DIR` keeps every finished run's summary under `DIR/<model>_paper/` after each
+phase (launch/archive.py: a few hundred kB a run, for git) and puts them back before the plan starts, so a plan
+that outlives its run dirs resumes from what was committed; `python -m analysis.summary DIR/<model>_paper` reads
+the archive alone.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from launch import archive
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,6 +200,33 @@ def expand(phase: Phase, out: Path, overrides: list[str]) -> list[list[str]]:
     return lines
 
 
+def job_dirs(line: list[str]) -> tuple[Path, Path | None]:
+    """(run dir, the model it starts from or None) of one job's command line from `expand`."""
+    values = dict(a.split("=", 1) for a in line if "=" in a)
+    model = values.get("model.path")
+    return Path(values["hydra.run.dir"]), Path(model) if model else None
+
+
+def resume_from_archive(plan: list[Phase], out: Path, overrides: list[str], kept: Path) -> None:
+    """Put the archived runs back into `out` (launch/archive.py), except the SFT models a job still to run
+    starts from, which train again."""
+    jobs = [job_dirs(line) for phase in plan for line in expand(phase, out, overrides)]
+    pending = [
+        (run, model)
+        for run, model in jobs
+        if not any((d / "DONE").is_file() for d in (run, kept / run.relative_to(out)))
+    ]
+    needed = {model for _, model in pending if model is not None}
+    restored, retrained = archive.restore(kept, out, needed)
+    retrained += [run.relative_to(out) for run in archive.unmark_modelless(needed)]
+    print(
+        f"archive {kept}: {len(restored)} finished run(s) put back, {len(pending)} job(s) to run"
+        + (f"; trained again for their models: {', '.join(map(str, retrained))}" if retrained else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def failed_jobs(sweep_dir: Path) -> list[str]:
     """The failed jobs the sweep's summary names (the sweep exits 1 when there are any)."""
     summary = sweep_dir / "sweep_summary.json"
@@ -249,6 +281,11 @@ def main() -> int:
     )
     parser.add_argument("--jobs", type=int, default=2, help="local: jobs at a time (each gets cores // jobs threads)")
     parser.add_argument("--tables-anyway", action="store_true", help="write the tables even when a job failed")
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        help="keep each finished run's summary under DIR/<model>_paper after every phase, and resume from it",
+    )
     args, overrides = parser.parse_known_args()
     name = f"{args.model}_paper"
     out = args.root.resolve() / name
@@ -263,11 +300,17 @@ def main() -> int:
         print(f"# tables -> {out / 'tables'}")
         return 0
 
+    plan = phases(out, args.seeds, args.games, args.model, args.arms)
+    kept = args.archive.resolve() / name if args.archive else None
+    if kept is not None:
+        resume_from_archive(plan, out, overrides, kept)
     started, seconds, failures = time.time(), {}, []
-    for phase in phases(out, args.seeds, args.games, args.model, args.arms):
+    for phase in plan:
         t0 = time.time()
         code = run(sweep_command(phase, out, args.jobs, overrides, args.launch))
         seconds[phase.name] = round(time.time() - t0, 1)
+        if kept is not None:
+            archive.keep(out / phase.name, kept / phase.name)
         failed = failed_jobs(out / phase.name) or ([f"the sweep itself exited {code}"] if code else [])
         failures += [f"{phase.name}/{name}" for name in failed]
         if failed and phase.name in ("sft", "sft_eval") and not args.tables_anyway:

@@ -170,15 +170,18 @@ def test_base_deltas_pair_sepo_seeds_with_base_and_sft_runs_with_base(tmp_path):
     assert two == {"mean": 0.3, "se": 0.1, "n": 2, "se_from": "runs"}  # 0.4 and 0.2 over two SFT runs
 
 
-def test_sft_retrained_per_seed_each_sepo_seed_is_compared_with_its_own_sft(tmp_path):
+@pytest.mark.parametrize("weights", [True, False], ids=["with_models", "summaries_only"])
+def test_sft_retrained_per_seed_each_sepo_seed_is_compared_with_its_own_sft(tmp_path, weights):
     """Two SFT runs (sft.seed 0 and 1) and one SEPO run from each: SEPO - SFT pairs every seed with the SFT model its
-    `model.path` names, not with their mean; SFT - Base and the SFT level are over the two SFT draws."""
+    `model.path` names, not with their mean; SFT - Base and the SFT level are over the two SFT draws. The same
+    without the merged models, as a paper plan's committed archive holds its runs (launch/archive.py)."""
     write(tmp_path / "base" / "results.json", "eval", metrics(1.0, 0.5, 0.2, 0.3, 0.25), checkpoint=None)
     (tmp_path / "base" / "DONE").write_text("{}\n")
     for seed, exploit in ((0, 0.9), (1, 0.3)):
         sft = tmp_path / "sft" / f"sft_seed_{seed}"
         write(sft / "eval" / "sft" / "results.json", "sft", metrics(2.0, exploit, 0.25, 0.2, 1.0), train_seed=seed)
-        (sft / "merged").mkdir(parents=True)
+        if weights:
+            (sft / "merged").mkdir(parents=True)
         (sft / "run_settings.yaml").write_text(yaml.safe_dump({"stage.name": "sft", "sft.seed": seed}))
         (sft / "DONE").write_text("{}\n")
     # SEPO seed 0 starts from SFT seed 1 and seed 1 from SFT seed 0: the pairing follows the path, not the number
