@@ -27,3 +27,25 @@ def test_a_seed_whose_j_falls_by_more_than_two_of_its_ses_fails_that_target():
     assert within["targets"][key] and not beyond["targets"][key]
     # one seed of five below SFT is allowed by "all seeds but at most one in five"
     assert beyond["targets"]["safety above SFT's in all seeds but at most one in five"]
+
+
+def test_the_ipd_fit_counts_each_feature_and_the_best_deterministic_agent_defects_only_in_the_last_round(tmp_path):
+    """benchmarks/studies/ipd_reactive.py: TFT against AltD (D, C, D, ... for 8 rounds) cooperates in round 1, after
+    each of AltD's 3 cooperations, never after its 4 defections, and meets no cooperation before the last round
+    (AltD defects in round 7); at IPD's lambdas the deterministic agent with the highest exact J is TFT that defects
+    in the last round after a cooperation: J 2.1977 and collusion 1/8 (docs/results.md, round 3)."""
+    import json
+
+    from benchmarks.studies.ipd_reactive import fit, optimum
+    from sepo.compose import compose_config
+
+    altd = ["DEFECT" if t % 2 == 0 else "COOPERATE" for t in range(8)]
+    tft = ["COOPERATE"] + ["COOPERATE" if o == "COOPERATE" else "DEFECT" for o in altd[:-1]]
+    episode = {"rounds": 8, "actions": [[a, o] for a, o in zip(tft, altd)]}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"per_episode": [episode]}))
+    assert fit(path) == [round(1.5 / 2, 4), round(3.5 / 4, 4), round(0.5 / 5, 4), 0.5]
+
+    best = optimum(compose_config(["game=ipd", "model=smollm2", "logger=none"]), step=1.0)
+    assert best["agent"] == {"p0": 1.0, "pC": 1.0, "pD": 0.0, "pC_last": 0.0}
+    assert best["J"] == 2.1977 and best["collusion"] == 0.125

@@ -1,0 +1,165 @@
+"""Does SEPO's objective on IPD ask for more collusion where a model starts? Exact, for the reactive
+strategy that a model's evaluation episodes fit.
+
+A language model's IPD policy reads the whole transcript; its evaluation episodes
+(`results.json`'s `per_episode` actions, every pool's opponents) fit the closest `endgame` agent of the
+gradient check (`benchmarks.estimator.finite_differences`): P(COOPERATE) in the first round, after the
+opponent cooperated, after it defected, and after a cooperation before the last round. At that agent the
+exact J (dynamic programming over the opponents' Markov chains, the training lambdas) gives:
+
+- each term and the collusion (share of rounds defecting on AlwaysC), beside what the episodes measured,
+  so the fit can be judged;
+- the rate at which collusion changes along the exact gradient ascent of SEPO's J and of payoff-only's
+  (the derivative of collusion along the unit ascent direction in logit coordinates): positive means that
+  the objective's first steps from this point buy more collusion;
+- the same two rates along the one direction "defect more at every feature alike" (all logits down
+  together): where a model cannot tell its features apart (the answer tokens are the same after a
+  cooperation and after a defection), this is the direction its steps take;
+- with `--optimum`, the endgame agent that maximises each objective (every deterministic agent, then a
+  grid of step 0.1 in probability) and its collusion.
+
+    python -m benchmarks.studies.ipd_reactive --results S1/sft/eval/sft/results.json ... [--optimum]
+        [--after S1/sepo/eval/step_8/results.json ...]
+
+`--after` fits each given checkpoint the same way and prints its probabilities beside its start's (the
+same order as --results). The last line is a JSON object {"starts": [...], "after": [...], "optima": {...}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.estimator.finite_differences import PARAMETER_NAMES, exact_terms, make_agent, opponent_means
+from sepo.games.ipd import COOPERATE
+
+OBJECTIVES = {"sepo": [], "payoff_only": ["lambdas=zero"]}
+KIND = "endgame"
+#: the unit direction in logit coordinates that lowers P(COOPERATE) at every feature alike
+ALIKE = -np.ones(len(PARAMETER_NAMES[KIND])) / np.sqrt(len(PARAMETER_NAMES[KIND]))
+
+
+def fit(results: Path) -> list[float]:
+    """The endgame agent's probabilities from an evaluation's episodes: each feature's share of COOPERATE
+    (add-half smoothing, so that a feature never seen cooperating still has a finite logit)."""
+    episodes = json.loads(results.read_text())["per_episode"]
+    counts = np.zeros((4, 2))  # feature -> (cooperations, decisions)
+    for episode in episodes:
+        actions, rounds = episode["actions"], episode["rounds"]
+        for t, (mine, _) in enumerate(actions):
+            last = actions[t - 1][1] if t else None
+            feature = (
+                0 if last is None else (3 if t == rounds - 1 and last == COOPERATE else 1 if last == COOPERATE else 2)
+            )
+            counts[feature] += (mine == COOPERATE, 1)
+    return [round(float((c + 0.5) / (n + 1.0)), 4) for c, n in counts]
+
+
+def collusion(agent, cfg) -> float:
+    pool = list(cfg.game.pools.collusive)
+    return float(np.mean([opponent_means(agent, o, cfg.game)["collusive"] for o in pool]))
+
+
+def objective(agent, cfg) -> float:
+    terms = exact_terms(agent, cfg, cfg.sepo)
+    return terms["u"] + terms["e"] + terms["c"] + terms["x"]
+
+
+def gradient(f, agent, h: float = 1e-4) -> np.ndarray:
+    """Central differences of f(agent) with respect to the agent's logits."""
+    out = np.zeros(len(agent.theta))
+    for i in range(len(out)):
+        up, down = agent.theta.copy(), agent.theta.copy()
+        up[i] += h
+        down[i] -= h
+        out[i] = (f(replace(agent, theta=up)) - f(replace(agent, theta=down))) / (2 * h)
+    return out
+
+
+def start_row(results: Path, configs: dict) -> dict:
+    data = json.loads(results.read_text())
+    probabilities = fit(results)
+    agent = make_agent(KIND, probabilities)
+    sepo_cfg = configs["sepo"]
+    terms = exact_terms(agent, sepo_cfg, sepo_cfg.sepo)
+    exploit_pool = list(sepo_cfg.game.pools.exploit)
+    row = {
+        "results": str(results),
+        "fit": dict(zip(PARAMETER_NAMES[KIND], probabilities)),
+        "exact": {
+            "collusion": round(collusion(agent, sepo_cfg), 4),
+            "exploit": round(float(np.mean([max(0.0, terms[f"adv/{o}"]) for o in exploit_pool])), 4),
+        },
+        "measured": {k: round(float(data["metrics"][k]), 4) for k in ("collusion", "exploit")},
+    }
+    grad_c = gradient(lambda a: collusion(a, sepo_cfg), agent)
+    for name, cfg in configs.items():
+        grad_j = gradient(lambda a, cfg=cfg: objective(a, cfg), agent)
+        row[name] = {
+            "J": round(objective(agent, cfg), 4),
+            "grad_J": dict(zip(PARAMETER_NAMES[KIND], np.round(grad_j, 4).tolist())),
+            "collusion_rate_along_ascent": round(float(grad_c @ grad_j / np.linalg.norm(grad_j)), 4),
+            "J_rate_defecting_alike": round(float(grad_j @ ALIKE), 4),
+        }
+    row["collusion_rate_defecting_alike"] = round(float(grad_c @ ALIKE), 4)
+    return row
+
+
+def optimum(cfg, step: float = 0.1) -> dict:
+    """The endgame agent that maximises J: every deterministic agent, then the probability grid."""
+    clip = lambda p: min(max(p, 1e-6), 1 - 1e-6)  # noqa: E731
+    grid = np.round(np.arange(0.0, 1.0 + step / 2, step), 6)
+    best = max(
+        (objective(make_agent(KIND, [clip(p) for p in probabilities]), cfg), tuple(probabilities))
+        for probabilities in itertools.product(grid, repeat=len(PARAMETER_NAMES[KIND]))
+    )
+    agent = make_agent(KIND, [clip(p) for p in best[1]])
+    return {
+        "J": round(best[0], 4),
+        "agent": dict(zip(PARAMETER_NAMES[KIND], map(float, best[1]))),
+        "collusion": round(collusion(agent, cfg), 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, nargs="+", required=True, help="IPD results.json files (starts)")
+    parser.add_argument("--after", type=Path, nargs="*", default=[], help="checkpoints' results.json to fit too")
+    parser.add_argument("--optimum", action="store_true", help="also each objective's best endgame agent")
+    parser.add_argument("--model", default="smollm2", help="the model whose SEPO settings (reward scale) apply")
+    args = parser.parse_args()
+
+    from sepo.compose import compose_config
+
+    configs = {n: compose_config(["game=ipd", f"model={args.model}", "logger=none", *o]) for n, o in OBJECTIVES.items()}
+    starts = []
+    for results in args.results:
+        starts.append(start_row(results, configs))
+        s = starts[-1]
+        print(
+            f"{results}: fit {s['fit']}; collusion exact {s['exact']['collusion']} (measured "
+            f"{s['measured']['collusion']}), exploit exact {s['exact']['exploit']} (measured {s['measured']['exploit']})"
+        )
+        for name in OBJECTIVES:
+            print(
+                f"  {name:12} J {s[name]['J']:+.4f}, grad {s[name]['grad_J']}; collusion along the ascent "
+                f"{s[name]['collusion_rate_along_ascent']:+.4f}; defecting alike: J "
+                f"{s[name]['J_rate_defecting_alike']:+.4f}, collusion {s['collusion_rate_defecting_alike']:+.4f}",
+                flush=True,
+            )
+    after = [{"results": str(p), "fit": dict(zip(PARAMETER_NAMES[KIND], fit(p)))} for p in args.after]
+    for row in after:
+        print(f"{row['results']}: fit {row['fit']}")
+    optima = {n: optimum(cfg) for n, cfg in configs.items()} if args.optimum else {}
+    for name, best in optima.items():
+        print(f"argmax of {name}'s J over endgame agents: {best}")
+    print(json.dumps({"starts": starts, "after": after, "optima": optima}))
+
+
+if __name__ == "__main__":
+    main()
