@@ -137,7 +137,6 @@ EXPECTED_CHOICES = {
     "tiny_paper_ipd": {"model": "tiny", "logger": "none"},  # ... and what was tuned per game on top
     "tiny_paper_kuhn": {"model": "tiny", "logger": "none"},
     "smollm2_paper": {"model": "smollm2", "logger": "none"},  # `launch/tiny_paper.sh --model smollm2`
-    "smollm2_paper_kuhn": {"model": "smollm2", "logger": "none"},
     "gemma4_paper": {"model": "gemma4", "logger": "wandb"},  # `launch/paper_plan.sh --model gemma4`
     "qwen_paper": {"model": "qwen", "logger": "wandb"},
     "sepo_safety": {"model": "tiny", "logger": "none"},  # launch/sepo_safety.sh's shared settings
@@ -148,8 +147,7 @@ PAPER_SETTINGS = {
     "tiny_paper": (40, "constant", 5, 20),
     "tiny_paper_ipd": (80, "cosine", 5, 20),
     "tiny_paper_kuhn": (40, "constant", 1, 20),
-    "smollm2_paper": (10, "cosine", 1, 8),  # as docs/smollm2_summary.json was measured (the pipeline's: 8 steps, 6)
-    "smollm2_paper_kuhn": (40, "cosine", 1, 8),  # Kuhn's exact-value steps (conf/sepo/model_game/smollm2_kuhn.yaml)
+    "smollm2_paper": (8, "cosine", 1, 6),  # smollm2's own defaults: the pipeline's (conf/sepo/model/smollm2.yaml)
     "gemma4_paper": (100, "constant", 5, 20),  # the paper's sizes: the stages' defaults
     "qwen_paper": (100, "constant", 5, 20),
     "sepo_safety": (60, "constant", 5, 20),  # steps: tiny's own (the launcher's --steps sets every arm's)
@@ -275,7 +273,7 @@ def test_every_stage_node_is_composed_onto_its_schema(model):
     assert check_values([f"model={model}", "sepo.micro_batch=4"]) is None
 
 
-@pytest.mark.parametrize("preset", [[], ["+experiment=smollm2_paper"], ["+experiment=smollm2_paper_kuhn"]])
+@pytest.mark.parametrize("preset", [[], ["+experiment=smollm2_paper"]])
 def test_smollm2_s_best_responders_read_the_policy_only_where_a_checkpoint_s_evaluation_reads_it(preset):
     """A read of Kuhn's played table costs ~55 s on 2 cores; where the best responders' refresh falls on an
     evaluated checkpoint, that evaluation's test read serves it (docs/speed.md §5o: every 5 with a checkpoint at 4

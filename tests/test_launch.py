@@ -143,16 +143,16 @@ def test_tiny_paper_refuses_an_unknown_game_in_one_line(tmp_path):
 
 
 def test_tiny_paper_takes_a_model_with_a_paper_preset(tmp_path):
-    """`--model smollm2`: the same plan under <root>/smollm2_paper, every job with smollm2's preset, Kuhn's SEPO runs
-    with its Kuhn preset on top; an unknown model is refused in one line naming the allowed ones."""
+    """`--model smollm2`: the same plan under <root>/smollm2_paper, every job with smollm2's preset (Kuhn's SEPO runs
+    take smollm2's Kuhn defaults from conf/sepo/model_game/, as the pipeline does); an unknown model is refused in
+    one line naming the allowed ones."""
     proc = dry_run(
         "tiny_paper.sh", "--model", "smollm2", "--root", str(tmp_path), "--seeds", "0,1,2", "--games", "kuhn"
     )
     assert proc.returncode == 0, proc.stderr
     jobs = [line.split() for line in proc.stdout.strip().splitlines() if not line.startswith("#")]
     preset = {" ".join(job[3:5]): job[2] for job in jobs}
-    assert set(preset.values()) == {"+experiment=smollm2_paper", "+experiment=smollm2_paper_kuhn"}
-    assert preset["stage=sepo game=kuhn"] == "+experiment=smollm2_paper_kuhn"
+    assert set(preset.values()) == {"+experiment=smollm2_paper"}
     assert all(f"hydra.run.dir={tmp_path / 'smollm2_paper'}" in " ".join(job) for job in jobs)
     assert sum(" stage=sepo " in " ".join(job) for job in jobs) == 6  # SEPO and payoff-only x 3 seeds
 
