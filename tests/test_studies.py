@@ -36,7 +36,7 @@ def test_the_ipd_fit_counts_each_feature_and_the_best_deterministic_agent_defect
     in the last round after a cooperation: J 2.1977 and collusion 1/8 (docs/results.md, round 3)."""
     import json
 
-    from benchmarks.studies.ipd_reactive import fit, optimum
+    from benchmarks.studies.ipd_reactive import fit, move_row, optimum
     from sepo.compose import compose_config
 
     altd = ["DEFECT" if t % 2 == 0 else "COOPERATE" for t in range(8)]
@@ -45,6 +45,11 @@ def test_the_ipd_fit_counts_each_feature_and_the_best_deterministic_agent_defect
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"per_episode": [episode]}))
     assert fit(path) == [round(1.5 / 2, 4), round(3.5 / 4, 4), round(0.5 / 5, 4), 0.5]
+    # the same episode played by AlwaysD: P(C) first 0.75 -> 0.25 and after C 0.875 -> 0.125, the rest unchanged,
+    # a move (-2.197, -3.892, 0, 0) in logits, whose cosine with (-1, -1, -1, -1) / 2 is 3.045 / 4.469
+    always_d = tmp_path / "always_d.json"
+    always_d.write_text(json.dumps({"per_episode": [{**episode, "actions": [["DEFECT", o] for o in altd]}]}))
+    assert move_row(path, always_d)["cosine_with_defecting_alike"] == 0.681
 
     best = optimum(compose_config(["game=ipd", "model=smollm2", "logger=none"]), step=1.0)
     assert best["agent"] == {"p0": 1.0, "pC": 1.0, "pD": 0.0, "pC_last": 0.0}

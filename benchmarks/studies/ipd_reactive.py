@@ -13,16 +13,18 @@ exact J (dynamic programming over the opponents' Markov chains, the training lam
   (the derivative of collusion along the unit ascent direction in logit coordinates): positive means that
   the objective's first steps from this point buy more collusion;
 - the same two rates along the one direction "defect more at every feature alike" (all logits down
-  together): where a model cannot tell its features apart (the answer tokens are the same after a
-  cooperation and after a defection), this is the direction its steps take;
+  together): a model whose steps shift its overall propensity to cooperate, more than they tell the
+  features apart, moves along it;
+  and the training lambda_c above which that direction stops raising J;
 - with `--optimum`, the endgame agent that maximises each objective (every deterministic agent, then a
   grid of step 0.1 in probability) and its collusion.
 
     python -m benchmarks.studies.ipd_reactive --results S1/sft/eval/sft/results.json ... [--optimum]
-        [--after S1/sepo/eval/step_8/results.json ...]
+        [--move S1/sft/eval/sft/results.json S1/sepo/eval/step_8/results.json ...]
 
-`--after` fits each given checkpoint the same way and prints its probabilities beside its start's (the
-same order as --results). The last line is a JSON object {"starts": [...], "after": [...], "optima": {...}}.
+`--move START CHECKPOINT` (repeatable) fits both and gives the checkpoint's move in logit coordinates and its
+cosine with the "defect alike" direction (1: every feature's P(COOPERATE) fell alike; -1: rose alike). The last
+line is a JSON object {"starts": [...], "moves": [...], "optima": {...}}.
 """
 
 from __future__ import annotations
@@ -107,7 +109,25 @@ def start_row(results: Path, configs: dict) -> dict:
             "J_rate_defecting_alike": round(float(grad_j @ ALIKE), 4),
         }
     row["collusion_rate_defecting_alike"] = round(float(grad_c @ ALIKE), 4)
+    # J's collusion term is -lambda_c * collusion, so defecting alike stops paying at this training lambda_c
+    rate = row["sepo"]["J_rate_defecting_alike"]
+    row["lambda_c_where_defecting_alike_stops_paying"] = round(
+        float(sepo_cfg.lambdas.train.c) + rate / row["collusion_rate_defecting_alike"], 3
+    )
     return row
+
+
+def move_row(start: Path, checkpoint: Path) -> dict:
+    """A checkpoint's move from its start in the fitted agent's logits, and how much of it is 'defect alike'."""
+    before, after = make_agent(KIND, fit(start)).theta, make_agent(KIND, fit(checkpoint)).theta
+    move = after - before
+    return {
+        "start": str(start),
+        "checkpoint": str(checkpoint),
+        "fit": dict(zip(PARAMETER_NAMES[KIND], fit(checkpoint))),
+        "logit_move": dict(zip(PARAMETER_NAMES[KIND], np.round(move, 3).tolist())),
+        "cosine_with_defecting_alike": round(float(move @ ALIKE / np.linalg.norm(move)), 3),
+    }
 
 
 def optimum(cfg, step: float = 0.1) -> dict:
@@ -129,7 +149,7 @@ def optimum(cfg, step: float = 0.1) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, nargs="+", required=True, help="IPD results.json files (starts)")
-    parser.add_argument("--after", type=Path, nargs="*", default=[], help="checkpoints' results.json to fit too")
+    parser.add_argument("--move", type=Path, nargs=2, action="append", default=[], metavar=("START", "CHECKPOINT"))
     parser.add_argument("--optimum", action="store_true", help="also each objective's best endgame agent")
     parser.add_argument("--model", default="smollm2", help="the model whose SEPO settings (reward scale) apply")
     args = parser.parse_args()
@@ -152,13 +172,15 @@ def main() -> None:
                 f"{s[name]['J_rate_defecting_alike']:+.4f}, collusion {s['collusion_rate_defecting_alike']:+.4f}",
                 flush=True,
             )
-    after = [{"results": str(p), "fit": dict(zip(PARAMETER_NAMES[KIND], fit(p)))} for p in args.after]
-    for row in after:
-        print(f"{row['results']}: fit {row['fit']}")
+    moves = [move_row(start, checkpoint) for start, checkpoint in args.move]
+    for row in moves:
+        print(
+            f"{row['checkpoint']}: fit {row['fit']}, cosine with defecting alike {row['cosine_with_defecting_alike']:+.3f}"
+        )
     optima = {n: optimum(cfg) for n, cfg in configs.items()} if args.optimum else {}
     for name, best in optima.items():
         print(f"argmax of {name}'s J over endgame agents: {best}")
-    print(json.dumps({"starts": starts, "after": after, "optima": optima}))
+    print(json.dumps({"starts": starts, "moves": moves, "optima": optima}))
 
 
 if __name__ == "__main__":
