@@ -4,7 +4,7 @@ strategy that a model's evaluation episodes fit.
 A language model's IPD policy reads the whole transcript; its evaluation episodes
 (`results.json`'s `per_episode` actions, every pool's opponents) fit the closest `endgame` agent of the
 gradient check (`benchmarks.estimator.finite_differences`): P(COOPERATE) in the first round, after the
-opponent cooperated, after it defected, and after a cooperation before the last round. At that agent the
+opponent cooperated, after it defected, and in the last round after a cooperation. At that agent the
 exact J (dynamic programming over the opponents' Markov chains, the training lambdas) gives:
 
 - each term and the collusion (share of rounds defecting on AlwaysC), beside what the episodes measured,
