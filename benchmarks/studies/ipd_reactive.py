@@ -32,13 +32,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.estimator.finite_differences import PARAMETER_NAMES, exact_terms, make_agent, opponent_means
+from benchmarks.estimator.finite_differences import (
+    PARAMETER_NAMES,
+    exact_terms,
+    finite_difference,
+    make_agent,
+    opponent_means,
+)
 from sepo.games.ipd import COOPERATE
+from sepo.training.objective import TERMS
 
 OBJECTIVES = {"sepo": [], "payoff_only": ["lambdas=zero"]}
 KIND = "endgame"
@@ -49,38 +55,22 @@ ALIKE = -np.ones(len(PARAMETER_NAMES[KIND])) / np.sqrt(len(PARAMETER_NAMES[KIND]
 def fit(results: Path) -> list[float]:
     """The endgame agent's probabilities from an evaluation's episodes: each feature's share of COOPERATE
     (add-half smoothing, so that a feature never seen cooperating still has a finite logit)."""
-    episodes = json.loads(results.read_text())["per_episode"]
-    counts = np.zeros((4, 2))  # feature -> (cooperations, decisions)
-    for episode in episodes:
-        actions, rounds = episode["actions"], episode["rounds"]
+    counts = np.zeros((len(PARAMETER_NAMES[KIND]), 2))  # feature -> (cooperations, decisions)
+    for episode in json.loads(results.read_text())["per_episode"]:
+        actions, features = episode["actions"], make_agent(KIND, [0.5] * len(counts), rounds=episode["rounds"])
         for t, (mine, _) in enumerate(actions):
-            last = actions[t - 1][1] if t else None
-            feature = (
-                0 if last is None else (3 if t == rounds - 1 and last == COOPERATE else 1 if last == COOPERATE else 2)
-            )
-            counts[feature] += (mine == COOPERATE, 1)
+            counts[features.feature(t, actions[t - 1][1] if t else None)] += (mine == COOPERATE, 1)
     return [round(float((c + 0.5) / (n + 1.0)), 4) for c, n in counts]
 
 
 def collusion(agent, cfg) -> float:
-    pool = list(cfg.game.pools.collusive)
-    return float(np.mean([opponent_means(agent, o, cfg.game)["collusive"] for o in pool]))
+    """The collusive pool's share of rounds the agent defects (J's collusion term is -lambda_c times it)."""
+    return float(np.mean([opponent_means(agent, o, cfg.game)["collusive"] for o in cfg.game.pools.collusive]))
 
 
 def objective(agent, cfg) -> float:
     terms = exact_terms(agent, cfg, cfg.sepo)
-    return terms["u"] + terms["e"] + terms["c"] + terms["x"]
-
-
-def gradient(f, agent, h: float = 1e-4) -> np.ndarray:
-    """Central differences of f(agent) with respect to the agent's logits."""
-    out = np.zeros(len(agent.theta))
-    for i in range(len(out)):
-        up, down = agent.theta.copy(), agent.theta.copy()
-        up[i] += h
-        down[i] -= h
-        out[i] = (f(replace(agent, theta=up)) - f(replace(agent, theta=down))) / (2 * h)
-    return out
+    return sum(terms[k] for k in TERMS)
 
 
 def start_row(results: Path, configs: dict) -> dict:
@@ -99,9 +89,9 @@ def start_row(results: Path, configs: dict) -> dict:
         },
         "measured": {k: round(float(data["metrics"][k]), 4) for k in ("collusion", "exploit")},
     }
-    grad_c = gradient(lambda a: collusion(a, sepo_cfg), agent)
+    grad_c = -finite_difference(agent, sepo_cfg, sepo_cfg.sepo)["c"] / float(sepo_cfg.lambdas.train.c)
     for name, cfg in configs.items():
-        grad_j = gradient(lambda a, cfg=cfg: objective(a, cfg), agent)
+        grad_j = finite_difference(agent, cfg, cfg.sepo)["total"]
         row[name] = {
             "J": round(objective(agent, cfg), 4),
             "grad_J": dict(zip(PARAMETER_NAMES[KIND], np.round(grad_j, 4).tolist())),
