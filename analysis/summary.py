@@ -12,12 +12,19 @@ validation episodes, reported on the test episodes; `--choose reported`: the pap
   delta_exploit_vs_sft         exploit, SEPO - SFT (Kuhn poker: the exact exploitability)
   exploit_ratio_vs_sft         exploit, SEPO / SFT (a target of the form "at most half of SFT's"; None where SFT's is 0)
   delta_safety_vs_base         safety, SEPO - Base (the model before any training; where a Base row exists)
+  delta_collusion_vs_sft       collusion, SEPO - SFT (IPD's target: not above SFT's on average)
 
 beside them, where both rows exist, `delta_exploit_sft_vs_base`: exploit, SFT - Base (the paper's
 SFT-degradation claim: SFT makes the pretrained model easier to exploit). It does not depend on a SEPO
 seed: over several SFT runs (a sweep of `sft.seed`) it is their mean ± SE; for one SFT run, its
 difference with SE sqrt(se_sft^2 + se_base^2) from the two evaluations' own SEs over episodes
 (`se_from: episodes`; conservative, since both play the same episodes).
+
+`evaluation_noise`: for each difference of two evaluated metrics (`MEASURED`), the SE over seeds that the two
+evaluations' own SEs over episodes would give it if the reads were independent, sqrt(mean over seeds of se_a^2 +
+se_b^2) / sqrt(n). The arms share their episodes and sampling streams, which correlates the reads, so measurement
+noise is at most this (benchmarks/studies/paired_noise.py measures it): where the key's SE over seeds is well
+above it, the runs themselves differ between seeds, and more seeds, not more episodes, would narrow it.
 
 Also: the same deltas under `final` for the runs' final checkpoints (a gap between the two is late
 drift), `levels`: exploit (Kuhn: exact) and safety of Base, SFT, SEPO and payoff-only themselves (the rows of
@@ -56,7 +63,18 @@ KEYS = (
     "delta_exploit_vs_sft",
     "exploit_ratio_vs_sft",
     "delta_safety_vs_base",
+    "delta_collusion_vs_sft",
 )
+
+#: the differences of two evaluated metrics, each with its SE over episodes: key -> (the arm SEPO is set against,
+#: the metric); `deltas` takes them from here, and `evaluation_noise` their measurement noise
+MEASURED = {
+    "delta_safety_vs_sft": ("sft", "safety"),
+    "delta_exploit_vs_sft": ("sft", "exploit"),
+    "delta_collusion_vs_sft": ("sft", "collusion"),
+    "delta_safety_vs_payoff_only": ("payoff_only", "safety"),
+    "delta_exploit_vs_payoff_only": ("payoff_only", "exploit"),
+}
 
 
 def over_seeds(values: list[float | None]) -> dict[str, float | int | None]:
@@ -120,25 +138,48 @@ def deltas(
     sepo: dict, payoff_only: dict, sft: dict[int, pd.Series], base: pd.Series | None, root: Path, which: str
 ) -> dict[str, Any]:
     """Each key's mean ± SE over seeds, and its value per seed (`per_seed`), so a verdict can show them; each
-    seed against its own start (`sft_of_each`)."""
+    seed against its own start (`sft_of_each`); and `evaluation_noise`, what the evaluations' SEs alone give."""
     rows: dict[str, dict[int, float]] = {k: {} for k in KEYS}
+    variances: dict[str, list[float]] = {k: [] for k in MEASURED}
     for seed, run in sorted(sepo.items()):
         point, start = run[which], sft[seed]
+        against = {"sft": start, "payoff_only": payoff_only[seed][which] if seed in payoff_only else None}
         obj = objective(root / run["run_dir"], root)
         rows["delta_j_train_vs_sft"][seed] = j_train(point, obj) - j_train(start, obj)
-        rows["delta_safety_vs_sft"][seed] = point["safety"] - start["safety"]
-        rows["delta_exploit_vs_sft"][seed] = exploit_of(point) - exploit_of(start)
+        for key, (arm, metric) in MEASURED.items():
+            other = against[arm]
+            if other is None or pd.isna(value_of(point, metric)) or pd.isna(value_of(other, metric)):
+                continue
+            rows[key][seed] = value_of(point, metric) - value_of(other, metric)
+            ses = (se_of(point, metric), se_of(other, metric))
+            if None not in ses:
+                variances[key].append(ses[0] ** 2 + ses[1] ** 2)
         if exploit_of(start) != 0:
             rows["exploit_ratio_vs_sft"][seed] = exploit_of(point) / exploit_of(start)
-        if seed in payoff_only:
-            rows["delta_safety_vs_payoff_only"][seed] = point["safety"] - payoff_only[seed][which]["safety"]
-            rows["delta_exploit_vs_payoff_only"][seed] = exploit_of(point) - exploit_of(payoff_only[seed][which])
         if base is not None:
             rows["delta_safety_vs_base"][seed] = point["safety"] - base["safety"]
     return {
         k: {**over_seeds(list(v.values())), "per_seed": {str(s): round(float(x), 4) for s, x in v.items()}}
         for k, v in rows.items()
-    } | {"seeds": sorted(sepo)}
+    } | {"seeds": sorted(sepo), "evaluation_noise": {k: evaluation_noise(v) for k, v in variances.items() if v}}
+
+
+def value_of(point: pd.Series, metric: str) -> float:
+    """A metric of one evaluation; `exploit` is Kuhn poker's exact exploitability where it was measured."""
+    return exploit_of(point) if metric == "exploit" else point.get(metric)
+
+
+def se_of(point: pd.Series, metric: str) -> float | None:
+    """The SE over episodes that goes with `value_of(point, metric)`."""
+    se = exploit_se_of(point) if metric == "exploit" else point.get(f"{metric}_se")
+    return None if se is None or pd.isna(se) else float(se)
+
+
+def evaluation_noise(variances: list[float]) -> dict[str, float | int]:
+    """The SE over seeds of a mean of paired differences whose per-seed variances (se_a^2 + se_b^2, the two
+    evaluations' own) are these: what the spread between seeds would be from measurement alone."""
+    sd = math.sqrt(sum(variances) / len(variances))
+    return {"sd": round(sd, 4), "se": round(sd / math.sqrt(len(variances)), 4), "n": len(variances)}
 
 
 def exploit_se_of(point: pd.Series) -> float | None:

@@ -54,3 +54,21 @@ def test_the_ipd_fit_counts_each_feature_and_the_best_deterministic_agent_defect
     best = optimum(compose_config(["game=ipd", "model=smollm2", "logger=none"]), step=1.0)
     assert best["agent"] == {"p0": 1.0, "pC": 1.0, "pD": 0.0, "pC_last": 0.0}
     assert best["J"] == 2.1977 and best["collusion"] == 0.125
+
+
+def test_paired_noise_is_the_spread_of_the_differences_over_evaluation_seeds_beside_the_independent_bound():
+    """benchmarks/studies/paired_noise.py: two seeds whose SEPO - SFT exploit differences are -0.5 and -0.1 (SD over
+    seeds |a - b| / sqrt(2) = 0.2828), reads with SEs 0.3 and 0.4 (sqrt(0.09 + 0.16) = 0.5) on both seeds."""
+    from benchmarks.studies.paired_noise import noise
+
+    def read(exploit, se):
+        keys = ("exploit", "collusion", "safety", "pay")
+        return {"metrics": {k: exploit if k == "exploit" else 0.0 for k in keys}, "se": dict.fromkeys(keys, se)}
+
+    per_seed = {
+        1: {"sepo": read(0.5, 0.3), "sft": read(1.0, 0.4)},
+        2: {"sepo": read(0.9, 0.3), "sft": read(1.0, 0.4)},
+    }
+    exploit = noise(per_seed)["exploit"]
+    assert exploit == {"mean_difference": -0.3, "sd_over_seeds": 0.2828, "sd_if_independent": 0.5}
+    assert noise(per_seed)["collusion"]["sd_over_seeds"] == 0.0

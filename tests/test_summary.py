@@ -49,8 +49,8 @@ def metrics(pay, exploit, collusion, ext, safety):
     return {"pay": pay, "exploit": exploit, "collusion": collusion, "ext": ext, "safety": safety}
 
 
-def sepo_run(root, name, seed, lambdas, checkpoints):
-    """checkpoints: (step, test metrics, validation safety); the last is final."""
+def sepo_run(root, name, seed, lambdas, checkpoints, se=None):
+    """checkpoints: (step, test metrics, validation safety); the last is final; `se`: the test evaluations' SEs."""
     run = root / name
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text(
@@ -58,7 +58,7 @@ def sepo_run(root, name, seed, lambdas, checkpoints):
     )
     for i, (step, test, valid_safety) in enumerate(checkpoints):
         ckpt = "final" if i == len(checkpoints) - 1 else f"step_{step}"
-        write(run / "eval" / f"step_{step}" / "results.json", "sepo", test, ckpt, step, seed, lambdas)
+        write(run / "eval" / f"step_{step}" / "results.json", "sepo", test, ckpt, step, seed, lambdas, se=se)
         write(
             run / "eval" / f"step_{step}" / "validation.json",
             "sepo",
@@ -129,6 +129,36 @@ def test_deltas_are_paired_by_seed_at_each_runs_validation_chosen_checkpoint(tmp
     assert json.loads((tmp_path / "tables" / "summary.json").read_text())["ipd"]["delta_safety_vs_sft"]["mean"] == 1.0
     reported = summarise(tmp_path, "reported")["ipd"]
     assert reported["checkpoints"] == {"0": "final", "1": "final"}  # 9.9 > 1.5 and 2.5 > 0.0 on the reported episodes
+
+
+def test_evaluation_noise_is_the_se_over_seeds_the_evaluations_own_ses_would_give(tmp_path):
+    """Per difference: sqrt(mean over seeds of se_a^2 + se_b^2) / sqrt(n), beside the observed SE over seeds."""
+    sft_se = {"safety": 0.3, "exploit": 0.4, "collusion": 0.1}
+    write(
+        tmp_path / "sft" / "eval" / "sft" / "results.json",
+        "sft",
+        metrics(2.0, 1.0, 0.25, 0.2, 1.0),
+        train_seed=0,
+        se=sft_se,
+    )
+    (tmp_path / "sft" / "DONE").write_text("{}\n")
+    zero = {"e": 0.0, "c": 0.0, "x": 0.0}
+    sepo_se = [{"safety": 0.4, "exploit": 0.3, "collusion": 0.2}, {"safety": 0.0, "exploit": 0.0, "collusion": 0.1}]
+    for seed, (exploit, collusion) in enumerate([(0.5, 0.5), (0.9, 0.25)]):
+        point = metrics(2.0, exploit, collusion, 0.2, 1.0)
+        sepo_run(tmp_path, f"sepo{seed}", seed, LAMBDAS_TRAIN, [(20, point, 0.0)], se=sepo_se[seed])
+    sepo_run(tmp_path, "po0", 0, zero, [(20, metrics(2.0, 2.0, 0.0, 0.2, 0.0), 0.0)])  # no SE: not counted
+
+    ipd = summarise(tmp_path)["ipd"]
+    assert ipd["delta_collusion_vs_sft"] == {"mean": 0.125, "se": 0.125, "n": 2, "per_seed": {"0": 0.25, "1": 0.0}}
+    noise = ipd["evaluation_noise"]
+    # safety: (0.3^2 + 0.4^2 + 0.3^2 + 0^2) / 2 = 0.17; exploit: (0.16 + 0.09 + 0.16 + 0) / 2 = 0.205
+    assert noise["delta_safety_vs_sft"] == {"sd": round(0.17**0.5, 4), "se": round((0.17 / 2) ** 0.5, 4), "n": 2}
+    assert noise["delta_exploit_vs_sft"]["sd"] == pytest.approx(0.205**0.5, abs=1e-4)
+    # collusion: (0.01 + 0.04 + 0.01 + 0.01) / 2 = 0.035
+    assert noise["delta_collusion_vs_sft"]["se"] == pytest.approx((0.035 / 2) ** 0.5, abs=1e-4)
+    assert "delta_safety_vs_payoff_only" not in noise  # payoff-only's evaluation has no SE
+    assert ipd["delta_safety_vs_payoff_only"]["per_seed"] == {"0": 1.0}  # ... but its difference counts
 
 
 def test_base_deltas_pair_sepo_seeds_with_base_and_sft_runs_with_base(tmp_path):
