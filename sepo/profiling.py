@@ -212,12 +212,24 @@ def training_gflop(body_parameters: int, positions: dict[str, int], full_finetun
 
 
 def matmul_gflops(dtype: torch.dtype, size: int = 2048, seconds: float = 1.0) -> float:
-    """The rate this machine multiplies two size x size matrices at, in `dtype`, on the current threads:
-    the ceiling a model's forward and backward passes can approach (they are mostly such products)."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b  # the first call pays for thread start-up and kernel choice
+    """The rate this machine multiplies two square matrices at, in `dtype`, on the current threads: the
+    ceiling a model's forward and backward passes can approach (they are mostly such products).
+
+    The side doubles from 256 up to `size` only while the next product would take under a quarter of
+    `seconds`, so the reading costs about `seconds` everywhere: a CPU that emulates bfloat16 (no
+    AVX512-BF16) multiplies it at about 0.1 GFLOP/s, where one 2048-square product takes two minutes."""
+    side = min(256, size)
+    while True:
+        a, b = torch.randn(side, side, dtype=dtype), torch.randn(side, side, dtype=dtype)
+        a @ b  # the first call pays for thread start-up and kernel choice
+        started = time.perf_counter()
+        a @ b
+        one = time.perf_counter() - started
+        if side >= size or 8 * one > seconds / 4:  # doubling the side costs 8 times the work
+            break
+        side = min(2 * side, size)
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         a @ b
         done += 1
-    return 2 * size**3 * done / (time.perf_counter() - started) / 1e9
+    return 2 * side**3 * done / (time.perf_counter() - started) / 1e9

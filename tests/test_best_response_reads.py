@@ -35,7 +35,7 @@ KUHN_ONE_STEP = [
 BET_ALL_CALL_KING = {key: 1.0 if key[1:] in ("", "p") or key[0] == "2" else 0.0 for key in INFOSETS}
 
 
-@pytest.mark.parametrize("temperature, answered", [(0.8, True), (0.7, False)])
+@pytest.mark.parametrize("temperature, answered", [(0.8, True), pytest.param(0.7, False, marks=pytest.mark.slow)])
 def test_best_responders_answer_the_sft_and_checkpoint_reads_made_alike(cli, tmp_path, tiny_dir, temperature, answered):
     """Step 0 plays the SFT model, whose SFT run read its table (here a table written beside a copy of
     tiny), and the final checkpoint's test evaluation has just read the policy: where those reads were made

@@ -171,6 +171,7 @@ KUHN_EXACT = [
 ]
 
 
+@pytest.mark.slow  # minutes on 2 cores; `-m slow` runs it
 def test_a_run_with_exact_values_resumes_where_it_was_killed(cli, tmp_path):
     """The loop trains on the information sets' answers, logs the table's exploitability each step, and a run
     killed after step 2 resumes (the running table, the advantage scale and the optimizer from the checkpoint

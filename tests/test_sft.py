@@ -228,7 +228,9 @@ def _loss_and_grads(model, fn):
     [
         ("tiny", False, 16, 0),
         ("tiny", True, 16, 0),
-        ("tiny", True, 16, 1),  # every group's rows in passes by length, each pass reading the group's one prefix
+        pytest.param(
+            "tiny", True, 16, 1, marks=pytest.mark.slow
+        ),  # every group's rows in passes by length, each pass reading the group's one prefix
         ("tiny", True, 150, 0),
         ("gemma4", False, 16, 0),
         ("qwen", False, 16, 0),
@@ -340,6 +342,7 @@ def test_prefix_sharing_is_refused_where_it_would_not_be_exact(arch_dirs, compos
         run_sft(cfg)
 
 
+@pytest.mark.slow  # minutes on 2 cores; `-m slow` runs it
 def test_fast_and_plain_training_follow_the_same_curve(compose_cfg, tmp_path, shared_cache):
     """The Trainer end to end: the same batches, steps, losses (gradient accumulation included) and
     validation loss with the fast batches as with transformers' plain path."""
@@ -396,8 +399,12 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
     assert metrics["valid_loss"] > 0
     speed = metrics["throughput"]  # the training loop's rate, in examples and in their tokens
     assert speed["tokens_per_s"] == pytest.approx(speed["examples_per_s"] * speed["mean_example_tokens"], rel=1e-3)
-    assert 0 < speed["matmul_gflops"] < speed["machine_matmul_gflops"]  # beside the CPU's rate, measured in the run
-    assert speed["matmul_share"] == pytest.approx(speed["matmul_gflops"] / speed["machine_matmul_gflops"], abs=1e-3)
+    # beside the CPU's rate, measured in the run; no order between them is asserted: where the CPU emulates
+    # bfloat16, its 2048-square product can run slower than the model's small ones (seen: 0.139 vs 0.299)
+    assert speed["matmul_gflops"] > 0 and speed["machine_matmul_gflops"] > 0
+    assert speed["matmul_share"] == pytest.approx(
+        speed["matmul_gflops"] / speed["machine_matmul_gflops"], rel=5e-3
+    )  # of three-figure reads
 
     # the Trainer's logs reach the project's tracker at their optimizer step
     assert [step for values, step in tracker.logs if "sft/loss" in values] == [1, 2]
