@@ -195,6 +195,27 @@ def check_values(argv: list[str]) -> str | None:
         loose = loose_boolean_override(cfg, overrides)
         if loose:
             return f"error: {loose}"
+    return settings_error(cfg, first) if len(candidates) == 1 and not is_sweep(argv) else None
+
+
+def is_sweep(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv)
+
+
+def settings_error(cfg: DictConfig, overrides: list[str]) -> str | None:
+    """The error line of the run's own value checks (`check_settings`), run here on a single run so that a
+    bad value costs the composition, not a Hydra run and torch's import. A sweep is left to its jobs: each
+    bad job fails alone and the rest run. A value this composition cannot resolve (one that needs Hydra's
+    runtime) is left to the run, which checks everything again."""
+    from sepo.config import check_settings
+    from sepo.errors import ConfigError
+
+    try:
+        check_settings(cfg, overrides)
+    except ConfigError as err:
+        return f"error: {err}"
+    except Exception:  # noqa: BLE001 (the run's own check reports it)
+        return None
     return None
 
 
@@ -204,7 +225,7 @@ PROCESS_LAUNCHER = "hydra_plugins.sepo_launcher.process_launcher.ProcessLauncher
 
 def check_launcher(argv: list[str]) -> str | None:
     """The error line when a sweep's launcher settings cannot run it (`hydra.launcher.n_jobs=0`)."""
-    if not any(a in ("-m", "--multirun") for a in argv):
+    if not is_sweep(argv):
         return None
     overrides = [*search_path(user_config_dirs(argv)), *command_line_overrides(argv)]
     try:

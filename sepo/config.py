@@ -460,6 +460,16 @@ def run_overrides() -> list[str]:
 
 def validate(cfg: DictConfig, overrides: Sequence[str] | None = None) -> None:
     """Every check, before any work. `overrides` (default: this Hydra run's) must give booleans as true or false."""
+    check_settings(cfg, overrides)
+    check_paths(cfg)
+    check_stage_keys(cfg)
+    check_model_fit(cfg)
+
+
+def check_settings(cfg: DictConfig, overrides: Sequence[str] | None = None) -> None:
+    """The checks that read the composed values alone, not the run's paths or the model's own config: the
+    command line runs them on a single run before Hydra starts it (and before torch is imported), so a bad
+    value is refused in seconds; `validate` runs them again inside the run."""
     loose = loose_boolean_override(cfg, run_overrides() if overrides is None else overrides)
     _require(loose is None, loose or "")
     _require(
@@ -476,9 +486,6 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None) -> None:
     check_model(cfg)
     check_relations(cfg)
     check_sizes(cfg)
-    check_paths(cfg)
-    check_stage_keys(cfg)
-    check_model_fit(cfg)
 
 
 def check_stage_keys(cfg: DictConfig) -> None:
