@@ -467,9 +467,9 @@ def validate(cfg: DictConfig, overrides: Sequence[str] | None = None) -> None:
 
 
 def check_settings(cfg: DictConfig, overrides: Sequence[str] | None = None) -> None:
-    """The checks that read the composed values alone, not the run's paths or the model's own config: the
-    command line runs them on a single run before Hydra starts it (and before torch is imported), so a bad
-    value is refused in seconds; `validate` runs them again inside the run."""
+    """The checks that need neither the run's paths nor the model's own config: the command line runs them
+    on a single run before Hydra starts it (and before torch is imported), so a bad value is refused in
+    seconds; `validate` runs them again inside the run."""
     loose = loose_boolean_override(cfg, run_overrides() if overrides is None else overrides)
     _require(loose is None, loose or "")
     _require(
