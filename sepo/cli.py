@@ -206,17 +206,23 @@ def settings_error(cfg: DictConfig, overrides: list[str]) -> str | None:
     """The error line of the run's own value checks (`check_settings`), run here on a single run so that a
     bad value costs the composition, not a Hydra run and torch's import. A sweep is left to its jobs: each
     bad job fails alone and the rest run. A value this composition cannot resolve (one that needs Hydra's
-    runtime) is left to the run, which checks everything again."""
+    runtime) is left to the run, which checks everything again. The checks' warnings (a pool overlap) are
+    shown only with an error: a run that goes ahead warns once, from its own checks."""
     from sepo.config import check_settings
     from sepo.errors import ConfigError
 
-    try:
-        check_settings(cfg, overrides)
-    except ConfigError as err:
-        return f"error: {err}"
-    except Exception:  # noqa: BLE001 (the run's own check reports it)
-        return None
-    return None
+    error = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            check_settings(cfg, overrides)
+        except ConfigError as err:
+            error = f"error: {err}"
+        except Exception:  # noqa: BLE001 (the run's own check reports it)
+            pass
+    for warning in caught if error else ():
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    return error
 
 
 #: the project's local launcher (`+launch=local`), whose `n_jobs` is a count of processes

@@ -171,7 +171,7 @@ KUHN_EXACT = [
 ]
 
 
-@pytest.mark.slow  # minutes on 2 cores; `-m slow` runs it
+@pytest.mark.slow  # 30 s to 3 min on 2 cores, beside faster tests of the same path
 def test_a_run_with_exact_values_resumes_where_it_was_killed(cli, tmp_path):
     """The loop trains on the information sets' answers, logs the table's exploitability each step, and a run
     killed after step 2 resumes (the running table, the advantage scale and the optimizer from the checkpoint

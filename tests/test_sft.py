@@ -228,9 +228,8 @@ def _loss_and_grads(model, fn):
     [
         ("tiny", False, 16, 0),
         ("tiny", True, 16, 0),
-        pytest.param(
-            "tiny", True, 16, 1, marks=pytest.mark.slow
-        ),  # every group's rows in passes by length, each pass reading the group's one prefix
+        # every group's rows in passes by length, each pass reading the group's one prefix
+        pytest.param("tiny", True, 16, 1, marks=pytest.mark.slow),
         ("tiny", True, 150, 0),
         ("gemma4", False, 16, 0),
         ("qwen", False, 16, 0),
@@ -342,7 +341,7 @@ def test_prefix_sharing_is_refused_where_it_would_not_be_exact(arch_dirs, compos
         run_sft(cfg)
 
 
-@pytest.mark.slow  # minutes on 2 cores; `-m slow` runs it
+@pytest.mark.slow  # 30 s to 3 min on 2 cores, beside faster tests of the same path
 def test_fast_and_plain_training_follow_the_same_curve(compose_cfg, tmp_path, shared_cache):
     """The Trainer end to end: the same batches, steps, losses (gradient accumulation included) and
     validation loss with the fast batches as with transformers' plain path."""

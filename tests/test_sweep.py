@@ -88,7 +88,7 @@ def test_parallel_jobs_share_the_cores_and_the_users_setting_wins(cli, tmp_path,
     assert job_threads(tmp_path) == [3, 3]
 
 
-@pytest.mark.slow  # minutes on 2 cores; `-m slow` runs it
+@pytest.mark.slow  # 30 s to 3 min on 2 cores, beside faster tests of the same path
 def test_failed_job_is_isolated_and_relaunch_skips_done_jobs(cli, tmp_path):
     args = ["-m", *LAUNCHERS["local"], *CHEAP, "model.strategy=TFT,Grim,NotAStrategy"]
     first = cli(*args)
@@ -189,7 +189,7 @@ def test_a_busy_job_its_holder_leaves_unfinished_fails_the_sweep(tmp_path):
     assert f"  BUSY {CHEAP_JOB}/seed_1: held by another launch, which ended without a marker" in out.read_text()
 
 
-@pytest.mark.slow  # minutes on 2 cores; `-m slow` runs it
+@pytest.mark.slow  # 30 s to 3 min on 2 cores, beside faster tests of the same path
 def test_two_identical_sweeps_started_together_run_each_job_once_and_both_exit_0(tmp_path):
     """The probe itself: the second sweep starts while the first is on its long job."""
     args = ["-m", *CHEAP[:-1], "eval.episodes_per_opponent=1500,2", "sweep_name=s"]
