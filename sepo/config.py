@@ -158,6 +158,8 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     ("all", "game.mirrored", boolean()),
     ("all", "game.datagen.episodes_per_opponent", integer(1)),
     *[(_game("ipd"), f"game.payoffs.{k}", finite()) for k in ("reward", "punishment", "temptation", "sucker")],
+    (_game("ipd"), "game.state_last_move", boolean()),
+    (_game("ipd"), "game.reasoning.name_the_last_move", boolean()),
     (_game("auction"), "game.bids", distinct_amounts(0)),
     (_game("auction"), "game.private_values", numbers(0.0)),
     (_game("neg_v1"), "game.pie", integer(1)),

@@ -303,8 +303,15 @@ class IpdPayoffsSchema:
 
 
 @dataclass
+class IpdReasoningSchema:
+    name_the_last_move: bool = MISSING
+
+
+@dataclass
 class IpdSchema(GameSchema):
     payoffs: IpdPayoffsSchema = field(default_factory=IpdPayoffsSchema)
+    state_last_move: bool = MISSING
+    reasoning: IpdReasoningSchema = field(default_factory=IpdReasoningSchema)
 
 
 @dataclass

@@ -286,6 +286,30 @@ def test_datagen_does_not_import_torch():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_ipd_can_open_every_line_with_the_opponents_last_move():
+    """game.reasoning.name_the_last_move: after the first round every demonstrator's line, a history-blind one
+    (AlwaysD, a random draw) as much as TFT's, opens with what the opponent did last; the first round's does not,
+    and off, the lines are those of the shipped data."""
+    history = [{"own": "COOPERATE", "opp": "DEFECT", "own_payoff": 0.0, "opp_payoff": 5.0}]
+    on = {"name_the_last_move": True}
+    for strategy, action in [
+        ("AlwaysD", "DEFECT"),
+        ("Random", "COOPERATE"),
+        ("TFT", "DEFECT"),
+        ("AlwaysC", "COOPERATE"),
+    ]:
+        line = reasoning_line("ipd", strategy, action, {"history": history}, np.random.default_rng(0), on)
+        plain = reasoning_line("ipd", strategy, action, {"history": history}, np.random.default_rng(0))
+        assert line == "Last round they defected. " + plain
+    cooperated = [{**history[0], "opp": "COOPERATE"}]
+    assert reasoning_line("ipd", "AlwaysD", "DEFECT", {"history": cooperated}, np.random.default_rng(0), on).startswith(
+        "Last round they cooperated. "
+    )
+    first = reasoning_line("ipd", "AlwaysD", "DEFECT", {"history": []}, np.random.default_rng(0), on)
+    assert first == reasoning_line("ipd", "AlwaysD", "DEFECT", {"history": []}, np.random.default_rng(0))
+    assert reasoning_case("ipd", "TFT", "DEFECT", {"history": history}, on) == "retaliate"
+
+
 def test_kuhn_can_name_a_bet_after_ones_own_check():
     """game.reasoning.name_the_check: facing a bet after one's own check (1pb) gets lines of its own, each
     opening with "I checked", which no other spot's line does; off, it shares the opening bet's lines."""

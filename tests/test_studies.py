@@ -72,3 +72,48 @@ def test_paired_noise_is_the_spread_of_the_differences_over_evaluation_seeds_bes
     exploit = noise(per_seed)["exploit"]
     assert exploit == {"mean_difference": -0.3, "sd_over_seeds": 0.2828, "sd_if_independent": 0.5}
     assert noise(per_seed)["collusion"]["sd_over_seeds"] == 0.0
+
+
+def test_the_ipd_coupling_study_reads_which_move_a_line_names_and_draws_histories_per_feature(tmp_path):
+    """benchmarks/studies/ipd_coupling.py: the SFT data's IPD lines that look back name the opponent's last move
+    (reciprocate, trust: COOPERATE; retaliate, forgive, punish: DEFECT), the others name none, and so does a line
+    that names both; TFT against AltD (D, C, D, ... for 8 rounds) has one first-round history, 3 histories after a
+    cooperation before the last round (rounds 3, 5 and 7), 4 after a defection (rounds 2, 4, 6, 8) and none in the
+    last round after a cooperation."""
+    import json
+
+    from benchmarks.studies.ipd_coupling import histories, named_last_move
+    from sepo.training.reasoning import PHRASES
+
+    names = {"reciprocate": "COOPERATE", "trust": "COOPERATE", "retaliate": "DEFECT", "forgive": "DEFECT",
+             "punish": "DEFECT"}  # fmt: skip
+    for case, phrases in PHRASES["ipd"].items():
+        for phrase in phrases:
+            assert named_last_move(phrase.format(action="DEFECT", r=3, first=2) + "\nDEFECT") == names.get(case), phrase
+    assert named_last_move("They cooperated, then defected.\nDEFECT") is None and named_last_move(None) is None
+
+    altd = ["DEFECT" if t % 2 == 0 else "COOPERATE" for t in range(8)]
+    tft = ["COOPERATE"] + ["COOPERATE" if o == "COOPERATE" else "DEFECT" for o in altd[:-1]]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"per_episode": [{"rounds": 8, "actions": [[a, o] for a, o in zip(tft, altd)]}]}))
+    drawn = histories(path, per_feature=8, rounds=8)
+    assert {name: len(found) for name, found in drawn.items()} == {"p0": 1, "pC": 3, "pD": 4, "pC_last": 0}
+    assert sorted(len(h) for h in drawn["pC"]) == [2, 4, 6] and sorted(len(h) for h in drawn["pD"]) == [1, 3, 5, 7]
+
+
+def test_the_natural_direction_solves_the_damped_fisher_system_through_its_small_side():
+    """benchmarks/studies/ipd_coupling.py: Woodbury's N x N solve gives the same (F + d I)^-1 g as the P x P one,
+    with F = G^T G / N and d a tenth of F's mean non-zero eigenvalue, and the quadratic KL d^T F d / 2."""
+    import torch
+
+    from benchmarks.studies.ipd_coupling import natural_direction
+
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(5, 12, generator=generator, dtype=torch.float64)
+    gradient = torch.randn(12, generator=generator, dtype=torch.float64)
+    fisher = scores.T @ scores / 5
+    damping = 0.1 * float(torch.trace(fisher)) / 5  # trace(F) is the sum of its 5 non-zero eigenvalues
+    direct = torch.linalg.solve(fisher + damping * torch.eye(12, dtype=torch.float64), gradient)
+    direction, quadratic_kl = natural_direction(scores, gradient)
+    assert torch.allclose(direction, direct, atol=1e-10)
+    assert abs(quadratic_kl - 0.5 * float(direct @ fisher @ direct)) < 1e-10

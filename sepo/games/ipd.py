@@ -26,6 +26,7 @@ class IPD(Game):
             (COOPERATE, DEFECT): float(p.sucker),
         }
         self.social_optimum = 2 * float(p.reward)
+        self.state_last_move = bool(cfg.state_last_move)
 
     def reset(self, seed: int, mirror: bool = False) -> GameState:
         return GameState(seed=seed, rng=np.random.default_rng(seed))
@@ -78,7 +79,17 @@ class IPD(Game):
             obs["history"],
             lambda h: f"you {h['own']}, opponent {h['opp']} (you {h['own_payoff']:g}, opponent {h['opp_payoff']:g})",
         )
-        return history + f"Round {obs['round'] + 1} of {self.num_rounds}. Your action?"
+        return history + self._last_move(obs) + f"Round {obs['round'] + 1} of {self.num_rounds}. Your action?"
+
+    def _last_move(self, obs: dict[str, Any]) -> str:
+        """`state_last_move`: the opponent's last move in a line of its own, so that the move a reactive rule
+        answers is in the prompt's last words rather than somewhere in the history, for the model to read
+        rather than to restate in a reasoning line that training can bend."""
+        return (
+            f"The opponent's last move: {obs['history'][-1]['opp']}.\n"
+            if self.state_last_move and obs["history"]
+            else ""
+        )
 
     # ------------------------------------------------------------------ metrics
     def collusive(self, rnd: Round) -> bool:

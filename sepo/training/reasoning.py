@@ -59,13 +59,20 @@ def reasoning_line(
     """One reasoning line for `strategy` taking `action` after observing `obs` (no newline).
 
     `options`: the game's `reasoning` config block: `phrasings` (k > 0: only each case's first k phrasings; 0: all)
-    and the rest for its explainer (Kuhn: `name_the_check`).
+    and the rest for its explainer (Kuhn: `name_the_check`) or for what opens each line (IPD:
+    `name_the_last_move`, `OPENERS`).
     """
     phrasings = int((options or {}).get("phrasings", 0) or 0)
     case, fields = _explain(game, strategy, action, obs, options)
     phrases = PHRASES.get(game, {}).get(case) or (RANDOM_LINES if case == "random" else GENERIC)
     phrases = phrases[:phrasings] if phrasings else phrases
-    return phrases[int(rng.integers(len(phrases)))].format(action=action, **fields)
+    line = phrases[int(rng.integers(len(phrases)))].format(action=action, **fields)
+    return _opening(game, obs, options) + line
+
+
+def _opening(game: str, obs: dict[str, Any], options: Mapping[str, Any] | None) -> str:
+    """What an option puts before every line of a game, whoever the demonstrator (a random one too)."""
+    return "".join(opener(obs) for (g, key), opener in OPENERS.items() if g == game and (options or {}).get(key))
 
 
 def reasoning_case(
@@ -84,7 +91,8 @@ def _explain(
         return "random", {}
     if game not in EXPLAINERS:
         return "generic", {}
-    explainer_options = {k: v for k, v in (options or {}).items() if k != "phrasings"}  # phrasings: reasoning_line's
+    handled_around = {"phrasings", *(key for g, key in OPENERS if g == game)}  # reasoning_line's own options
+    explainer_options = {k: v for k, v in (options or {}).items() if k not in handled_around}
     case, fields, implied = EXPLAINERS[game](name, action, obs, **explainer_options)
     return ("generic", {}) if implied is not None and implied != action else (case, fields)
 
@@ -124,6 +132,14 @@ def _ipd(name: str, action: str, obs: dict[str, Any]) -> Explained:
             return "reciprocate", {"r": len(hist)}, C
         return ("forgive" if action == C else "retaliate"), {"r": len(hist)}, None
     return "generic", {"verb": verb}, None
+
+
+def _ipd_last_move(obs: dict[str, Any]) -> str:
+    """`name_the_last_move`: every line after the first round opens with the opponent's last move, so that
+    the words before the action differ after a cooperation and after a defection, whatever the demonstrator
+    (AlwaysD's and AlwaysC's lines and a random draw read no history otherwise)."""
+    hist = obs["history"]
+    return f"Last round they {'cooperated' if hist[-1]['opp'] == C else 'defected'}. " if hist else ""
 
 
 # ----------------------------------------------------------------------------------- Auction
@@ -236,6 +252,9 @@ EXPLAINERS: dict[str, Callable[[str, str, dict[str, Any]], Explained]] = {
     "neg_v2": _neg_v2,
     "kuhn": _kuhn,
 }
+
+#: (game, option) -> what that option, when true, puts before each of the game's lines
+OPENERS: dict[tuple[str, str], Callable[[dict[str, Any]], str]] = {("ipd", "name_the_last_move"): _ipd_last_move}
 
 PHRASES: dict[str, dict[str, tuple[str, ...]]] = {
     "ipd": {
