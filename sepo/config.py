@@ -29,6 +29,7 @@ from sepo.config_rules import (
     boolean,
     distinct_amounts,
     distinct_names,
+    distinct_names_of,
     even_integer,
     finite,
     integer,
@@ -63,6 +64,7 @@ from sepo.training.options import (
     LENGTH_NORMS,
     LR_SCHEDULES,
     PENALTY_MODES,
+    PENALTY_TERMS,
 )
 from sepo.trees import dotted_keys
 
@@ -298,6 +300,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.refresh_kl", real(0.0, strict=True)),
     (SEPO, "sepo.trust_region_kl", real(0.0)),
     (SEPO, "sepo.line_search_steps", integer(0)),
+    (SEPO, "sepo.held_terms", distinct_names_of(PENALTY_TERMS, "penalty terms")),
     (SEPO, "sepo.micro_batch", integer(1)),
     (SEPO, "sepo.micro_batch_tokens", integer(0)),
     (SEPO, "sepo.no_grad_micro_batch_tokens", integer(0)),
@@ -655,6 +658,12 @@ def check_relations(cfg: DictConfig) -> None:
             cfg.sepo.estimator != "exact_values" or cfg.game.name in EXACT_VALUE_GAMES,
             f"sepo.estimator=exact_values is not allowed for game={cfg.game.name} (it values actions from Kuhn "
             f"poker's rules); allowed: game={'|'.join(EXACT_VALUE_GAMES)}, or sepo.estimator=rollouts",
+        )
+        _require(
+            not cfg.sepo.held_terms or cfg.sepo.adv_norm == "batch",
+            f"sepo.held_terms={list(cfg.sepo.held_terms)} is not allowed with sepo.adv_norm={cfg.sepo.adv_norm} "
+            "(a held term's gradient is its own advantages under the batch's one scale); allowed: "
+            "sepo.adv_norm=batch, or sepo.held_terms=[]",
         )
         if float(cfg.sepo.lora.dropout) != 0.0:
             log.warning(

@@ -112,6 +112,14 @@ def names_of(allowed: Sequence[str], what: str) -> Rule:
     )
 
 
+def distinct_names_of(allowed: Sequence[str], what: str) -> Rule:
+    """A list, possibly empty, of distinct entries of `allowed`."""
+    return Rule(
+        lambda v: isinstance(v, list) and len(set(v)) == len(v) and all(x in allowed for x in v),
+        f"a list of distinct {what} from {', '.join(allowed)}, or []",
+    )
+
+
 def named_lists(allowed: Sequence[str], what: str) -> Rule:
     """A mapping from names to non-empty lists of `allowed` entries (datagen.dataset_games)."""
     entries = names_of(allowed, what)

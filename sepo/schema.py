@@ -69,6 +69,7 @@ class SepoSchema:
     refresh_kl: float = MISSING
     trust_region_kl: float = MISSING
     line_search_steps: int = MISSING
+    held_terms: list[str] = MISSING
     micro_batch: int = MISSING
     micro_batch_tokens: int = MISSING
     no_grad_micro_batch_tokens: int = MISSING

@@ -36,6 +36,8 @@ BAD_VALUES = [
     (["stage=sepo", "sepo.penalty_mode=avg"], "sepo.penalty_mode=avg"),
     (["stage=sepo", "sepo.lr_schedule=cos"], "sepo.lr_schedule=cos"),
     (["stage=sepo", "sepo.length_norm=mean"], "sepo.length_norm=mean"),
+    (["stage=sepo", "sepo.held_terms=[u]"], "sepo.held_terms=['u']"),
+    (["stage=sepo", "sepo.held_terms=[c]", "sepo.adv_norm=group_round"], "sepo.held_terms=['c']"),
     (["stage=sepo", "model.prefix_cache=false", "model.prefix_tree=true"], "model.prefix_tree=true"),
     (["stage=sepo", "model.prefix_cache=false", "model.cascade_attention=true"], "model.cascade_attention=true"),
     (["stage=eval", "model.cpu_workers=0"], "model.cpu_workers=0"),

@@ -65,6 +65,7 @@ from sepo.training.best_response import BestResponseSchedule
 from sepo.training.checkpoints import load_checkpoint, save_checkpoint
 from sepo.training.divergence import check_step, first_non_finite, non_finite_inputs
 from sepo.training.exact_values import ExactValueBuilder
+from sepo.training.held_terms import project_onto_cone, term_gradients
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
 from sepo.training.objective import (
     LOG_RATIO_LIMIT,
@@ -325,6 +326,13 @@ def accumulate_gradients(
     if diagnosis:
         raise Diverged(diagnosis)
     return summed
+
+
+def held_term_backward(model: Any, policy: LMPolicy, part: RolloutBatch, s: DictConfig) -> None:
+    """The gradient of a held term's part of the batch (`sepo.training.held_terms`): its policy loss alone,
+    no KL, summed over processes."""
+    accumulate_gradients(model, policy, part, None, s)
+    distributed.sum_gradients([p for p in model.parameters() if p.requires_grad])
 
 
 def first_non_finite_gradient(model: Any) -> str | None:
@@ -626,18 +634,22 @@ def update(
 ) -> dict[str, float]:
     """One optimizer step on the whole rollout batch, at this step's learning rate (a function of the step
     alone): micro-batch -> loss -> backward (`accumulate_gradients`), then the gradient summed over
-    processes, clipped, and the step. A non-finite loss or gradient takes no step and ends the run as
-    diverged: the weights, and every checkpoint so far, stay finite."""
+    processes, clipped, and the step, projected so that it raises no held term (`sepo.held_terms`) and then
+    shrunk to the trust region. A non-finite loss or gradient takes no step and ends the run as diverged: the
+    weights, and every checkpoint so far, stay finite."""
     lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
     set_learning_rate(optimizer, lr)
     optimizer.zero_grad(set_to_none=True)
     before: list[torch.Tensor] | None = [] if float(s.trust_region_kl) > 0 else None
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in trainable]
     try:
+        held = term_gradients(
+            params, list(s.held_terms), batch, lambda part: held_term_backward(model, policy, part, s)
+        )
         stats = accumulate_gradients(model, policy, batch, ref, s, before)
         if not math.isfinite(stats["loss"]):  # summed over processes: another one's pass was not finite
             raise Diverged(f"the loss is {stats['loss']} (another process's pass)")
-        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        params = [p for _, p in trainable]
         distributed.sum_gradients(params)  # data parallel: every process now holds the whole batch's gradient
         bad = first_non_finite((n, p.grad) for n, p in trainable)
         if bad is not None:
@@ -647,10 +659,12 @@ def update(
         raise Diverged(f"diverged at step {step + 1}: {err}; the checkpoints before it are kept") from None
     with section("optimizer"):
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, float(s.grad_clip)))
-        start = StepStart.of(params, optimizer) if before is not None else None
+        start = StepStart.of(params, optimizer) if before is not None or held else None
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if start is not None:
+    if held:
+        stats.update(project_onto_cone(params, start.params, held))
+    if before is not None:
         stats.update(trust_region(model, policy, optimizer, params, batch, s, start, before))
     check_step(step + 1, None, model, when="after")
     return {**stats, "lr": lr}
@@ -679,11 +693,16 @@ def log_step(
     )
     trust = f"  kl_step {stats['kl_step']:.4f}  step {stats['step_fraction']:.3g}" if "kl_step" in stats else ""
     read = f"  exploit_exact {batch.stats['exploit_exact']:.3f}" if "exploit_exact" in batch.stats else ""
+    held = "".join(
+        f"  held {k.split('/')[1]} cos {v:+.3f}{' removed' if stats[k.replace('cosine', 'removed')] else ''}"
+        for k, v in stats.items()
+        if k.startswith("held/") and k.endswith("/cosine")
+    )
     terms = " ".join(
         f"{k.split('/')[1]} {batch.stats[k]:.3f}" for k in ("train/u", "exploit/e", "collusive/c", "train/x")
     )
     log.info(
-        "step %d  loss %.4f  objective %.3f (%s)%s  kl_ref %.4f  kl_after %s  clip %.3f%s  %.1f s%s",
+        "step %d  loss %.4f  objective %.3f (%s)%s  kl_ref %.4f  kl_after %s  clip %.3f%s%s  %.1f s%s",
         step,
         stats["loss"],
         batch.stats["objective"],
@@ -692,6 +711,7 @@ def log_step(
         stats.get("kl_ref", 0.0),
         f"{stats['kl_old_after']:.4f}" if "kl_old_after" in stats else "-",
         stats["clip_fraction"],
+        held,
         trust,
         seconds,
         f"  gpu peak {gpu_peak:.1f} GiB" if gpu_peak is not None else "",

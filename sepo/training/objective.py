@@ -36,11 +36,11 @@ from omegaconf import DictConfig, OmegaConf
 from sepo.arena import EpisodeRecord
 from sepo.games.base import AGENT, OPPONENT, Game
 from sepo.metrics import collusive_per_round
-from sepo.training.options import ADV_NORMS, CREDITS
+from sepo.training.options import ADV_NORMS, CREDITS, PENALTY_TERMS
 
 log = logging.getLogger(__name__)
 
-TERMS = ("u", "e", "c", "x")
+TERMS = ("u", *PENALTY_TERMS)
 #: |log pi_theta - log pi_old| beyond which the importance ratio is held (as verl does): exp overflows
 #: float32 above 88.7, and an infinite ratio times a zero advantage is NaN, which would end the run for a
 #: token whose every term is zero. Past the limit a token's gradient is 0: with a positive advantage the

@@ -11,6 +11,8 @@ ADV_NORMS = ("batch", "group_round")
 LENGTH_NORMS = ("answer", "budget")
 #: sepo.lr_schedule: how the learning rate goes from sepo.lr to sepo.lr_final_ratio * sepo.lr
 LR_SCHEDULES = ("constant", "cosine", "linear")
+#: the penalty terms of J (docs/spec.md §3): exploitability, collusion, externality; sepo.held_terms names some
+PENALTY_TERMS = ("e", "c", "x")
 #: sepo.estimator: advantages from played episodes, or (Kuhn poker) exact values of the sampled actions
 ESTIMATORS = ("rollouts", "exact_values")
 #: the games whose rules and pools `sepo.estimator=exact_values` can value exactly

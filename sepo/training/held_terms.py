@@ -1,0 +1,123 @@
+"""A step that does not raise the penalty terms it is told to hold (`sepo.held_terms`).
+
+On a pretrained model one LoRA step moves every situation of a game together: on SmolLM2's IPD the
+step that teaches the model to defect after a defection also teaches it to defect after a cooperation
+(docs/results.md, "Why the steps defect alike"), so the collusion term rises while J climbs, and a
+larger λc only tilts the direction the coupled step takes (λc 3 and 8 still raised it). Holding a term
+removes the offending component of the step instead, as Constrained Policy Optimization does for a
+cost linearised at the current policy (Achiam et al., 2017):
+
+- each held term k's own loss gradient h_k is taken on the batch: the decisions that carry k's
+  advantage, with that advantage alone (`term_batch`), so h_k = λk ∇k up to the batch scale;
+- the step the optimizer took, d = θ_new − θ_old, changes term k by about h_k · d / λk, so it raises
+  k to first order exactly when h_k · d > 0;
+- d is replaced by its Euclidean projection onto the cone {d : h_k · d ≤ 0 for every held k}
+  (`project_onto_cone`): the nearest step that raises none of them. With one held term it is d minus its
+  component along h_k when that component raises k, else d itself.
+
+The constraint holds for the batch's estimate of h_k; how far it holds for the policy is what a
+run's test episodes measure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from sepo.training.rollouts import RolloutBatch
+
+#: a held term counts as raised when h_k · d exceeds this share of the largest |h_j · d|: floating-point
+#: slack, so the projection's own rounding never reads as a rise
+ROUNDING_SLACK = 1e-9
+
+
+def term_batch(batch: RolloutBatch, term: str) -> RolloutBatch:
+    """The batch's decisions that carry `term`'s advantage, each with that advantage alone (the batch scale
+    included): its loss gradient is the term's own. Empty when the term gives this batch (or this process's
+    share of it) no signal."""
+    values = batch.unscaled.get(term)
+    keep = np.flatnonzero(values != 0.0) if values is not None else np.array([], dtype=int)
+    return RolloutBatch(
+        groups=[],
+        decisions=[batch.decisions[i] for i in keep],
+        advantages=values[keep] / batch.scale if values is not None else np.zeros(0),
+        unscaled={},
+        scale=batch.scale,
+        stats={},
+    )
+
+
+def term_gradients(
+    params: Sequence[torch.Tensor],
+    terms: Sequence[str],
+    batch: RolloutBatch,
+    backward: Callable[[RolloutBatch], None],
+) -> dict[str, list[torch.Tensor]]:
+    """Each held term's loss gradient on `batch`: `backward(sub_batch)` accumulates a sub-batch's gradient into
+    `.grad` (summed over processes), read and cleared here."""
+    gradients = {}
+    for term in terms:
+        for p in params:
+            p.grad = None
+        backward(term_batch(batch, term))
+        gradients[term] = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    for p in params:
+        p.grad = None
+    return gradients
+
+
+def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    return float(sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b)))
+
+
+def cone_weights(gram: np.ndarray, rises: np.ndarray) -> np.ndarray:
+    """The multipliers w ≥ 0 of the projection d − Σ_k w_k h_k of a step d onto {d : h_k · d ≤ 0 for all k}.
+
+    `gram[j, k]` = h_j · h_k and `rises[k]` = h_k · d. The multipliers solve the small non-negative least
+    squares min_{w ≥ 0} |Σ w_k h_k − d|², whose optimum is the active set S with gram[S, S] w_S = rises[S],
+    w_S ≥ 0 and no term outside S still raised (rises − gram w ≤ 0). Three terms make eight sets: every
+    one is tried, smallest first, which is exact."""
+    k = len(rises)
+    slack = ROUNDING_SLACK * float(np.max(np.abs(rises))) if k else 0.0
+    for size in range(k + 1):
+        for active in map(list, itertools.combinations(range(k), size)):
+            w = np.zeros(k)
+            if active:
+                sub = gram[np.ix_(active, active)]
+                if np.linalg.matrix_rank(sub) < size:
+                    continue
+                w[active] = np.linalg.solve(sub, rises[active])
+            if np.all(w >= 0) and np.all(rises - gram @ w <= slack):
+                return w
+    return np.zeros(k)
+
+
+def project_onto_cone(
+    params: Sequence[torch.Tensor], start: Sequence[torch.Tensor], gradients: dict[str, list[torch.Tensor]]
+) -> dict[str, float]:
+    """Replace the step just taken (`params` − `start`) by its projection onto the held terms' cone, in place;
+    return per term the cosine of the step with its rising direction before, and whether it was removed."""
+    terms = list(gradients)
+    step = [p.detach() - p0 for p, p0 in zip(params, start)]
+    hs = [gradients[t] for t in terms]
+    gram = np.array([[_dot(a, b) for b in hs] for a in hs])
+    rises = np.array([_dot(h, step) for h in hs])
+    norm = math.sqrt(max(_dot(step, step), 0.0))
+    weights = cone_weights(gram, rises)
+    stats = {}
+    for t, r, g, w in zip(terms, rises, np.diag(gram), weights):
+        stats[f"held/{t}/cosine"] = float(r / math.sqrt(g * norm * norm)) if g > 0 and norm > 0 else 0.0
+        stats[f"held/{t}/removed"] = float(w > 0)
+    if np.any(weights > 0):
+        with torch.no_grad():
+            for i, (p, p0) in enumerate(zip(params, start)):
+                p.copy_(p0 + step[i] - sum(float(w) * h[i] for w, h in zip(weights, hs)))
+        after = [p.detach() - p0 for p, p0 in zip(params, start)]
+        stats["held/step_kept"] = math.sqrt(max(_dot(after, after), 0.0)) / norm if norm > 0 else 1.0
+    else:
+        stats["held/step_kept"] = 1.0
+    return stats

@@ -1,0 +1,129 @@
+"""Held penalty terms (`sepo.held_terms`): the step is the nearest one that raises none of them to first order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import nnls
+
+from sepo.builders import load_model_and_tokenizer
+from sepo.games import make_game
+from sepo.policies.lm import LMPolicy
+from sepo.stages.sepo_loop import RecordingPolicy, attach_lora, held_term_backward, reference_logprobs, update
+from sepo.training.held_terms import project_onto_cone, term_gradients
+from sepo.training.objective import EstimatorState, sepo_settings
+from sepo.training.rollouts import BatchBuilder
+
+from .conftest import SMALL
+
+
+def _dot(a, b):
+    return sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("terms", [1, 2, 3])
+def test_the_projection_is_the_nearest_step_that_raises_no_held_term(seed, terms):
+    """Against scipy's non-negative least squares on the explicit vectors: P(d) = d − Hᵀw*, w* = argmin_{w ≥ 0}
+    |Hᵀw − d| (Moreau: the cone {d : Hd ≤ 0} is the polar of the rows' cone); the step is split over two tensors."""
+    rng = np.random.default_rng(seed)
+    d, H = rng.normal(size=7), rng.normal(size=(terms, 7))
+    if seed % 3 == 0:
+        H[0] = -d + 0.1 * rng.normal(size=7)  # a step that already lowers the first term
+    w, _ = nnls(H.T, d)
+    expected = d - H.T @ w
+    start = [torch.zeros(3, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)]
+    params = [torch.tensor(d[:3]), torch.tensor(d[3:])]
+    gradients = {k: [torch.tensor(H[i, :3]), torch.tensor(H[i, 3:])] for i, k in enumerate("ecx"[:terms])}
+    stats = project_onto_cone(params, start, gradients)
+    got = torch.cat(params).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-9)
+    assert np.all(H @ got <= 1e-9)
+    for i, k in enumerate("ecx"[:terms]):
+        cosine = H[i] @ d / np.linalg.norm(H[i]) / np.linalg.norm(d)
+        assert stats[f"held/{k}/cosine"] == pytest.approx(cosine)
+    assert stats["held/step_kept"] == pytest.approx(np.linalg.norm(expected) / np.linalg.norm(d))
+
+
+def test_a_step_that_raises_no_held_term_is_kept_exactly():
+    d, h = torch.tensor([1.0, 2.0, -1.0]), torch.tensor([-1.0, 0.0, 0.5])
+    params = [d.clone()]
+    stats = project_onto_cone(params, [torch.zeros(3)], {"c": [h]})
+    assert torch.equal(params[0], d) and stats["held/c/removed"] == 0.0 and stats["held/step_kept"] == 1.0
+
+
+def test_one_raised_term_loses_exactly_its_component():
+    d, h = torch.tensor([3.0, 1.0]), torch.tensor([1.0, 0.0])
+    params = [d.clone()]
+    project_onto_cone(params, [torch.zeros(2)], {"c": [h]})
+    assert torch.equal(params[0], torch.tensor([0.0, 1.0]))
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("tiny_cache")
+
+
+def test_a_held_step_does_not_raise_collusion_on_its_batch(compose_cfg, tiny_cache):
+    """On an IPD batch whose free SGD step raises the collusion term to first order (h_c · Δθ > 0, h_c its
+    gradient on the batch: the collusive pool's decisions against AlwaysC, the only ones that carry c's
+    advantage), the held step from the same start does not (h_c · Δθ ≤ 0), and differs from the free step
+    by a multiple of h_c alone."""
+    cfg = compose_cfg(
+        *SMALL,
+        f"paths.cache_dir={tiny_cache}",
+        "game.pools.collusive=[AlwaysC]",
+        "sepo.optimizer=sgd",
+        "sepo.momentum=0.0",
+        "sepo.lr=0.5",
+        "sepo.beta=0.0",
+        "sepo.grad_clip=1e9",
+        "sepo.trust_region_kl=0",
+        "lambdas.train.c=0.01",  # the other terms then set the free step's direction, which raises c about half the time
+    )
+    s = sepo_settings(cfg)
+    torch.manual_seed(0)
+    base, tok = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
+    model = attach_lora(base, cfg.model.lora.target_modules, s.lora.r, s.lora.alpha, 0.0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+    policy = LMPolicy(model, tok, cfg.model, temperature=float(s.temperature), max_new_tokens=4, seed=0)
+    game = make_game(cfg.game)
+    params = [p for p in model.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in params]
+    backward = lambda sub: held_term_backward(model, policy, sub, s)  # noqa: E731
+
+    raised = None
+    for seed in range(16):  # a batch whose free step raises c (the descent step -g does when h_c · g < 0)
+        batch = BatchBuilder(cfg, s).collect(game, RecordingPolicy(policy), seed, EstimatorState())
+        h_c = term_gradients(params, ["c"], batch, backward)["c"]
+        g = term_gradients(params, ["total"], batch, backward)["total"]
+        if _dot(h_c, g) < 0:
+            raised = batch
+            break
+    assert raised is not None, "no batch of 16 whose free step raises collusion"
+    pools = [g.pool for g in raised.groups for record in g.records for _ in record.trace]  # the decisions' order
+    assert {pools[i] for i in np.flatnonzero(raised.unscaled["c"])} == {"collusive"}
+    ref = reference_logprobs(model, policy, raised, s)
+
+    def step(held):
+        with torch.no_grad():
+            for p, p0 in zip(params, start):
+                p.copy_(p0)
+        s.held_terms = held
+        stats = update(model, policy, torch.optim.SGD(params, lr=float(s.lr)), raised, ref, s, step=0)
+        return [p.detach() - p0 for p, p0 in zip(params, start)], stats
+
+    free, _ = step([])
+    held, stats = step(["c"])
+    scale = np.sqrt(_dot(h_c, h_c) * _dot(free, free))
+    assert _dot(h_c, free) > 0
+    assert abs(_dot(h_c, held)) <= 1e-5 * scale  # the raised component is gone, and only it
+    assert stats["held/c/removed"] == 1.0 and stats["held/c/cosine"] == pytest.approx(_dot(h_c, free) / scale, rel=1e-3)
+    removed = [f - k for f, k in zip(free, held)]
+    w = _dot(removed, h_c) / _dot(h_c, h_c)
+    residual = np.sqrt(_dot([r - w * h for r, h in zip(removed, h_c)], [r - w * h for r, h in zip(removed, h_c)]))
+    assert residual <= 1e-4 * np.sqrt(_dot(removed, removed))
