@@ -70,6 +70,7 @@ class SepoSchema:
     trust_region_kl: float = MISSING
     line_search_steps: int = MISSING
     held_terms: list[str] = MISSING
+    held_average: float = MISSING
     micro_batch: int = MISSING
     micro_batch_tokens: int = MISSING
     no_grad_micro_batch_tokens: int = MISSING

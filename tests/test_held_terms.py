@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from sepo.builders import load_model_and_tokenizer
 from sepo.games import make_game
 from sepo.policies.lm import LMPolicy
 from sepo.stages.sepo_loop import RecordingPolicy, attach_lora, held_term_backward, reference_logprobs, update
-from sepo.training.held_terms import project_onto_cone, term_gradients
+from sepo.training.held_terms import HeldAverages, project_onto_cone, term_gradients
 from sepo.training.objective import EstimatorState, sepo_settings
 from sepo.training.rollouts import BatchBuilder
 
@@ -127,3 +129,28 @@ def test_a_held_step_does_not_raise_collusion_on_its_batch(compose_cfg, tiny_cac
     w = _dot(removed, h_c) / _dot(h_c, h_c)
     residual = np.sqrt(_dot([r - w * h for r, h in zip(removed, h_c)], [r - w * h for r, h in zip(removed, h_c)]))
     assert residual <= 1e-4 * np.sqrt(_dot(removed, removed))
+
+
+def test_the_running_gradient_is_the_weighted_mean_and_survives_a_checkpoint():
+    """h̄ ← keep·h̄ + (1 − keep)·h from the first batch's h; the agreement is this batch's cosine with the mean before
+    it; the state round-trips (a resumed run continues the same mean)."""
+    h1, h2, h3 = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0]), torch.tensor([0.0, -1.0])
+    averages = HeldAverages(keep=0.75)
+    mean, stats = averages.update({"c": [h1]})
+    assert torch.equal(mean["c"][0], h1) and math.isnan(stats["held/c/agreement"])
+    mean, stats = averages.update({"c": [h2]})
+    assert torch.allclose(mean["c"][0], torch.tensor([1.0, 0.25]))
+    assert stats["held/c/agreement"] == pytest.approx(1 / math.sqrt(2))
+    resumed = HeldAverages(keep=0.75)
+    resumed.load_state_dict(averages.state_dict())
+    for run in (averages, resumed):
+        mean, stats = run.update({"c": [h3]})
+        assert torch.allclose(mean["c"][0], torch.tensor([0.75, -0.0625]))
+        assert stats["held/c/agreement"] == pytest.approx(-0.25 / math.sqrt(1.0625))
+
+
+def test_a_fresh_batch_alone_is_held_when_nothing_is_kept():
+    averages = HeldAverages(keep=0.0)
+    averages.update({"c": [torch.tensor([1.0, 0.0])]})
+    mean, _ = averages.update({"c": [torch.tensor([0.0, 2.0])]})
+    assert torch.equal(mean["c"][0], torch.tensor([0.0, 2.0]))

@@ -533,7 +533,8 @@ def test_step_benchmark_reports_a_breakdown_that_adds_up(tmp_path):
 
 def test_a_rollout_batch_played_by_forked_workers_is_the_batch_played_whole(setup):
     """`model.cpu_workers`: the rollouts' episodes, their traces (tokens, behaviour log-probs) and so the
-    batch's advantages are the same whether one process plays them or two forked ones share them."""
+    batch's advantages are the same whether one process plays them or two forked ones share them. The
+    log-probs agree to float32 rounding only: a worker's smaller batch sums in another order on some CPUs."""
     cfg, s, game, model, policy = setup()
     whole = collect(cfg, s, game, policy)
     policy.workers = 2
@@ -542,7 +543,7 @@ def test_a_rollout_batch_played_by_forked_workers_is_the_batch_played_whole(setu
     assert len(split.decisions) == len(whole.decisions)
     for a, b in zip(split.decisions, whole.decisions):
         assert torch.equal(a.tokens.gen_ids, b.tokens.gen_ids)
-        assert torch.equal(a.tokens.logprobs, b.tokens.logprobs)
+        torch.testing.assert_close(a.tokens.logprobs, b.tokens.logprobs, rtol=1e-5, atol=1e-5)
     assert split.advantages.tolist() == whole.advantages.tolist()
 
 

@@ -65,7 +65,7 @@ from sepo.training.best_response import BestResponseSchedule
 from sepo.training.checkpoints import load_checkpoint, save_checkpoint
 from sepo.training.divergence import check_step, first_non_finite, non_finite_inputs
 from sepo.training.exact_values import ExactValueBuilder
-from sepo.training.held_terms import project_onto_cone, term_gradients
+from sepo.training.held_terms import HeldAverages, project_onto_cone, term_gradients
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
 from sepo.training.objective import (
     LOG_RATIO_LIMIT,
@@ -586,6 +586,7 @@ class Learner:
     estimator: EstimatorState  # running statistics: the exploit switch, the advantage scale
     builder: BatchBuilder | ExactValueBuilder  # builds one training batch
     best_response: BestResponseSchedule  # keeps the pools' best responders answering the current policy
+    held: HeldAverages  # the held terms' running gradients (`sepo.held_terms`, `sepo.held_average`)
 
 
 def build_learner(cfg: DictConfig, s: DictConfig) -> Learner:
@@ -595,7 +596,8 @@ def build_learner(cfg: DictConfig, s: DictConfig) -> Learner:
     ref_model = quantized_reference(model) if s.ref_4bit else None
     policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
     best_response = best_response_schedule(builder, s)
-    return Learner(model, ref_model, tokenizer, policy, optimizer, estimator, builder, best_response)
+    held = HeldAverages(keep=float(s.held_average))
+    return Learner(model, ref_model, tokenizer, policy, optimizer, estimator, builder, best_response, held)
 
 
 def resume_point(cfg: DictConfig, out: Path, learner: Learner) -> tuple[int, int]:
@@ -631,11 +633,13 @@ def update(
     ref: list[torch.Tensor] | None,
     s: DictConfig,
     step: int,
+    held_averages: HeldAverages | None = None,
 ) -> dict[str, float]:
     """One optimizer step on the whole rollout batch, at this step's learning rate (a function of the step
     alone): micro-batch -> loss -> backward (`accumulate_gradients`), then the gradient summed over
     processes, clipped, and the step, projected so that it raises no held term (`sepo.held_terms`) and then
-    shrunk to the trust region. A non-finite loss or gradient takes no step and ends the run as diverged: the
+    shrunk to the trust region (`held_averages`: the held terms' running gradients; None: this batch's
+    alone). A non-finite loss or gradient takes no step and ends the run as diverged: the
     weights, and every checkpoint so far, stay finite."""
     lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
     set_learning_rate(optimizer, lr)
@@ -663,6 +667,8 @@ def update(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if held:
+        held, agreement = (held_averages or HeldAverages(keep=0.0)).update(held)
+        stats.update(agreement)
         stats.update(project_onto_cone(params, start.params, held))
     if before is not None:
         stats.update(trust_region(model, policy, optimizer, params, batch, s, start, before))
@@ -695,6 +701,7 @@ def log_step(
     read = f"  exploit_exact {batch.stats['exploit_exact']:.3f}" if "exploit_exact" in batch.stats else ""
     held = "".join(
         f"  held {k.split('/')[1]} cos {v:+.3f}{' removed' if stats[k.replace('cosine', 'removed')] else ''}"
+        f" agreement {stats.get(k.replace('cosine', 'agreement'), math.nan):+.3f}"
         for k, v in stats.items()
         if k.startswith("held/") and k.endswith("/cosine")
     )
@@ -785,7 +792,7 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
         drop_packed_weights(learner.model)  # the update takes gradients: its peak stays without the blocked copies
         for reuse in range(int(s.refresh_steps)):
             trim_heap()
-            stats = update(learner.model, learner.policy, learner.optimizer, batch, ref, s, step)
+            stats = update(learner.model, learner.policy, learner.optimizer, batch, ref, s, step, learner.held)
             trim_heap()
             step += 1
             done_with_batch = batch_spent(s, reuse, step, checkpoints)

@@ -47,7 +47,7 @@ def newest_that_loads(candidates: list[Path], read: Callable[[Path], T], what: s
 # ------------------------------------------------------------------------------ SEPO
 def save_checkpoint(out: Path, learner: Any, step: int, batch_index: int) -> Path:
     """Everything a resume needs of `learner` (the SEPO stage's `Learner`: its model's adapter, optimizer,
-    policy's sampling stream, estimator and best responders), written into a temporary dir, synced, then
+    policy's sampling stream, estimator, held terms' running gradients and best responders), written into a temporary dir, synced, then
     renamed into place, and only then pointed at by `latest`: a crash mid-write never leaves `latest`
     naming a half-written checkpoint."""
     model, optimizer, policy = learner.model, learner.optimizer, learner.policy
@@ -66,6 +66,7 @@ def save_checkpoint(out: Path, learner: Any, step: int, batch_index: int) -> Pat
             tmp / "train_state.pt",
         )
         (tmp / "estimator_state.json").write_text(json.dumps(learner.estimator.to_dict()) + "\n")
+        torch.save(learner.held.state_dict(), tmp / "held_averages.pt")
         learner.best_response.save(tmp)
     write_text_atomically(root / "latest", f"step_{step}\n")
     return ckpt
@@ -79,6 +80,7 @@ def read_checkpoint(ckpt: Path) -> dict[str, Any]:
         "adapter": load_file(ckpt / "adapter" / "adapter_model.safetensors"),
         "train_state": torch.load(ckpt / "train_state.pt", weights_only=True),
         "estimator": json.loads((ckpt / "estimator_state.json").read_text()),
+        "held": torch.load(ckpt / "held_averages.pt", weights_only=True),
     }
 
 
@@ -112,6 +114,7 @@ def load_checkpoint(out: Path, learner: Any) -> tuple[int, int]:
     torch.set_rng_state(state["torch_rng"])
     learner.policy.generator.set_state(state["policy_rng"])
     learner.estimator.load(saved["estimator"])
+    learner.held.load_state_dict(saved["held"])
     log.info("resumed from %s (step %d)", ckpt, state["step"])
     return int(state["step"]), int(state["batch_index"])
 

@@ -15,8 +15,12 @@ cost linearised at the current policy (Achiam et al., 2017):
   (`project_onto_cone`): the nearest step that raises none of them. With one held term it is d minus its
   component along h_k when that component raises k, else d itself.
 
-The constraint holds for the batch's estimate of h_k; how far it holds for the policy is what a
-run's test episodes measure.
+The constraint holds for the estimate of h_k; how far it holds for the policy is what a run's test
+episodes measure. One batch's estimate rests on the few decisions that carry k's advantage, so
+`sepo.held_average` can replace it by a running mean over steps, h̄ ← a·h̄ + (1 − a)·h_k
+(`HeldAverages`). The cone is the same for any positive multiple of h̄, so the mean needs no bias
+correction. Each step logs `held/<k>/agreement`, the cosine of this batch's h_k with the mean before it:
+near 0, the batch estimates point in unrelated directions.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -72,6 +77,40 @@ def term_gradients(
 
 def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     return float(sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b)))
+
+
+def _cosine(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    norms = _dot(a, a) * _dot(b, b)
+    return _dot(a, b) / math.sqrt(norms) if norms > 0 else math.nan
+
+
+@dataclass
+class HeldAverages:
+    """Each held term's running gradient over steps, h̄ ← keep·h̄ + (1 − keep)·h (`sepo.held_average`); a
+    checkpoint saves it, so a resumed run continues the same mean."""
+
+    keep: float
+    means: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+    def update(
+        self, gradients: dict[str, list[torch.Tensor]]
+    ) -> tuple[dict[str, list[torch.Tensor]], dict[str, float]]:
+        """The new means (this batch's h alone when no mean exists yet), and `held/<k>/agreement`: the cosine
+        of this batch's h with the mean before it (NaN on the first step)."""
+        stats = {}
+        for term, h in gradients.items():
+            previous = [m.to(x.device) for m, x in zip(self.means[term], h)] if term in self.means else None
+            stats[f"held/{term}/agreement"] = _cosine(h, previous) if previous is not None else math.nan
+            self.means[term] = (
+                [self.keep * m + (1.0 - self.keep) * x for m, x in zip(previous, h)] if previous is not None else h
+            )
+        return dict(self.means), stats
+
+    def state_dict(self) -> dict[str, list[torch.Tensor]]:
+        return {term: [m.cpu() for m in means] for term, means in self.means.items()}
+
+    def load_state_dict(self, state: dict[str, list[torch.Tensor]]) -> None:
+        self.means = {term: list(means) for term, means in state.items()}
 
 
 def cone_weights(gram: np.ndarray, rises: np.ndarray) -> np.ndarray:
