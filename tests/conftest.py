@@ -55,11 +55,14 @@ def compose_cfg(tmp_path):
 
 @pytest.fixture
 def cli(tmp_path):
-    """cli(*args) -> CompletedProcess of `python main.py args` with outputs under tmp_path."""
+    """cli(*args) -> CompletedProcess of `python main.py args` with outputs under tmp_path. The run gets one
+    torch thread unless the caller's environment or `env` says otherwise: the suite's two workers share two
+    cores, and a run at torch's default of one thread per core beside the other worker is ten times slower."""
 
     def _run(*args: str, timeout: int = 600, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
         """`env`: variables to set for this run (None unsets one)."""
         env = {
+            "OMP_NUM_THREADS": "1",
             **os.environ,
             "PROJECT_ROOT": str(tmp_path),
             "WANDB_MODE": "offline",
