@@ -122,7 +122,8 @@ def parse_args() -> tuple[argparse.Namespace, dict[str, list[str]]]:
         default=[],
         metavar=("NAME", "OVERRIDE"),
         help="one more arm: its name, then its Hydra overrides (repeatable), e.g. "
-        "--extra-arm sepo_lc2 lambdas.train.c=2.0",
+        "--extra-arm sepo_lc2 lambdas.train.c=2.0; it takes every word after it, so overrides for all arms "
+        "go before the first --extra-arm",
     )
     parser.add_argument("--root", default=None, help="output root (default: a temporary directory)")
     parser.add_argument("--sft-run", default=None, help="an SFT run dir (with merged/ and eval/sft/) to start from")
