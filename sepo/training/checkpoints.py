@@ -47,9 +47,9 @@ def newest_that_loads(candidates: list[Path], read: Callable[[Path], T], what: s
 # ------------------------------------------------------------------------------ SEPO
 def save_checkpoint(out: Path, learner: Any, step: int, batch_index: int) -> Path:
     """Everything a resume needs of `learner` (the SEPO stage's `Learner`: its model's adapter, optimizer,
-    policy's sampling stream, estimator, held terms' running gradients and best responders), written into a temporary dir, synced, then
-    renamed into place, and only then pointed at by `latest`: a crash mid-write never leaves `latest`
-    naming a half-written checkpoint."""
+    policy's sampling stream, estimator, held terms' running gradients and best responders), written into a
+    temporary dir, synced, then renamed into place, and only then pointed at by `latest`: a crash mid-write
+    never leaves `latest` naming a half-written checkpoint."""
     model, optimizer, policy = learner.model, learner.optimizer, learner.policy
     root = out / "checkpoints"
     ckpt = root / f"step_{step}"
