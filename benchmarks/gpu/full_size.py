@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import inspect
 import logging
 import sys
 import tempfile
@@ -400,6 +399,8 @@ def linear_attention_kernels() -> dict[str, Any]:
 
     from transformers.models.qwen3_5 import modeling_qwen3_5 as modeling
 
+    from sepo.lm.gated_delta_decode import kernel_binding
+
     functions = {
         "chunk_gated_delta_rule": ("torch_chunk_gated_delta_rule", "fla"),
         "fused_recurrent_gated_delta_rule": ("torch_recurrent_gated_delta_rule", "fla"),
@@ -408,11 +409,7 @@ def linear_attention_kernels() -> dict[str, Any]:
     }
     paths: dict[str, str] = {}
     for kernel, (attr, package) in functions.items():
-        fn = getattr(modeling, attr, None)
-        try:
-            nonlocals = inspect.getclosurevars(fn).nonlocals if fn is not None else {}
-        except (TypeError, ValueError):
-            nonlocals = {}
+        nonlocals = kernel_binding(getattr(modeling, attr, None))
         if "is_new_implementation" in nonlocals:
             impl = nonlocals.get("implementation")
             paths[kernel] = (

@@ -102,7 +102,21 @@ def use_lean_delta_decode() -> bool:
 def _runs_the_pytorch_fallback(bound: Any) -> bool:
     """Whether transformers' wrapper runs its own PyTorch function: it keeps `is_new_implementation` (False for the
     fallback) among its closure's variables. Unknown wrappers count as fast kernels, so nothing is replaced blindly."""
+    return kernel_binding(bound).get("is_new_implementation") is False
+
+
+def kernel_binding(bound: Any) -> dict[str, Any]:
+    """The closure of transformers' `use_kernel_func_from_hub_with_fallback` wrapper behind a module-level kernel
+    function (`implementation`, `is_new_implementation`), or {} for anything else. Where the `kernels` package is
+    installed (a dependency from transformers 5.25), the function is an `nn.Module` whose `forward` closes over
+    the wrapper as `func`, so the binding is read one level down."""
+    if isinstance(bound, torch.nn.Module):
+        bound = _closure(type(bound).forward).get("func")
+    return _closure(bound)
+
+
+def _closure(fn: Any) -> dict[str, Any]:
     try:
-        return inspect.getclosurevars(bound).nonlocals.get("is_new_implementation") is False
-    except TypeError:
-        return False
+        return dict(inspect.getclosurevars(fn).nonlocals)
+    except (TypeError, ValueError):
+        return {}
