@@ -114,7 +114,7 @@ def check_keys(argv: list[str]) -> str | None:
 
     extra = user_config_dirs(argv)
     groups = {p.name for d in (CONF_DIR, *extra) if d.is_dir() for p in d.iterdir() if p.is_dir()}
-    choices, keys = search_path(extra), []
+    choices, keys, arg_of = search_path(extra), [], {}
     for arg in command_line_overrides(argv):
         if arg.startswith(("hydra.", "~")):
             continue
@@ -123,6 +123,7 @@ def check_keys(argv: list[str]) -> str | None:
             choices.append(f"{key}={value.removeprefix('choice(').removesuffix(')').split(',')[0]}")
         else:
             keys.append(key)
+            arg_of[key] = arg
     try:
         cfg = compose_config(choices)
     except Exception:  # noqa: BLE001 (a composition problem of its own: Hydra reports it)
@@ -146,7 +147,32 @@ def check_keys(argv: list[str]) -> str | None:
             return f"error: {plain} is not a known key; allowed: a key of the config" + (
                 f" (did you mean {close[0]}?)" if close else ""
             )
+        if not key.startswith("+") and (line := unknown_entry(cfg, plain, arg_of[key])):
+            return line
     return None
+
+
+def unknown_entry(cfg: DictConfig, key: str, arg: str) -> str | None:
+    """The error line for `key={name: value, ...}` naming an entry the mapping at `key` does not have (Hydra
+    merges a mapping into the config's and refuses a new entry with a stack of its own lines); None otherwise."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not arg.split("=", 1)[1].lstrip().startswith("{") or key.startswith(FREE_FORM):
+        return None
+    node = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+    if not OmegaConf.is_dict(node):
+        return None
+    try:
+        value = OverridesParser.create().parse_override(arg).value()
+    except Exception:  # noqa: BLE001 (a value Hydra cannot parse: Hydra reports it)
+        return None
+    extra = [str(k) for k in value if k not in node] if isinstance(value, dict) else []
+    if not extra:
+        return None
+    return (
+        f"error: {key} has no entry {extra[0]}; allowed: {', '.join(map(str, node))}"
+        f" (a new entry: +{key}.{extra[0]}=<value>)"
+    )
 
 
 def command_line_overrides(argv: list[str]) -> list[str]:

@@ -65,6 +65,7 @@ from sepo.training.options import (
     LR_SCHEDULES,
     PENALTY_MODES,
     PENALTY_TERMS,
+    TRAINED_POOLS,
 )
 from sepo.trees import dotted_keys
 
@@ -283,6 +284,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
         "sepo.rollouts_per_opponent",
         integer(2, why="the leave-one-out baseline compares each rollout with the others of its group"),
     ),
+    (SEPO, "sepo.rollouts_by_pool", named_integers(2, keys=TRAINED_POOLS, what=f"pools ({', '.join(TRAINED_POOLS)})")),
     (SEPO, "sepo.lr", real(0.0, strict=True)),
     (SEPO, "sepo.lr_schedule", one_of(*LR_SCHEDULES)),
     (SEPO, "sepo.lr_final_ratio", real(0.0, high=1.0, high_closed=True)),

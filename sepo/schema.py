@@ -42,6 +42,7 @@ class SepoSchema:
     steps: int = MISSING
     seed: int = MISSING
     rollouts_per_opponent: int = MISSING
+    rollouts_by_pool: dict[str, int | None] = MISSING
     estimator: str = MISSING
     infoset_samples: int = MISSING
     responder_table_decay: float = MISSING

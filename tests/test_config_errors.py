@@ -56,6 +56,10 @@ BAD_VALUES = [
     (["stage=sepo", "sepo.stepz=3"], "did you mean sepo.steps?"),
     (["stage=sft", "model.sft.lr=1"], "did you mean sft.lr?"),  # a model's stage defaults left the model node
     (["stage=sepo", "+sepo.stepz=3"], "+sepo.stepz adds a key"),
+    # a mapping merged whole: an entry it does not have is one line (Hydra's own is a stack of them)
+    (["stage=sepo", "sepo.rollouts_by_pool={robust:3}"], "sepo.rollouts_by_pool has no entry robust; allowed: train"),
+    (["stage=eval", "model=scripted", "game.demonstrators={Foo:1}"], "game.demonstrators has no entry Foo"),
+    (["stage=sepo", "sepo.rollouts_by_pool.collusive=1"], "sepo.rollouts_by_pool={'train': None, 'exploit': None"),
     (["stage=eval", "model=tiny", "model.dtype=float99"], "model.dtype=float99"),
     (["stage=sepo", "sepo.lr_final_ratio=2"], "sepo.lr_final_ratio=2"),
     (["stage=sft", "sft.bf16=maybe"], "sft.bf16='maybe'"),  # a boolean: true or false only

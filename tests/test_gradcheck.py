@@ -269,3 +269,14 @@ def test_kuhn_descent_lowers_exploitability_through_the_batch_code(tmp_path):
     assert all(r["exploitability"] < start / 2 for r in alone["runs"]), alone["runs"]
     default = run(40)
     assert all(r["delta_J"] > 0 for r in default["runs"]), default["runs"]
+
+
+def test_pools_of_their_own_size_keep_every_terms_gradient(ipd):
+    """`sepo.rollouts_by_pool`: 2 rollouts per exploit opponent and 8 on the cooperator, 4 elsewhere; each pool's
+    term is averaged over its own groups, so the expected update is still J's gradient, term by term."""
+    cfg, s = ipd("sepo.rollouts_by_pool={exploit:2,collusive:8}")
+    agent = make_agent("reactive", (0.9, 0.9, 0.5))
+    fd = finite_difference(agent, cfg, s)
+    est = estimate_update(agent, cfg, s, BATCHES, burn_in=20)
+    for k in TERMS:
+        assert term_agrees(est.mean[k], fd[k]), (k, est.mean[k], est.se[k], fd[k])

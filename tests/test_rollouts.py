@@ -75,12 +75,34 @@ def test_rollouts_of_a_group_differ_only_by_the_agents_sampling(compose_cfg):
         assert [r.actions[1] for r in ep.rounds] == ["COOPERATE"] + moves[:-1]
 
 
+def test_a_pool_can_have_rollouts_of_its_own_count(compose_cfg):
+    """`sepo.rollouts_by_pool`: the named pools' groups get their own n, the rest keep rollouts_per_opponent, and
+    each group's weight divides by its own n (every pool's term stays a mean over its rollouts)."""
+    from sepo.model_fit import episodes_at_once
+
+    cfg, builder, g = build(compose_cfg, "game=ipd", "sepo.rollouts_by_pool={collusive:10}")
+    plan = builder.plan(0)
+    assert [len(grp.matches) for grp in plan.groups] == [4, 4, 4, 4, 4, 4, 10]
+    assert len(plan.matches) == 6 * 4 + 10
+    assert episodes_at_once(cfg)["sepo.rollouts_per_opponent"] == 6 * 4 + 10  # what the memory check sizes
+    batch = builder.collect(g, ScriptedPolicy(make_strategy(cfg.game, "TFT")), 0, EstimatorState())
+    T = g.num_rounds
+    assert [grp.weight for grp in batch.groups] == pytest.approx(
+        [1 / (4 * 4 * T)] * 4 + [1 / (2 * 4 * T)] * 2 + [1 / (10 * T)]
+    )
+
+
 def test_rollouts_per_opponent_below_two_is_a_config_error(compose_cfg):
     from sepo.config import validate
     from sepo.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"sepo.rollouts_per_opponent=1 is not allowed; allowed: an integer >= 2 \("):
         validate(compose_cfg("stage=sepo", "sepo.rollouts_per_opponent=1"))
+    for override in ("+sepo.rollouts_by_pool.robust=8", "sepo.rollouts_by_pool.collusive=1"):
+        with pytest.raises(
+            ConfigError, match=r"sepo.rollouts_by_pool=.* is not allowed; allowed: a mapping from pools"
+        ):
+            validate(compose_cfg("stage=sepo", override))
     for key, value in (("penalty_mode", "per_episode"), ("credit", "episode"), ("adv_norm", "group")):
         with pytest.raises(ConfigError, match=f"sepo.{key}={value} is not allowed; allowed: "):
             validate(compose_cfg("stage=sepo", f"sepo.{key}={value}"))

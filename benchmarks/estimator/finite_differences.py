@@ -306,13 +306,18 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "shared": ("sepo.penalty_mode=shared",),
     "pooled+credit=round": ("sepo.credit=round",),
     "pooled+adv_norm=group_round": ("sepo.adv_norm=group_round",),
+    # the default with pools of their own size: each pool's term is a mean over its own groups, so it must still
+    # follow every term's gradient
+    "pooled+rollouts_by_pool": ("sepo.rollouts_by_pool={exploit:2,collusive:8}",),
 }
+#: the variants whose expected update is J's gradient, checked term by term
+UNBIASED_VARIANTS = ("pooled", "pooled+rollouts_by_pool")
 
 
 def verdicts(variant: str, point: dict[str, Any], kink: bool) -> dict[str, bool]:
     """docs/spec.md §4.4's pass/fail lines for one variant at one point."""
     fd, est = point["fd"], point["est"]
-    if variant == "pooled":
+    if variant in UNBIASED_VARIANTS:
         terms = ("e",) if kink else TERMS
         out = {
             f"{k} ({which})": term_agrees(getattr(est, which)[k], fd[k]) for k in terms for which in ("mean", "scaled")

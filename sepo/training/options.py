@@ -13,6 +13,9 @@ LENGTH_NORMS = ("answer", "budget")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 #: the penalty terms of J (docs/spec.md §3): exploitability, collusion, externality; sepo.held_terms names some
 PENALTY_TERMS = ("e", "c", "x")
+#: pools whose episodes are trained on in `pooled` mode (the paper's modes train on `train` only);
+#: sepo.rollouts_by_pool sizes some of them apart from the rest
+TRAINED_POOLS = ("train", "exploit", "collusive")
 #: sepo.estimator: advantages from played episodes, or (Kuhn poker) exact values of the sampled actions
 ESTIMATORS = ("rollouts", "exact_values")
 #: the games whose rules and pools `sepo.estimator=exact_values` can value exactly

@@ -43,9 +43,7 @@ from sepo.training.objective import (
     payoffs,
     pooled_terms,
 )
-
-#: pools whose episodes are trained on in `pooled` mode; the paper's modes train on `train` only
-TRAINED_POOLS = ("train", "exploit", "collusive")
+from sepo.training.options import TRAINED_POOLS
 
 
 @dataclass
@@ -115,6 +113,9 @@ class BatchBuilder:
         self.lambdas = {k: float(v) for k, v in cfg.lambdas.train.items()}
         self.reward_scale = float(s.reward_scale) / float(cfg.game.max_payoff)  # s of docs/spec.md §4.1
         self.n, self.aux_episodes = int(s.rollouts_per_opponent), int(s.aux_episodes)
+        #: rollouts per group of each pool: a pool's term is averaged over its own groups, so a pool given more
+        #: rollouts keeps the same expected gradient with less noise (sepo.rollouts_by_pool)
+        self.n_by_pool = {pool: int(s.rollouts_by_pool.get(pool) or self.n) for pool in TRAINED_POOLS}
         self.mode, self.credit, self.adv_norm = str(s.penalty_mode), str(s.credit), str(s.adv_norm)
         self.eps = float(s.adv_eps)
 
@@ -145,11 +146,11 @@ class BatchBuilder:
 
     def plan(self, batch_index: int) -> BatchPlan:
         """Every episode of one rollout batch, grouped (see the module docstring)."""
-        seed, n, k = batch_seed(self.seed, batch_index), self.n, self.aux_episodes
+        seed, k = batch_seed(self.seed, batch_index), self.aux_episodes
         matches: list[Match] = []
 
         def group(pool: str, name: str) -> list[int]:
-            tag = f"{pool}/{name}"
+            tag, n = f"{pool}/{name}", self.n_by_pool[pool]
             mirror = _seat_swap(seed, tag, self.mirrored)
             start = len(matches)
             matches.extend(
@@ -182,9 +183,9 @@ class BatchBuilder:
                 groups.append(GroupPlan(pool, name, group(pool, name)))
         for g in groups:
             if self.mode == "per_rollout":
-                g.aux = [aux_episodes(f"aux/{g.opponent}/{r}") for r in range(n)]
+                g.aux = [aux_episodes(f"aux/{g.opponent}/{r}") for r in range(len(g.matches))]
             elif self.mode == "shared":
-                g.aux = [aux_episodes(f"aux/{g.opponent}")] * n
+                g.aux = [aux_episodes(f"aux/{g.opponent}")] * len(g.matches)
         return BatchPlan(seed, matches, groups)
 
     def assemble(
