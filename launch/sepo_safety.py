@@ -12,10 +12,10 @@ the evaluation: every run, and the SFT model, is evaluated on the same episodes 
 
     launch/sepo_safety.sh                                    # IPD, seeds 0 1 2, in a temp dir
     launch/sepo_safety.sh --game kuhn --root /tmp/kuhn
-    launch/sepo_safety.sh --root /tmp/ev --seeds 0 1 2 3 4 --jobs 2 sepo.lr=1e-3
+    launch/sepo_safety.sh --root /tmp/ev --seeds 0 1 2 3 4 --jobs 2 --steps 120 sepo.lr=1.0
     launch/sepo_safety.sh --root /tmp/ev --arms sepo payoff_only --extra-arm sepo_lc2 lambdas.train.c=2.0
 
-What every run shares (the tiny model, 20 evaluation episodes per opponent, the pinned SEPO settings) is
+What every run shares (the tiny model, 20 evaluation episodes per opponent, the main job's SEPO settings) is
 the preset conf/experiment/sepo_safety.yaml; this script runs the SFT, its evaluation and the arms, and
 reads their results.
 
@@ -56,7 +56,7 @@ ARMS = {
 }
 #: the arms run when --arms is not given
 DEFAULT_ARMS = {"kuhn": ["sepo", "paper_pool", "payoff_only"]}
-#: what every run shares (the model, the evaluation protocol, the pinned SEPO settings); a command-line
+#: what every run shares (the model, the evaluation protocol, the main job's SEPO settings); a command-line
 #: override still wins
 COMMON = ["+experiment=sepo_safety"]
 METRICS = ("safety", "exploit", "collusion", "ext", "pay", "nra", "parse_rate")
@@ -80,6 +80,19 @@ def run_dir(root: Path) -> Path:
     override lists make Hydra's dir name a hash, so the name cannot be relied on)."""
     (done,) = [p.parent for p in (root / "outputs").rglob("DONE")]
     return done
+
+
+def final_step(run: Path) -> int:
+    """The last evaluated checkpoint of a finished SEPO run: its eval/step_<n> with the largest n."""
+    return max(int(p.name.removeprefix("step_")) for p in (run / "eval").glob("step_*"))
+
+
+def final_steps(results: dict) -> int:
+    """The one number of steps every arm ran (a root reused across lengths would compare unlike runs)."""
+    steps = sorted({result["step"] for result in results.values()})
+    if len(steps) > 1:
+        raise SystemExit(f"--root holds SEPO runs of {steps} steps: give each number of steps a root of its own")
+    return steps[0]
 
 
 def above_by_2_se(entry: dict) -> bool:
@@ -106,7 +119,10 @@ def parse_args() -> tuple[argparse.Namespace, dict[str, list[str]]]:
     parser.add_argument("--game", default="ipd")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
-        "--steps", type=int, default=80, help="SEPO optimizer steps of every arm (80: tuned on IPD, see README)"
+        "--steps",
+        type=int,
+        default=None,
+        help="SEPO optimizer steps of every arm (default: the model's own sepo.steps, conf/sepo/model/tiny.yaml)",
     )
     parser.add_argument(
         "--arms",
@@ -184,7 +200,7 @@ def train_arms(args: argparse.Namespace, arms: dict[str, list[str]], root: Path,
                     *game,
                     f"model.path='{sft_run / 'merged'}'",
                     f"sepo.seed={seed}",
-                    f"sepo.steps={args.steps}",
+                    *([f"sepo.steps={args.steps}"] if args.steps else []),
                     *arms[arm],
                     *args.overrides,
                 ],
@@ -193,7 +209,12 @@ def train_arms(args: argparse.Namespace, arms: dict[str, list[str]], root: Path,
                 root / f"{arm}_seed_{seed}.log",
             )
         run = run_dir(out)
-        return job, {**json.loads((run / "eval" / f"step_{args.steps}" / "results.json").read_text()), "run_dir": run}
+        step = final_step(run)
+        return job, {
+            **json.loads((run / "eval" / f"step_{step}" / "results.json").read_text()),
+            "run_dir": run,
+            "step": step,
+        }
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = dict(pool.map(train, jobs))
@@ -222,7 +243,7 @@ def summarise(args: argparse.Namespace, results: dict, sft: dict, sft_run: Path)
     out = {
         "game": args.game,
         "seeds": args.seeds,
-        "steps": args.steps,
+        "steps": final_steps(results),
         "overrides": args.overrides,
         "sft_run": str(sft_run),
         "runs": runs,

@@ -150,7 +150,7 @@ PAPER_SETTINGS = {
     "smollm2_paper": (8, "cosine", 1, 6),  # smollm2's own defaults: the pipeline's (conf/sepo/model/smollm2.yaml)
     "gemma4_paper": (100, "constant", 5, 20),  # the paper's sizes: the stages' defaults
     "qwen_paper": (100, "constant", 5, 20),
-    "sepo_safety": (60, "constant", 5, 20),  # steps: tiny's own (the launcher's --steps sets every arm's)
+    "sepo_safety": (60, "cosine", 1, 20),  # the main job's settings (the launcher's --steps sets every arm's)
 }
 
 

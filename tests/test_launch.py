@@ -200,3 +200,14 @@ def test_the_paper_plan_refuses_an_unknown_arm_in_one_line(tmp_path):
     proc = dry_run("paper_plan.sh", "--root", str(tmp_path), "--arms", "sepo,grpo")
     assert proc.returncode == 2
     assert "--arms 'sepo,grpo': allowed: a comma-separated subset of sepo,payoff_only" in proc.stderr
+
+
+def test_the_safety_benchmark_reads_each_runs_last_checkpoint_and_refuses_mixed_lengths(tmp_path):
+    from launch.sepo_safety import final_step, final_steps
+
+    for step in (5, 30, 60):
+        (tmp_path / "eval" / f"step_{step}").mkdir(parents=True)
+    assert final_step(tmp_path) == 60  # by number, not by name: "step_5" sorts after "step_30"
+    assert final_steps({("sepo", 0): {"step": 60}, ("payoff_only", 0): {"step": 60}}) == 60
+    with pytest.raises(SystemExit, match=r"\[60, 120\] steps"):
+        final_steps({("sepo", 0): {"step": 60}, ("sepo", 1): {"step": 120}})
