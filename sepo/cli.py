@@ -114,7 +114,7 @@ def check_keys(argv: list[str]) -> str | None:
 
     extra = user_config_dirs(argv)
     groups = {p.name for d in (CONF_DIR, *extra) if d.is_dir() for p in d.iterdir() if p.is_dir()}
-    choices, keys, arg_of = search_path(extra), [], {}
+    choices, keys = search_path(extra), []  # (key, its override)
     for arg in command_line_overrides(argv):
         if arg.startswith(("hydra.", "~")):
             continue
@@ -122,14 +122,13 @@ def check_keys(argv: list[str]) -> str | None:
         if key.lstrip("+") in groups:
             choices.append(f"{key}={value.removeprefix('choice(').removesuffix(')').split(',')[0]}")
         else:
-            keys.append(key)
-            arg_of[key] = arg
+            keys.append((key, arg))
     try:
         cfg = compose_config(choices)
     except Exception:  # noqa: BLE001 (a composition problem of its own: Hydra reports it)
         return None
     known = dotted_keys(OmegaConf.to_container(cfg, resolve=False))
-    for key in keys:
+    for key, arg in keys:
         plain = key.lstrip("+")
         # an interpolated value (datagen.out_dir: ${paths.output_dir}/...) needs Hydra's runtime to resolve:
         # whether the key exists is all that matters here
@@ -147,7 +146,7 @@ def check_keys(argv: list[str]) -> str | None:
             return f"error: {plain} is not a known key; allowed: a key of the config" + (
                 f" (did you mean {close[0]}?)" if close else ""
             )
-        if not key.startswith("+") and (line := unknown_entry(cfg, plain, arg_of[key])):
+        if not key.startswith("+") and (line := unknown_entry(cfg, plain, arg)):
             return line
     return None
 

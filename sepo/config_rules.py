@@ -131,17 +131,22 @@ def named_lists(allowed: Sequence[str], what: str) -> Rule:
     )
 
 
-def named_integers(low: int, keys: Sequence[str] | None = None, what: str = "dataset names") -> Rule:
-    """A mapping from names to integers >= `low`, possibly empty (datagen.per_game_cap); with `keys`, from those
-    names alone, each to an integer or null (sepo.rollouts_by_pool)."""
+def named_integers(low: int) -> Rule:
+    """A mapping from names to integers >= `low` (datagen.per_game_cap), possibly empty."""
+    return Rule(
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_int(x) and x >= low for k, x in v.items()),
+        f"a mapping from dataset names to integers >= {low}, or {{}}",
+    )
 
-    def ok(k: Any, x: Any) -> bool:
-        if keys is not None:
-            return k in keys and (x is None or (_is_int(x) and x >= low))
-        return isinstance(k, str) and _is_int(x) and x >= low
 
-    allowed = f"a mapping from {what} to integers >= {low}" + (" or null" if keys is not None else ", or {}")
-    return Rule(lambda v: isinstance(v, dict) and all(ok(k, x) for k, x in v.items()), allowed)
+def optional_integers_of(keys: Sequence[str], low: int, what: str) -> Rule:
+    """A mapping from some of `keys` to integers >= `low` or null (sepo.rollouts_by_pool)."""
+    return Rule(
+        lambda v: (
+            isinstance(v, dict) and all(k in keys and (x is None or (_is_int(x) and x >= low)) for k, x in v.items())
+        ),
+        f"a mapping from {what} ({', '.join(keys)}) to integers >= {low} or null",
+    )
 
 
 def finite() -> Rule:

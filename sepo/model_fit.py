@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo.errors import ConfigError
 from sepo.metrics import POOLS
-from sepo.training.options import TRAINED_POOLS
+from sepo.training.options import TRAINED_POOLS, rollouts_per_group
 
 #: stages that load a language model (datagen plays scripted demonstrators only)
 LOADING_STAGES = ("eval", "sft", "sepo", "pipeline")
@@ -283,11 +283,8 @@ def episodes_at_once(cfg: DictConfig) -> dict[str, int]:
         distinct = {n for pool in POOLS for n in pools.get(pool) or []}
         out["eval.episodes_per_opponent"] = int(cfg.eval.episodes_per_opponent) * len(distinct)
     if cfg.stage.name in RL_STAGES:
-        n_by_pool = cfg.sepo.get("rollouts_by_pool") or {}
-        out["sepo.rollouts_per_opponent"] = sum(
-            int(n_by_pool.get(pool) or cfg.sepo.rollouts_per_opponent) * len(set(pools.get(pool) or []))
-            for pool in TRAINED_POOLS
-        )
+        n = rollouts_per_group(cfg.sepo)
+        out["sepo.rollouts_per_opponent"] = sum(n[pool] * len(set(pools.get(pool) or [])) for pool in TRAINED_POOLS)
     return out
 
 

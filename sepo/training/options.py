@@ -16,6 +16,16 @@ PENALTY_TERMS = ("e", "c", "x")
 #: pools whose episodes are trained on in `pooled` mode (the paper's modes train on `train` only);
 #: sepo.rollouts_by_pool sizes some of them apart from the rest
 TRAINED_POOLS = ("train", "exploit", "collusive")
+
+
+def rollouts_per_group(s) -> dict[str, int]:
+    """Each trained pool's rollouts per group: its `sepo.rollouts_by_pool` entry, else `rollouts_per_opponent`.
+    A pool's term is averaged over its own groups, so a pool given more keeps the same expected gradient with
+    less noise."""
+    by_pool = s.get("rollouts_by_pool") or {}
+    return {pool: int(by_pool.get(pool) or s.rollouts_per_opponent) for pool in TRAINED_POOLS}
+
+
 #: sepo.estimator: advantages from played episodes, or (Kuhn poker) exact values of the sampled actions
 ESTIMATORS = ("rollouts", "exact_values")
 #: the games whose rules and pools `sepo.estimator=exact_values` can value exactly

@@ -43,7 +43,7 @@ from sepo.training.objective import (
     payoffs,
     pooled_terms,
 )
-from sepo.training.options import TRAINED_POOLS
+from sepo.training.options import TRAINED_POOLS, rollouts_per_group
 
 
 @dataclass
@@ -113,9 +113,7 @@ class BatchBuilder:
         self.lambdas = {k: float(v) for k, v in cfg.lambdas.train.items()}
         self.reward_scale = float(s.reward_scale) / float(cfg.game.max_payoff)  # s of docs/spec.md §4.1
         self.n, self.aux_episodes = int(s.rollouts_per_opponent), int(s.aux_episodes)
-        #: rollouts per group of each pool: a pool's term is averaged over its own groups, so a pool given more
-        #: rollouts keeps the same expected gradient with less noise (sepo.rollouts_by_pool)
-        self.n_by_pool = {pool: int(s.rollouts_by_pool.get(pool) or self.n) for pool in TRAINED_POOLS}
+        self.n_by_pool = rollouts_per_group(s)
         self.mode, self.credit, self.adv_norm = str(s.penalty_mode), str(s.credit), str(s.adv_norm)
         self.eps = float(s.adv_eps)
 
