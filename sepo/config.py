@@ -319,6 +319,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.seed", SEED),
     (SEPO, "sepo.adv_eps", real(0.0, strict=True)),
     (SEPO, "sepo.ref_4bit", boolean()),
+    (SEPO, "sepo.held_at_start", boolean()),
     (SEPO, "sepo.fold_adapter_for_reads", boolean()),
     (SEPO, "sepo.debug_kill_after_step", integer(1, optional=True)),
     (SEPO, "sepo.debug_detect_anomaly", boolean()),
@@ -668,6 +669,11 @@ def check_relations(cfg: DictConfig) -> None:
             f"sepo.held_terms={list(cfg.sepo.held_terms)} is not allowed with sepo.adv_norm={cfg.sepo.adv_norm} "
             "(a held term's gradient is its own advantages under the batch's one scale); allowed: "
             "sepo.adv_norm=batch, or sepo.held_terms=[]",
+        )
+        _require(
+            not cfg.sepo.held_at_start or cfg.sepo.held_terms,
+            "sepo.held_at_start=true holds the held terms at their start and sepo.held_terms=[] names none; "
+            "allowed: sepo.held_terms=[e|c|x, ...], or sepo.held_at_start=false",
         )
         if float(cfg.sepo.lora.dropout) != 0.0:
             log.warning(

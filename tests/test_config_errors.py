@@ -38,6 +38,8 @@ BAD_VALUES = [
     (["stage=sepo", "sepo.length_norm=mean"], "sepo.length_norm=mean"),
     (["stage=sepo", "sepo.held_terms=[u]"], "sepo.held_terms=['u']"),
     (["stage=sepo", "sepo.held_terms=[c]", "sepo.adv_norm=group_round"], "sepo.held_terms=['c']"),
+    (["stage=sepo", "sepo.held_at_start=true"], "sepo.held_at_start=true"),
+    (["stage=sepo", "sepo.held_at_start=maybe"], "sepo.held_at_start"),
     (["stage=sepo", "model.prefix_cache=false", "model.prefix_tree=true"], "model.prefix_tree=true"),
     (["stage=sepo", "model.prefix_cache=false", "model.cascade_attention=true"], "model.cascade_attention=true"),
     (["stage=eval", "model.cpu_workers=0"], "model.cpu_workers=0"),

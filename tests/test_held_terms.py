@@ -1,4 +1,5 @@
-"""Held penalty terms (`sepo.held_terms`): the step is the nearest one that raises none of them to first order."""
+"""Held penalty terms (`sepo.held_terms`): the step is the nearest one that raises none of them to first order, and
+(`sepo.held_at_start`) a batch that reads one above its starting level takes the recovery step that lowers it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from sepo.builders import load_model_and_tokenizer
 from sepo.games import make_game
 from sepo.policies.lm import LMPolicy
 from sepo.stages.sepo_loop import RecordingPolicy, attach_lora, held_term_backward, reference_logprobs, update
-from sepo.training.held_terms import HeldAverages, project_onto_cone, term_gradients
+from sepo.training.held_terms import (
+    HeldState,
+    hold_step,
+    project_onto_cone,
+    recovery_advantages,
+    recovery_step,
+    term_gradients,
+)
 from sepo.training.objective import EstimatorState, sepo_settings
 from sepo.training.rollouts import BatchBuilder
 
@@ -130,19 +138,34 @@ def test_a_held_step_does_not_raise_collusion_on_its_batch(compose_cfg, tiny_cac
     residual = np.sqrt(_dot([r - w * h for r, h in zip(removed, h_c)], [r - w * h for r, h in zip(removed, h_c)]))
     assert residual <= 1e-4 * np.sqrt(_dot(removed, removed))
 
+    # held at a level below the batch's: the recovery step, the free step's length along -h_c
+    s.held_at_start = True
+    with torch.no_grad():
+        for p, p0 in zip(params, start):
+            p.copy_(p0)
+    state = HeldState(keep=0.0, budgets={"c": raised.stats["collusive/c"] - 0.01})
+    stats = update(model, policy, torch.optim.SGD(params, lr=float(s.lr)), raised, ref, s, step=0, held_state=state)
+    recovered = [p.detach() - p0 for p, p0 in zip(params, start)]
+    assert stats["held/recovery"] == 1.0 and stats["held/c/level"] == raised.stats["collusive/c"]
+    assert _dot(recovered, recovered) == pytest.approx(_dot(free, free), rel=1e-4)
+    assert _dot(h_c, recovered) == pytest.approx(-np.sqrt(_dot(h_c, h_c) * _dot(free, free)), rel=1e-4)
+    s.held_at_start = False
+
 
 def test_the_running_gradient_is_the_weighted_mean_and_survives_a_checkpoint():
     """h̄ ← keep·h̄ + (1 − keep)·h from the first batch's h; the agreement is this batch's cosine with the mean before
     it; the state round-trips (a resumed run continues the same mean)."""
     h1, h2, h3 = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0]), torch.tensor([0.0, -1.0])
-    averages = HeldAverages(keep=0.75)
+    averages = HeldState(keep=0.75)
     mean, stats = averages.update({"c": [h1]})
     assert torch.equal(mean["c"][0], h1) and math.isnan(stats["held/c/agreement"])
     mean, stats = averages.update({"c": [h2]})
     assert torch.allclose(mean["c"][0], torch.tensor([1.0, 0.25]))
     assert stats["held/c/agreement"] == pytest.approx(1 / math.sqrt(2))
-    resumed = HeldAverages(keep=0.75)
+    averages.above_budget({"collusive/c": 0.25}, {"c": [h2]})
+    resumed = HeldState(keep=0.75)
     resumed.load_state_dict(averages.state_dict())
+    assert resumed.budgets == {"c": 0.25}
     for run in (averages, resumed):
         mean, stats = run.update({"c": [h3]})
         assert torch.allclose(mean["c"][0], torch.tensor([0.75, -0.0625]))
@@ -150,7 +173,61 @@ def test_the_running_gradient_is_the_weighted_mean_and_survives_a_checkpoint():
 
 
 def test_a_fresh_batch_alone_is_held_when_nothing_is_kept():
-    averages = HeldAverages(keep=0.0)
+    averages = HeldState(keep=0.0)
     averages.update({"c": [torch.tensor([1.0, 0.0])]})
     mean, _ = averages.update({"c": [torch.tensor([0.0, 2.0])]})
     assert torch.equal(mean["c"][0], torch.tensor([0.0, 2.0]))
+
+
+def test_the_first_batch_sets_the_level_and_a_batch_above_it_recovers():
+    state, h = HeldState(keep=0.0), {"c": [torch.tensor([1.0, 0.0])], "e": [torch.tensor([0.0, 1.0])]}
+    above, stats = state.above_budget({"collusive/c": 0.2, "exploit/e": 1.0}, h)
+    assert above == [] and state.budgets == {"c": 0.2, "e": 1.0} and stats["held/recovery"] == 0.0
+    above, stats = state.above_budget({"collusive/c": 0.3, "exploit/e": 1.0}, h)
+    assert above == ["c"] and stats["held/c/level"] == 0.3 and stats["held/c/budget"] == 0.2
+    assert stats["held/recovery"] == 1.0
+    above, _ = state.above_budget({"collusive/c": 0.3, "exploit/e": 0.5}, {"c": [torch.zeros(2)], "e": h["e"]})
+    assert above == []  # a term with no gradient on the batch cannot be lowered
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_recovery_step_keeps_the_length_and_lowers_every_term_above_its_level(seed):
+    """One term: exactly its steepest descent at the step's length; two: −(u1 + u2) lowers both (u·(u1 + u2) =
+    1 + u1·u2 > 0 unless they are opposite)."""
+    rng = np.random.default_rng(seed)
+    d, H = rng.normal(size=5), rng.normal(size=(2, 5))
+    gradients = {k: [torch.tensor(H[i, :2]), torch.tensor(H[i, 2:])] for i, k in enumerate("ce")}
+    for terms in (["c"], ["c", "e"]):
+        params = [torch.tensor(d[:2]), torch.tensor(d[2:])]
+        recovery_step(
+            params, [torch.zeros(2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)], gradients, terms
+        )
+        got = torch.cat(params).numpy()
+        assert np.linalg.norm(got) == pytest.approx(np.linalg.norm(d))
+        assert all(H["ce".index(k)] @ got < 0 for k in terms)
+    params = [torch.tensor(d)]
+    recovery_step(params, [torch.zeros(5, dtype=torch.float64)], {"c": [torch.tensor(H[0])]}, ["c"])
+    np.testing.assert_allclose(params[0].numpy(), -np.linalg.norm(d) * H[0] / np.linalg.norm(H[0]), atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_recovery_raises_no_other_held_term(seed):
+    """Collusion above its level, exploit held: the step lowers c and, to first order, does not raise e; with
+    nothing above its level the step is the plain projection."""
+    rng = np.random.default_rng(seed)
+    d, H = rng.normal(size=5), rng.normal(size=(2, 5))
+    gradients = {k: [torch.tensor(H[i])] for i, k in enumerate("ce")}
+    params = [torch.tensor(d)]
+    hold_step(params, [torch.zeros(5, dtype=torch.float64)], gradients, ["c"])
+    got = params[0].numpy()
+    assert H[0] @ got < 0 and H[1] @ got <= 1e-9
+    projected, plain = [torch.tensor(d)], [torch.tensor(d)]
+    hold_step(projected, [torch.zeros(5, dtype=torch.float64)], gradients, [])
+    project_onto_cone(plain, [torch.zeros(5, dtype=torch.float64)], gradients)
+    assert torch.equal(projected[0], plain[0])
+
+
+def test_a_recovery_step_is_judged_by_the_terms_it_lowers():
+    batch = type("Batch", (), {"unscaled": {"c": np.array([0.0, 2.0]), "e": np.array([1.0, 0.0])}, "scale": 2.0})()
+    np.testing.assert_allclose(recovery_advantages(batch, ["c"]), [0.0, 1.0])
+    np.testing.assert_allclose(recovery_advantages(batch, ["c", "e"]), [0.5, 1.0])

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 
@@ -65,7 +66,12 @@ from sepo.training.best_response import BestResponseSchedule
 from sepo.training.checkpoints import load_checkpoint, save_checkpoint
 from sepo.training.divergence import check_step, first_non_finite, non_finite_inputs
 from sepo.training.exact_values import ExactValueBuilder
-from sepo.training.held_terms import HeldAverages, project_onto_cone, term_gradients
+from sepo.training.held_terms import (
+    HeldState,
+    hold_step,
+    recovery_advantages,
+    term_gradients,
+)
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
 from sepo.training.objective import (
     LOG_RATIO_LIMIT,
@@ -362,7 +368,12 @@ def old_policy_divergence(model: Any, policy: LMPolicy, batch: RolloutBatch, s: 
 
 # ------------------------------------------------------------------------------ the trust region
 def policy_change(
-    model: Any, policy: LMPolicy, batch: RolloutBatch, s: DictConfig, before: list[torch.Tensor]
+    model: Any,
+    policy: LMPolicy,
+    batch: RolloutBatch,
+    s: DictConfig,
+    before: list[torch.Tensor],
+    advantages: np.ndarray | None = None,
 ) -> tuple[float, float]:
     """(KL(pi_theta || pi_before) per decision, the surrogate's gain) on the batch, the parameters as they are now
     against the log-probs the update scored before its step (`before`, in the update's own passes, so that no
@@ -371,8 +382,10 @@ def policy_change(
     The KL is between answer distributions, summed over an answer's tokens (the chain rule) and averaged over
     decisions, TRPO's mean KL over states: a mean over tokens would dilute the one token that says the action
     in the templated reasoning around it. The gain is the importance-weighted estimate of what the step adds
-    to J: sum_d A_d * mean_t (ratio_t - 1), as the loss weighs each decision's tokens (`sepo.length_norm`)."""
+    to J: sum_d A_d * mean_t (ratio_t - 1), as the loss weighs each decision's tokens (`sepo.length_norm`);
+    `advantages` replaces A (default: the batch's own, J's)."""
     divisor = answer_divisor(s)
+    advantages = batch.advantages if advantages is None else advantages
     kl, gain, decisions = 0.0, 0.0, 0
     with torch.no_grad(), section("trust_region"):
         for part, lp, mask in scored_passes(model, policy, batch.decisions, s, like_update=True):
@@ -383,7 +396,7 @@ def policy_change(
             per_answer = masked(ratio - 1.0, real).sum(dim=1) / (
                 real.sum(dim=1).clamp(min=1) if divisor is None else divisor
             )
-            adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=per_answer.dtype)
+            adv = torch.tensor([float(advantages[i]) for i in part], dtype=per_answer.dtype)
             gain += float((adv * per_answer.cpu()).sum())
             decisions += len(part)
     kl, gain, decisions = distributed.sum_floats(kl, gain, decisions)
@@ -411,17 +424,19 @@ def trust_region(
     s: DictConfig,
     start: StepStart,
     before: list[torch.Tensor],
+    advantages: np.ndarray,
 ) -> dict[str, float]:
     """TRPO's line search on the optimizer's step: keep the largest of 1, 1/2, 1/4, ... of it
     (`sepo.line_search_steps` halvings) whose KL(pi_new || pi_old) per decision on the batch is within
-    `sepo.trust_region_kl` and whose surrogate gain is not negative; if none is, undo the step (its
+    `sepo.trust_region_kl` and whose surrogate gain under `advantages` (J's, or a recovery step's terms')
+    is not negative; if none is, undo the step (its
     parameters and the optimizer's moments). With a fresh batch every step the PPO clip never acts (every
     ratio is 1 when the gradient is taken), so without this nothing but the learning rate bounds how far
     one noisy batch moves the policy."""
     full = [p.detach().clone() for p in params]
     fraction = 1.0
     for _ in range(int(s.line_search_steps) + 1):
-        kl, gain = policy_change(model, policy, batch, s, before)
+        kl, gain = policy_change(model, policy, batch, s, before, advantages)
         if kl <= float(s.trust_region_kl) and gain >= 0.0:
             moved = math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in zip(params, start.params)))
             return {"step_fraction": fraction, "kl_step": kl, "surrogate_gain": gain, "step_norm": moved}
@@ -586,7 +601,7 @@ class Learner:
     estimator: EstimatorState  # running statistics: the exploit switch, the advantage scale
     builder: BatchBuilder | ExactValueBuilder  # builds one training batch
     best_response: BestResponseSchedule  # keeps the pools' best responders answering the current policy
-    held: HeldAverages  # the held terms' running gradients (`sepo.held_terms`, `sepo.held_average`)
+    held: HeldState  # the held terms' running gradients and levels (`sepo.held_terms`, `held_average`, `held_at_start`)
 
 
 def build_learner(cfg: DictConfig, s: DictConfig) -> Learner:
@@ -596,7 +611,7 @@ def build_learner(cfg: DictConfig, s: DictConfig) -> Learner:
     ref_model = quantized_reference(model) if s.ref_4bit else None
     policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
     best_response = best_response_schedule(builder, s)
-    held = HeldAverages(keep=float(s.held_average))
+    held = HeldState(keep=float(s.held_average))
     return Learner(model, ref_model, tokenizer, policy, optimizer, estimator, builder, best_response, held)
 
 
@@ -633,13 +648,14 @@ def update(
     ref: list[torch.Tensor] | None,
     s: DictConfig,
     step: int,
-    held_averages: HeldAverages | None = None,
+    held_state: HeldState | None = None,
 ) -> dict[str, float]:
     """One optimizer step on the whole rollout batch, at this step's learning rate (a function of the step
     alone): micro-batch -> loss -> backward (`accumulate_gradients`), then the gradient summed over
     processes, clipped, and the step, projected so that it raises no held term (`sepo.held_terms`) and then
-    shrunk to the trust region (`held_averages`: the held terms' running gradients; None: this batch's
-    alone). A non-finite loss or gradient takes no step and ends the run as diverged: the
+    shrunk to the trust region; a batch that reads a held term above its level at the start takes the recovery
+    step instead (`sepo.held_at_start`; `held_state`: the held terms' running gradients and levels, None: this
+    batch's alone). A non-finite loss or gradient takes no step and ends the run as diverged: the
     weights, and every checkpoint so far, stay finite."""
     lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
     set_learning_rate(optimizer, lr)
@@ -666,12 +682,18 @@ def update(
         start = StepStart.of(params, optimizer) if before is not None or held else None
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    gain_advantages = batch.advantages
     if held:
-        held, agreement = (held_averages or HeldAverages(keep=0.0)).update(held)
+        state = held_state or HeldState(keep=0.0)
+        held, agreement = state.update(held)
         stats.update(agreement)
-        stats.update(project_onto_cone(params, start.params, held))
+        above, levels = state.above_budget(batch.stats, held) if s.held_at_start else ([], {})
+        stats.update(levels)
+        stats.update(hold_step(params, start.params, held, above))
+        if above:
+            gain_advantages = recovery_advantages(batch, above)
     if before is not None:
-        stats.update(trust_region(model, policy, optimizer, params, batch, s, start, before))
+        stats.update(trust_region(model, policy, optimizer, params, batch, s, start, before, gain_advantages))
     check_step(step + 1, None, model, when="after")
     return {**stats, "lr": lr}
 
@@ -700,7 +722,8 @@ def log_step(
     trust = f"  kl_step {stats['kl_step']:.4f}  step {stats['step_fraction']:.3g}" if "kl_step" in stats else ""
     read = f"  exploit_exact {batch.stats['exploit_exact']:.3f}" if "exploit_exact" in batch.stats else ""
     held = "".join(
-        f"  held {k.split('/')[1]} cos {v:+.3f}{' removed' if stats[k.replace('cosine', 'removed')] else ''}"
+        f"  held {k.split('/')[1]} cos {v:+.3f}{' removed' if stats.get(k.replace('cosine', 'removed')) else ''}"
+        f"{' recovery' if stats.get('held/recovery') else ''}"
         f" agreement {stats.get(k.replace('cosine', 'agreement'), math.nan):+.3f}"
         for k, v in stats.items()
         if k.startswith("held/") and k.endswith("/cosine")

@@ -18,9 +18,21 @@ cost linearised at the current policy (Achiam et al., 2017):
 The constraint holds for the estimate of h_k; how far it holds for the policy is what a run's test
 episodes measure. One batch's estimate rests on the few decisions that carry k's advantage, so
 `sepo.held_average` can replace it by a running mean over steps, h̄ ← a·h̄ + (1 − a)·h_k
-(`HeldAverages`). The cone is the same for any positive multiple of h̄, so the mean needs no bias
+(`HeldState`). The cone is the same for any positive multiple of h̄, so the mean needs no bias
 correction. Each step logs `held/<k>/agreement`, the cosine of this batch's h_k with the mean before it:
 near 0, the batch estimates point in unrelated directions.
+
+A first-order hold has no feedback: whatever raises the term anyway (an estimate of h_k off the true
+gradient, or the term's curvature over a step) accumulates. `sepo.held_at_start` closes the loop as
+Constrained Policy Optimization does with its cost limit. Each held term is held at its level on the first
+batch, the policy training starts from (`HeldState.budgets`), and a batch that reads a term above that
+level takes CPO's recovery step instead of the projected one: the optimizer's step length along the held
+terms' descent, −Σ h_k/|h_k| over the terms above their level (`recovery_step`), projected onto the cone
+of the other held terms so that it raises none of them to first order. On a model that plays a game's
+situations as one, lowering collusion alone teaches cooperation everywhere and hands the exploit pool
+what the last steps took from it; holding `e` as well keeps the recovery to what lowers collusion
+without that. The trust region then checks the step's surrogate gain on the lowered terms' advantages
+(`recovery_advantages`), not J's.
 """
 
 from __future__ import annotations
@@ -29,11 +41,12 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from sepo.training.rollouts import RolloutBatch
+from sepo.training.rollouts import TERM_LEVELS, RolloutBatch
 
 #: a held term counts as raised when h_k · d exceeds this share of the largest |h_j · d|: floating-point
 #: slack, so the projection's own rounding never reads as a rise
@@ -85,12 +98,14 @@ def _cosine(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
 
 
 @dataclass
-class HeldAverages:
-    """Each held term's running gradient over steps, h̄ ← keep·h̄ + (1 − keep)·h (`sepo.held_average`); a
-    checkpoint saves it, so a resumed run continues the same mean."""
+class HeldState:
+    """Each held term's running gradient over steps, h̄ ← keep·h̄ + (1 − keep)·h (`sepo.held_average`), and
+    the level it is held at (`sepo.held_at_start`); a checkpoint saves both, so a resumed run continues the
+    same mean and keeps the same levels."""
 
     keep: float
     means: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    budgets: dict[str, float] = field(default_factory=dict)
 
     def update(
         self, gradients: dict[str, list[torch.Tensor]]
@@ -106,11 +121,31 @@ class HeldAverages:
             )
         return dict(self.means), stats
 
-    def state_dict(self) -> dict[str, list[torch.Tensor]]:
-        return {term: [m.cpu() for m in means] for term, means in self.means.items()}
+    def above_budget(
+        self, levels: dict[str, float], gradients: dict[str, list[torch.Tensor]]
+    ) -> tuple[list[str], dict[str, float]]:
+        """The held terms whose level on this batch (`levels`: the batch's statistics) is above the level they
+        are held at, which the first batch sets, and that this batch can lower (a term whose decisions all
+        agree has no gradient); and `held/<k>/level`, `held/<k>/budget` for the log."""
+        above, stats = [], {}
+        for term, h in gradients.items():
+            level = float(levels[TERM_LEVELS[term]])
+            budget = self.budgets.setdefault(term, level)
+            stats[f"held/{term}/level"], stats[f"held/{term}/budget"] = level, budget
+            if level > budget and _dot(h, h) > 0:
+                above.append(term)
+        stats["held/recovery"] = float(bool(above))
+        return above, stats
 
-    def load_state_dict(self, state: dict[str, list[torch.Tensor]]) -> None:
-        self.means = {term: list(means) for term, means in state.items()}
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "means": {term: [m.cpu() for m in means] for term, means in self.means.items()},
+            "budgets": dict(self.budgets),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.means = {term: list(means) for term, means in state["means"].items()}
+        self.budgets = dict(state["budgets"])
 
 
 def cone_weights(gram: np.ndarray, rises: np.ndarray) -> np.ndarray:
@@ -160,3 +195,45 @@ def project_onto_cone(
     else:
         stats["held/step_kept"] = 1.0
     return stats
+
+
+def recovery_step(
+    params: Sequence[torch.Tensor],
+    start: Sequence[torch.Tensor],
+    gradients: dict[str, list[torch.Tensor]],
+    terms: Sequence[str],
+) -> dict[str, float]:
+    """Replace the step just taken by CPO's recovery step, in place: its length along −Σ_k h_k/|h_k| over
+    `terms` (the held terms above their level), the direction that lowers each of them to first order as
+    fast as any other (for one term, exactly its steepest descent)."""
+    step = [p.detach() - p0 for p, p0 in zip(params, start)]
+    norm = math.sqrt(max(_dot(step, step), 0.0))
+    units = [[x / math.sqrt(_dot(gradients[t], gradients[t])) for x in gradients[t]] for t in terms]
+    assert units, "a recovery step needs a held term with a gradient on the batch"
+    descent = [-sum(u[i] for u in units) for i in range(len(step))]
+    length = math.sqrt(max(_dot(descent, descent), 0.0))
+    with torch.no_grad():
+        for p, p0, d in zip(params, start, descent):
+            p.copy_(p0 + (norm / length) * d if length > 0 else p0)
+    return {**{f"held/{t}/cosine": _cosine(gradients[t], step) for t in terms}, "held/step_kept": 1.0}
+
+
+def hold_step(
+    params: Sequence[torch.Tensor],
+    start: Sequence[torch.Tensor],
+    gradients: dict[str, list[torch.Tensor]],
+    above: Sequence[str],
+) -> dict[str, float]:
+    """The held step, in place: the recovery step when a held term reads above its level (`above`), projected
+    onto the other held terms' cone; else the optimizer's step projected onto every held term's cone."""
+    if not above:
+        return project_onto_cone(params, start, gradients)
+    stats = recovery_step(params, start, gradients, above)
+    others = {k: h for k, h in gradients.items() if k not in above}
+    return {**stats, **(project_onto_cone(params, start, others) if others else {})}
+
+
+def recovery_advantages(batch: RolloutBatch, terms: Sequence[str]) -> np.ndarray:
+    """What a recovery step's surrogate gain is measured with: the advantages of the terms it lowers, under
+    the batch's one scale (a rise in a term's reward is a fall in the term)."""
+    return sum(batch.unscaled[t] for t in terms) / batch.scale

@@ -253,6 +253,11 @@ def advantage_spread(groups: list[Group], scale: float) -> dict[str, float]:
     return {f"adv_std/{pool}": float(np.concatenate(parts).std()) for pool, parts in by_pool.items()}
 
 
+#: the batch statistic that reads each penalty term's level (in the term's own units): what
+#: `sepo.held_at_start` compares with the level a held term started at
+TERM_LEVELS = {"e": "exploit/e", "c": "collusive/c", "x": "train/x"}
+
+
 def batch_stats(
     game: Game,
     plan: BatchPlan,
@@ -277,12 +282,11 @@ def batch_stats(
     e = episode_exploit(by_pool["exploit"])
     c = episode_collusion(game, by_pool["collusive"])
     decisions = sum(ep.decisions for ep in records)
+    levels = {"e": e, "c": c, "x": x}
     return {
         "objective": reward_scale * u - lambdas["e"] * reward_scale * e - lambdas["c"] * c - lambdas["x"] * x,
         "train/u": u,
-        "train/x": x,
-        "exploit/e": e,
-        "collusive/c": c,
+        **{TERM_LEVELS[k]: level for k, level in levels.items()},
         "parse_rate": sum(ep.parsed for ep in records) / max(decisions, 1),
         "episodes": float(len(records)),
         "decisions": float(sum(ep.decisions for g in groups for ep in g.records)),
