@@ -305,6 +305,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.line_search_steps", integer(0)),
     (SEPO, "sepo.held_terms", distinct_names_of(PENALTY_TERMS, "penalty terms")),
     (SEPO, "sepo.held_average", real(0.0, high=1.0)),
+    (SEPO, "sepo.held_at_start", distinct_names_of(PENALTY_TERMS, "penalty terms")),
     (SEPO, "sepo.micro_batch", integer(1)),
     (SEPO, "sepo.micro_batch_tokens", integer(0)),
     (SEPO, "sepo.no_grad_micro_batch_tokens", integer(0)),
@@ -319,7 +320,6 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.seed", SEED),
     (SEPO, "sepo.adv_eps", real(0.0, strict=True)),
     (SEPO, "sepo.ref_4bit", boolean()),
-    (SEPO, "sepo.held_at_start", boolean()),
     (SEPO, "sepo.fold_adapter_for_reads", boolean()),
     (SEPO, "sepo.debug_kill_after_step", integer(1, optional=True)),
     (SEPO, "sepo.debug_detect_anomaly", boolean()),
@@ -671,9 +671,9 @@ def check_relations(cfg: DictConfig) -> None:
             "sepo.adv_norm=batch, or sepo.held_terms=[]",
         )
         _require(
-            not cfg.sepo.held_at_start or cfg.sepo.held_terms,
-            "sepo.held_at_start=true holds the held terms at their start and sepo.held_terms=[] names none; "
-            "allowed: sepo.held_terms=[e|c|x, ...], or sepo.held_at_start=false",
+            set(cfg.sepo.held_at_start) <= set(cfg.sepo.held_terms),
+            f"sepo.held_at_start={list(cfg.sepo.held_at_start)} names terms that sepo.held_terms="
+            f"{list(cfg.sepo.held_terms)} does not hold; allowed: a subset of sepo.held_terms",
         )
         if float(cfg.sepo.lora.dropout) != 0.0:
             log.warning(

@@ -601,7 +601,7 @@ class Learner:
     estimator: EstimatorState  # running statistics: the exploit switch, the advantage scale
     builder: BatchBuilder | ExactValueBuilder  # builds one training batch
     best_response: BestResponseSchedule  # keeps the pools' best responders answering the current policy
-    held: HeldState  # the held terms' running gradients and levels (`sepo.held_terms`, `held_average`, `held_at_start`)
+    held: HeldState  # held terms' running gradients and levels (`sepo.held_terms`, `held_average`, `held_at_start`)
 
 
 def build_learner(cfg: DictConfig, s: DictConfig) -> Learner:
@@ -687,7 +687,7 @@ def update(
         state = held_state or HeldState(keep=0.0)
         held, agreement = state.update(held)
         stats.update(agreement)
-        above, levels = state.above_budget(batch.stats, held) if s.held_at_start else ([], {})
+        above, levels = state.above_budget(batch.stats, held, list(s.held_at_start))
         stats.update(levels)
         stats.update(hold_step(params, start.params, held, above))
         if above:

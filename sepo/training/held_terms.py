@@ -24,14 +24,15 @@ near 0, the batch estimates point in unrelated directions.
 
 A first-order hold has no feedback: whatever raises the term anyway (an estimate of h_k off the true
 gradient, or the term's curvature over a step) accumulates. `sepo.held_at_start` closes the loop as
-Constrained Policy Optimization does with its cost limit. Each held term is held at its level on the first
-batch, the policy training starts from (`HeldState.budgets`), and a batch that reads a term above that
+Constrained Policy Optimization does with its cost limit. Each held term it names is held at its level on
+the first batch, the policy training starts from (`HeldState.budgets`), and a batch that reads a term above that
 level takes CPO's recovery step instead of the projected one: the optimizer's step length along the held
 terms' descent, −Σ h_k/|h_k| over the terms above their level (`recovery_step`), projected onto the cone
 of the other held terms so that it raises none of them to first order. On a model that plays a game's
 situations as one, lowering collusion alone teaches cooperation everywhere and hands the exploit pool
-what the last steps took from it; holding `e` as well keeps the recovery to what lowers collusion
-without that. The trust region then checks the step's surrogate gain on the lowered terms' advantages
+what the last steps took from it; holding `e` to first order as well (`held_terms=[c, e]`,
+`held_at_start=[c]`) keeps the recovery to what lowers collusion without that. Holding `e` at its level
+too would make most steps recoveries: a batch's exploit reading is noisier than the steps' progress. The trust region then checks the step's surrogate gain on the lowered terms' advantages
 (`recovery_advantages`), not J's.
 """
 
@@ -122,13 +123,14 @@ class HeldState:
         return dict(self.means), stats
 
     def above_budget(
-        self, levels: dict[str, float], gradients: dict[str, list[torch.Tensor]]
+        self, levels: dict[str, float], gradients: dict[str, list[torch.Tensor]], terms: Sequence[str]
     ) -> tuple[list[str], dict[str, float]]:
-        """The held terms whose level on this batch (`levels`: the batch's statistics) is above the level they
-        are held at, which the first batch sets, and that this batch can lower (a term whose decisions all
-        agree has no gradient); and `held/<k>/level`, `held/<k>/budget` for the log."""
+        """Of `terms` (`sepo.held_at_start`), those whose level on this batch (`levels`: the batch's statistics)
+        is above the level they are held at, which the first batch sets, and that this batch can lower (a term
+        whose decisions all agree has no gradient); and `held/<k>/level`, `held/<k>/budget` for the log."""
         above, stats = [], {}
-        for term, h in gradients.items():
+        for term in terms:
+            h = gradients[term]
             level = float(levels[TERM_LEVELS[term]])
             budget = self.budgets.setdefault(term, level)
             stats[f"held/{term}/level"], stats[f"held/{term}/budget"] = level, budget
