@@ -217,7 +217,8 @@ def recovery_step(
     with torch.no_grad():
         for p, p0, d in zip(params, start, descent):
             p.copy_(p0 + (norm / length) * d if length > 0 else p0)
-    return {**{f"held/{t}/cosine": _cosine(gradients[t], step) for t in terms}, "held/step_kept": 1.0}
+    cosines = {f"held/{t}/cosine": _cosine(gradients[t], step) if norm > 0 else 0.0 for t in terms}
+    return {**cosines, "held/step_kept": 1.0}
 
 
 def hold_step(
