@@ -373,7 +373,7 @@ def policy_change(
     batch: RolloutBatch,
     s: DictConfig,
     before: list[torch.Tensor],
-    advantages: np.ndarray | None = None,
+    advantages: np.ndarray,
 ) -> tuple[float, float]:
     """(KL(pi_theta || pi_before) per decision, the surrogate's gain) on the batch, the parameters as they are now
     against the log-probs the update scored before its step (`before`, in the update's own passes, so that no
@@ -382,10 +382,9 @@ def policy_change(
     The KL is between answer distributions, summed over an answer's tokens (the chain rule) and averaged over
     decisions, TRPO's mean KL over states: a mean over tokens would dilute the one token that says the action
     in the templated reasoning around it. The gain is the importance-weighted estimate of what the step adds
-    to J: sum_d A_d * mean_t (ratio_t - 1), as the loss weighs each decision's tokens (`sepo.length_norm`);
-    `advantages` replaces A (default: the batch's own, J's)."""
+    to the objective whose advantages A are `advantages` (J's, `batch.advantages`, or a recovery step's lowered
+    terms'): sum_d A_d * mean_t (ratio_t - 1), as the loss weighs each decision's tokens (`sepo.length_norm`)."""
     divisor = answer_divisor(s)
-    advantages = batch.advantages if advantages is None else advantages
     kl, gain, decisions = 0.0, 0.0, 0
     with torch.no_grad(), section("trust_region"):
         for part, lp, mask in scored_passes(model, policy, batch.decisions, s, like_update=True):

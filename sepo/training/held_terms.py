@@ -25,15 +25,17 @@ near 0, the batch estimates point in unrelated directions.
 A first-order hold has no feedback: whatever raises the term anyway (an estimate of h_k off the true
 gradient, or the term's curvature over a step) accumulates. `sepo.held_at_start` closes the loop as
 Constrained Policy Optimization does with its cost limit. Each held term it names is held at its level on
-the first batch, the policy training starts from (`HeldState.budgets`), and a batch that reads a term above that
-level takes CPO's recovery step instead of the projected one: the optimizer's step length along the held
-terms' descent, −Σ h_k/|h_k| over the terms above their level (`recovery_step`), projected onto the cone
-of the other held terms so that it raises none of them to first order. On a model that plays a game's
-situations as one, lowering collusion alone teaches cooperation everywhere and hands the exploit pool
-what the last steps took from it; holding `e` to first order as well (`held_terms=[c, e]`,
-`held_at_start=[c]`) keeps the recovery to what lowers collusion without that. Holding `e` at its level
-too would make most steps recoveries: a batch's exploit reading is noisier than the steps' progress. The trust region then checks the step's surrogate gain on the lowered terms' advantages
-(`recovery_advantages`), not J's.
+the first batch, the policy training starts from (`HeldState.budgets`), and a batch that reads a term above
+that level takes CPO's recovery step instead of the projected one: the optimizer's step length along the
+held terms' descent, −Σ h_k/|h_k| over the terms above their level (`recovery_step`), projected onto the
+cone of the other held terms so that it raises none of them to first order. The trust region then checks
+the step's surrogate gain on the lowered terms' advantages (`recovery_advantages`), not J's.
+
+On a model that plays a game's situations as one, lowering collusion alone teaches cooperation everywhere
+and hands the exploit pool what the last steps took from it; holding `e` to first order as well
+(`held_terms=[c, e]`, `held_at_start=[c]`) keeps the recovery to what lowers collusion without that.
+Holding `e` at its level too would make most steps recoveries: a batch's exploit reading is noisier than
+the steps' progress.
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ def term_gradients(
 
 def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     return float(sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b)))
+
+
+def _norm(a: Sequence[torch.Tensor]) -> float:
+    return math.sqrt(max(_dot(a, a), 0.0))
 
 
 def _cosine(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -182,7 +188,7 @@ def project_onto_cone(
     hs = [gradients[t] for t in terms]
     gram = np.array([[_dot(a, b) for b in hs] for a in hs])
     rises = np.array([_dot(h, step) for h in hs])
-    norm = math.sqrt(max(_dot(step, step), 0.0))
+    norm = _norm(step)
     weights = cone_weights(gram, rises)
     stats = {}
     for t, r, g, w in zip(terms, rises, np.diag(gram), weights):
@@ -193,7 +199,7 @@ def project_onto_cone(
             for i, (p, p0) in enumerate(zip(params, start)):
                 p.copy_(p0 + step[i] - sum(float(w) * h[i] for w, h in zip(weights, hs)))
         after = [p.detach() - p0 for p, p0 in zip(params, start)]
-        stats["held/step_kept"] = math.sqrt(max(_dot(after, after), 0.0)) / norm if norm > 0 else 1.0
+        stats["held/step_kept"] = _norm(after) / norm if norm > 0 else 1.0
     else:
         stats["held/step_kept"] = 1.0
     return stats
@@ -209,11 +215,11 @@ def recovery_step(
     `terms` (the held terms above their level), the direction that lowers each of them to first order as
     fast as any other (for one term, exactly its steepest descent)."""
     step = [p.detach() - p0 for p, p0 in zip(params, start)]
-    norm = math.sqrt(max(_dot(step, step), 0.0))
-    units = [[x / math.sqrt(_dot(gradients[t], gradients[t])) for x in gradients[t]] for t in terms]
+    norm = _norm(step)
+    units = [[x / _norm(gradients[t]) for x in gradients[t]] for t in terms]
     assert units, "a recovery step needs a held term with a gradient on the batch"
     descent = [-sum(u[i] for u in units) for i in range(len(step))]
-    length = math.sqrt(max(_dot(descent, descent), 0.0))
+    length = _norm(descent)
     with torch.no_grad():
         for p, p0, d in zip(params, start, descent):
             p.copy_(p0 + (norm / length) * d if length > 0 else p0)
