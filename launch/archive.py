@@ -3,19 +3,26 @@ resumes from what was committed and its tables can be rebuilt from the commit al
 
 A run's summary is what `analysis.summary` and `analysis.tables` read of it: its marker, its recorded
 settings and its evaluations (`SUMMARY_FILES`), a few hundred kB per run, never a model or a checkpoint. The
-launcher keeps every finished run's summary after each phase (`keep`) and, before the plan starts, puts the
+launcher keeps every finished run's summary as it finishes (`keep`) and, before the plan starts, puts the
 summaries back into the run dirs that lack them (`restore`), so the sweep skips those jobs as finished. An SFT
 run whose merged model a job still to run starts from is not put back: it trains again (same seed, same data).
+Trained again on another machine it is another draw (machines differ in floating-point order: SmolLM2's Kuhn SFT
+at `sft.seed=0` read `exploit_exact` 0.114 on one and 0.149 on another), so the archived runs that started from
+the old draw no longer pair with it: `reads_alike` tells, and `forget` sends them back to be run again.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 #: the files of a run that the tables and the summary read; everything else (models, checkpoints, logs) stays out
 SUMMARY_FILES = ("DONE", "run_settings.yaml", "results.json", "validation.json", "sft_metrics.json")
+#: the evaluations of a run, by which a run trained again is compared with its archived finish
+EVALUATION_FILES = ("results.json", "validation.json")
 
 
 def finished_runs(root: Path) -> list[Path]:
@@ -89,3 +96,25 @@ def unmark_modelless(models_needed: set[Path]) -> list[Path]:
             (run / "DONE").unlink()
             unmarked.append(run)
     return unmarked
+
+
+def evaluations(run: Path) -> dict[str, Any]:
+    """{path under `run`: its metrics and their SEs} of every evaluation the run wrote."""
+    return {
+        str(path.relative_to(run)): {key: body.get(key) for key in ("metrics", "se")}
+        for path in summary_files(run)
+        if path.name in EVALUATION_FILES
+        for body in [json.loads(path.read_text())]
+    }
+
+
+def reads_alike(run: Path, copy: Path) -> bool:
+    """Whether `run`, trained again, evaluates exactly as its archived `copy` did: the same draw of its training."""
+    return evaluations(run) == evaluations(copy)
+
+
+def forget(run: Path, copy: Path) -> None:
+    """A finished run that must run again: its DONE and summary leave its dir (`run`) and the archive (`copy`)."""
+    for path in list(summary_files(run)):
+        path.unlink()
+    shutil.rmtree(copy, ignore_errors=True)

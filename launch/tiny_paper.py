@@ -29,10 +29,11 @@ IPD, Kuhn). `key=value` arguments are passed to every job after its preset. `--d
 one command line each (run alone, it is that job in the same run dir), and runs nothing. Re-running the same
 command skips every finished job (its DONE marker) and resumes a SEPO run from its last checkpoint. A phase
 with a failed job stops the run before the tables (exit 1) unless --tables-anyway. Prints the wall time of
-every phase at the end. `--archive DIR` keeps every finished run's summary under `DIR/<model>_paper/` after each
-phase (launch/archive.py: a few hundred kB a run, for git) and puts them back before the plan starts, so a plan
-that outlives its run dirs resumes from what was committed; `python -m analysis.summary DIR/<model>_paper` reads
-the archive alone.
+every phase at the end. `--archive DIR` keeps every finished run's summary under `DIR/<model>_paper/` within a
+minute of its finish (launch/archive.py: a few hundred kB a run, for git) and puts them back before the plan
+starts, so a plan that outlives its run dirs resumes from what was committed; an SFT trained again that reads
+otherwise than its archived draw sends the runs that started from that draw back to run (`drop_stale_runs`).
+`python -m analysis.summary DIR/<model>_paper` reads the archive alone.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,15 +229,50 @@ def resume_from_archive(plan: list[Phase], out: Path, overrides: list[str], kept
     )
 
 
+def drop_stale_runs(plan: list[Phase], out: Path, overrides: list[str], kept: Path) -> list[Path]:
+    """The runs put back from the archive whose SFT has since finished again in `out` and reads otherwise than
+    its archived finish: they started from another draw of its training, so they leave `out` and the archive
+    (`archive.forget`) and run again from the new one, and no table pairs a run with an SFT it did not start
+    from. Call it before every phase and before `archive.keep` replaces the SFT's archived copy; returns them."""
+    stale = []
+    for run, model in (job_dirs(line) for phase in plan for line in expand(phase, out, overrides)):
+        if model is None or not (run / "DONE").is_file():
+            continue
+        sft, copy = model.parent, kept / model.parent.relative_to(out)
+        from_archive = archive.same_marker(run, kept / run.relative_to(out))
+        sft_again = (sft / "DONE").is_file() and (copy / "DONE").is_file() and not archive.same_marker(sft, copy)
+        if from_archive and sft_again and not archive.reads_alike(sft, copy):
+            archive.forget(run, kept / run.relative_to(out))
+            stale.append(run)
+            print(
+                f"archive: {sft.relative_to(out)} trained again reads otherwise than its archived draw, so"
+                f" {run.relative_to(out)}, which started from that draw, runs again",
+                file=sys.stderr,
+                flush=True,
+            )
+    return stale
+
+
 def failed_jobs(sweep_dir: Path) -> list[str]:
     """The failed jobs the sweep's summary names (the sweep exits 1 when there are any)."""
     summary = sweep_dir / "sweep_summary.json"
     return json.loads(summary.read_text()).get("failed", []) if summary.exists() else []
 
 
-def run(command: list[str]) -> int:
+def run(command: list[str], meanwhile: Callable[[], object] | None = None, every_s: float = 60.0) -> int:
+    """Run `command` to its end; `meanwhile`, when given, is called every `every_s` seconds while it runs and once
+    after (the archive keeps each run as it finishes: a phase of long jobs can outlast a session)."""
     print("+ " + shlex.join(command), file=sys.stderr, flush=True)
-    return subprocess.run(command, cwd=ROOT, env={**os.environ, "HYDRA_FULL_ERROR": "1"}).returncode
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    while True:
+        try:
+            code = process.wait(timeout=every_s if meanwhile else None)
+            break
+        except subprocess.TimeoutExpired:
+            meanwhile()
+    if meanwhile:
+        meanwhile()
+    return code
 
 
 def tables(out: Path) -> int:
@@ -284,7 +321,7 @@ def main() -> int:
     parser.add_argument(
         "--archive",
         type=Path,
-        help="keep each finished run's summary under DIR/<model>_paper after every phase, and resume from it",
+        help="keep each finished run's summary under DIR/<model>_paper as it finishes, and resume from it",
     )
     args, overrides = parser.parse_known_args()
     name = f"{args.model}_paper"
@@ -307,10 +344,16 @@ def main() -> int:
     started, seconds, failures = time.time(), {}, []
     for phase in plan:
         t0 = time.time()
-        code = run(sweep_command(phase, out, args.jobs, overrides, args.launch))
-        seconds[phase.name] = round(time.time() - t0, 1)
+        keep = None
         if kept is not None:
-            archive.keep(out / phase.name, kept / phase.name)
+            drop_stale_runs(plan, out, overrides, kept)
+
+            def keep(phase: Phase = phase) -> None:
+                drop_stale_runs(plan, out, overrides, kept)
+                archive.keep(out / phase.name, kept / phase.name)
+
+        code = run(sweep_command(phase, out, args.jobs, overrides, args.launch), meanwhile=keep)
+        seconds[phase.name] = round(time.time() - t0, 1)
         failed = failed_jobs(out / phase.name) or ([f"the sweep itself exited {code}"] if code else [])
         failures += [f"{phase.name}/{name}" for name in failed]
         if failed and phase.name in ("sft", "sft_eval") and not args.tables_anyway:

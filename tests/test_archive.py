@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 
-from launch import archive
-from launch.tiny_paper import expand, job_dirs, phases, resume_from_archive
+from launch import archive, tiny_paper
+from launch.tiny_paper import drop_stale_runs, expand, job_dirs, phases, resume_from_archive
 
 SUMMARY = ("run_settings.yaml", "eval/step_5/results.json", "eval/step_5/validation.json")
 WEIGHTS = ("merged/model.safetensors", "adapter/adapter_model.safetensors", "checkpoints/step_5/optimizer.pt")
@@ -107,3 +109,47 @@ def test_a_put_back_sft_without_weights_loses_its_done_when_a_job_needs_its_mode
     with_model = finished_run(tmp_path / "sft" / "kuhn" / "sft_seed_0")
     assert archive.unmark_modelless({with_model / "merged"}) == []
     assert (with_model / "DONE").is_file()
+
+
+def evaluated_sft(run: Path, exploit: float) -> Path:
+    """A finished SFT run (with its model) whose evaluation read `exploit`."""
+    finished_run(run, files=("run_settings.yaml", "merged/model.safetensors"))
+    (run / "eval" / "sft").mkdir(parents=True, exist_ok=True)
+    (run / "eval" / "sft" / "results.json").write_text(json.dumps({"metrics": {"exploit": exploit}, "se": {}}))
+    return run
+
+
+def test_an_sft_trained_again_as_another_draw_sends_the_runs_from_its_old_draw_back_to_run(tmp_path):
+    """Payoff-only is pending, so the IPD SFT trains again; SEPO, finished and archived, started from its earlier
+    draw. Trained again the same (one machine), SEPO stays finished; trained again otherwise (another machine's
+    floating-point order), SEPO leaves the run dir and the archive, so that it runs again from the new draw."""
+    for draw, stays in ((0.5, True), (0.25, False)):
+        first, fresh, kept = (tmp_path / str(draw) / d / "tiny_paper" for d in ("first", "fresh", "kept"))
+        jobs = plan_jobs(first)
+        for (phase, name), (run, _) in jobs.items():
+            if phase == "sft":
+                evaluated_sft(run, exploit=0.5)
+            else:
+                finished_run(run, done=name != "lambdas_zero/sepo_seed_0")
+            archive.keep(first / phase, kept / phase)
+        plan = phases(fresh, [0], ("ipd",), "tiny")
+        resume_from_archive(plan, fresh, [], kept)
+        sepo = fresh / "sepo_ipd" / "lambdas_ipd" / "sepo_seed_0"
+        assert drop_stale_runs(plan, fresh, [], kept) == []  # the SFT has not finished again yet
+        evaluated_sft(fresh / "sft" / "ipd" / "sft_seed_0", exploit=draw)  # the sft phase trains it again
+        os.utime(fresh / "sft" / "ipd" / "sft_seed_0" / "DONE", (1, 1))  # a finish of its own, not the archived one
+        assert drop_stale_runs(plan, fresh, [], kept) == ([] if stays else [sepo])
+        assert (sepo / "DONE").is_file() is stays
+        assert (kept / "sepo_ipd" / "lambdas_ipd" / "sepo_seed_0" / "DONE").is_file() is stays
+        assert (fresh / "base" / "ipd" / "DONE").is_file()  # Base starts from no SFT: it stays either way
+        archive.keep(fresh / "sft", kept / "sft")  # the new draw archived: nothing is stale any more
+        assert drop_stale_runs(plan, fresh, [], kept) == []
+
+
+def test_the_launcher_keeps_runs_while_a_phase_still_runs(tmp_path):
+    """A phase of long jobs can outlast a session: `run` calls its keeper while the sweep runs, not only after."""
+    calls = []
+    code = tiny_paper.run(
+        [sys.executable, "-c", "import time; time.sleep(0.5)"], meanwhile=lambda: calls.append(1), every_s=0.1
+    )
+    assert code == 0 and len(calls) >= 3
