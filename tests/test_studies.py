@@ -117,3 +117,22 @@ def test_the_natural_direction_solves_the_damped_fisher_system_through_its_small
     direction, quadratic_kl = natural_direction(scores, gradient)
     assert torch.allclose(direction, direct, atol=1e-10)
     assert abs(quadratic_kl - 0.5 * float(direct @ fisher @ direct)) < 1e-10
+
+
+def test_bfloat16_reads_a_rounding_floor_where_float32_reads_the_move(compose_cfg, tmp_path):
+    """benchmarks/studies/rounding_floor.py on tiny's IPD batch: a move of the adapter by 1e-6 changes float32's
+    log-probs in proportion to the move, and bfloat16's by the rounding floor, which does not grow with the move."""
+    from benchmarks.studies.rounding_floor import measure
+
+    from .conftest import SMALL
+
+    read = {
+        dtype: measure(compose_cfg(*SMALL, f"paths.cache_dir={tmp_path}", f"model.dtype={dtype}"), [1e-12, 1e-6, 1e-4])
+        for dtype in ("float32", "bfloat16")
+    }
+    fp32, bf16 = ([row["mean_abs_logprob_change"] for row in read[d]["floor"]] for d in ("float32", "bfloat16"))
+    assert read["bfloat16"]["dtype"] == "bfloat16" and read["float32"]["dtype"] == "float32"
+    assert fp32[0] == 0.0 and bf16[0] == 0.0  # lost in rounding in both
+    assert 30 < fp32[2] / fp32[1] < 300  # float32: the change grows with the move (100x)
+    assert bf16[1] > 50 * fp32[1]  # bfloat16: a move of 1e-6 re-rounds the activations
+    assert bf16[2] < 3 * bf16[1]  # and a move 100x larger reads about the same: a floor, not the move
