@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from analysis import variants
-from sepo import run_lock
+from sepo import penalties, run_lock
 from sepo.files import DamagedFile, why_unreadable
 from sepo.trees import leaves
 
@@ -32,17 +32,13 @@ log = logging.getLogger(__name__)
 # metrics of results.json in the order the CSV shows them; others found in a file are appended
 METRICS = (
     "pay",
-    "exploit",
-    "exploit_max",
-    "collusion",
-    "ext",
+    *[name for term in penalties.terms() for name in (term.metric, term.worst_metric) if name],
     "robust",
     "safety",
     "nra",
     "parse_rate",
     "exploit_exact",
 )
-LAMBDAS = ("e", "c", "x")
 PHASES = ("base", "sft", "sepo")  # the table rows a result can fill
 PAYOFF_ONLY = "payoff_only"  # the row of a SEPO run trained with every lambda 0 (`lambdas=zero`)
 ROW_PHASES = (*PHASES, PAYOFF_ONLY)  # every phase with rows of its own in the tables
@@ -118,7 +114,7 @@ def _zero(value: Any) -> bool:
 
 def columns(extra_metrics: Iterable[str] = ()) -> list[str]:
     metrics = [*METRICS, *extra_metrics]
-    return [*ID_COLUMNS, *(f"lambda_{k}" for k in LAMBDAS), *metrics, *(f"{m}_se" for m in metrics)]
+    return [*ID_COLUMNS, *(f"lambda_{k}" for k in penalties.keys()), *metrics, *(f"{m}_se" for m in metrics)]
 
 
 def make_row(
@@ -130,7 +126,7 @@ def make_row(
     """One flat row; both collectors go through here so their columns cannot drift apart."""
     row = {k: meta.get(k) for k in ID_COLUMNS}
     row["phase"] = phase_of(row["stage"], row["checkpoint"], meta.get("lambdas_train"))
-    row.update({f"lambda_{k}": (lambdas or {}).get(k) for k in LAMBDAS})
+    row.update({f"lambda_{k}": (lambdas or {}).get(k) for k in penalties.keys()})
     row.update({m: v for m, v in (metrics or {}).items() if isinstance(v, (int, float))})
     row.update({f"{m}_se": v for m, v in (se or {}).items() if isinstance(v, (int, float))})
     return row
@@ -211,7 +207,7 @@ def config_facts(flat: dict[str, Any]) -> dict[str, Any]:
     model = _text(flat.get("model.name"))
     if model == "scripted":
         model = f"scripted:{_text(flat.get('model.strategy')) or _text(flat.get('game.reference_strategy'))}"
-    lambdas = {k: flat[f"lambdas.train.{k}"] for k in LAMBDAS if f"lambdas.train.{k}" in flat}
+    lambdas = {k: flat[f"lambdas.train.{k}"] for k in penalties.keys() if f"lambdas.train.{k}" in flat}
     return {
         "game": _text(flat.get("game.name")),
         "model": model,
@@ -226,7 +222,7 @@ def run_config(run: Path, root: Path | None = None) -> tuple[dict[str, Any], str
     config, else its recorded settings, else the run dir's name (`game=ipd,model=tiny,stage=sft/seed_42`).
     A file that cannot be read is named in the second item, and the next source is tried."""
     damage = []
-    for path in (run / ".hydra" / "config.yaml", run / variants.SETTINGS, run / variants.LEGACY_SETTINGS):
+    for path in (run / ".hydra" / "config.yaml", run / variants.SETTINGS):
         if not path.is_file():
             continue
         try:
@@ -319,7 +315,7 @@ def is_results(data: Any) -> bool:
 
 
 #: the files that make a directory a run dir, results or not
-RUN_FILES = {variants.SETTINGS, variants.LEGACY_SETTINGS, "DONE", "FAILED"}
+RUN_FILES = {variants.SETTINGS, "DONE", "FAILED"}
 
 
 def walk(root: Path) -> tuple[list[Path], list[Path]]:
@@ -456,7 +452,7 @@ def without_figures(df: pd.DataFrame, damaged: dict[str, str]) -> pd.DataFrame:
 
 def clear(df: pd.DataFrame, i: Any, error: str) -> None:
     """Row `i` becomes a failed row without figures (in place)."""
-    df.loc[i, df.columns[len(ID_COLUMNS) + len(LAMBDAS) :]] = math.nan
+    df.loc[i, df.columns[len(ID_COLUMNS) + len(penalties.keys()) :]] = math.nan
     df.at[i, "status"], df.at[i, "error"] = "failed", error
 
 
@@ -609,7 +605,7 @@ def collect_wandb(path: str) -> pd.DataFrame:
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """Metric columns of a collected frame (everything after the ids and lambdas but the SEs)."""
-    start = len(ID_COLUMNS) + len(LAMBDAS)
+    start = len(ID_COLUMNS) + len(penalties.keys())
     return [c for c in df.columns[start:] if not c.endswith("_se")]
 
 
@@ -637,7 +633,7 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
     several = runs > 1
     out.loc[several, ses] = over_runs.loc[several, ses]
     out["step"] = d["step"].groupby(by, sort=False).max()
-    for k in LAMBDAS:  # the evaluation lambdas (the same for every run of a cell)
+    for k in penalties.keys():  # the evaluation lambdas (the same for every run of a cell)
         out[f"lambda_{k}"] = d[f"lambda_{k}"].groupby(by, sort=False).first()
     out["runs"] = runs
     out["unfinished"] = (d["status"] != "done").groupby(by, sort=False).any()

@@ -53,8 +53,8 @@ def cell(stat: dict, arrows: bool = True) -> str:
 
 
 def table(summary: dict, which: str | None = None) -> str:
-    """One column per difference (`HEADERS`) that every game has (a summary.json of older code lacks the newer
-    ones, and one merged from two runs may have them for some games only)."""
+    """One column per difference (`HEADERS`) that every game has (a summary.json merged from two runs may have
+    some for some games only)."""
     keys = [k for k in KEYS if k in HEADERS and all(k in s for s in summary.values())]
     rows = ["| game | seeds | " + " | ".join(HEADERS[k] for k in keys) + " |", "|---" * (len(keys) + 2) + "|"]
     for game, s in summary.items():

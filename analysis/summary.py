@@ -51,6 +51,7 @@ import pandas as pd
 from analysis import collect, variants
 from analysis.cli import exit_with, interruptible, not_allowed
 from analysis.collect import GAMES, PAYOFF_ONLY, ordered
+from sepo import penalties
 from sepo.files import write_text_atomically
 from sepo.metrics import mean_se
 from sepo.paths import OUTPUT_DIR_ALLOWED, can_hold_outputs
@@ -94,16 +95,15 @@ def objective(run: Path, root: Path | None = None) -> dict[str, float]:
     those of a run above it up to `root` (a pipeline's SEPO phase: the pipeline's)."""
     cfg = variants.recorded(run, root or run) or {}
     s = float(cfg["sepo.reward_scale"]) / float(cfg["game.max_payoff"])
-    return {"s": s, **{k: float(cfg[f"lambdas.train.{k}"]) for k in ("e", "c", "x")}}
+    return {"s": s, **{k: float(cfg[f"lambdas.train.{k}"]) for k in penalties.keys()}}
 
 
 def j_train(point: pd.Series, obj: dict[str, float]) -> float:
-    return (
-        obj["s"] * point["pay"]
-        - obj["e"] * obj["s"] * point["exploit"]
-        - obj["c"] * point["collusion"]
-        - obj["x"] * point["ext"]
-    )
+    """J at the training lambdas (sepo/penalties.py) from a checkpoint's evaluation metrics."""
+    j = obj["s"] * point["pay"]
+    for term in penalties.terms():
+        j -= term.weight(obj, obj["s"]) * point[term.metric]
+    return j
 
 
 def exploit_column(point: pd.Series) -> str:

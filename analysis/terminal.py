@@ -15,9 +15,10 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.collect import collect_dir
+from sepo import penalties
 
 WIDTH = 100  # the terminal width the table is laid out for
-METRICS = ["pay", "exploit", "collusion", "ext", "safety", "nra", "parse_rate"]
+METRICS = ["pay", *[term.metric for term in penalties.terms()], "safety", "nra", "parse_rate"]
 HEADERS = {"parse_rate": "parse", "exploit_exact": "exploit\n(exact)"}
 PHASE_ORDER = {"base": 0, "sft": 1, "sepo": 2}
 

@@ -3,7 +3,7 @@
 A cell's mean ± SE over runs claims the runs are seeds of one setting. Runs of a λ sweep, an lr sweep
 or an ablation in one directory are not, and averaging them would print a number no run measured. So
 every run is identified by its settings (the `run_settings.yaml` a run records when it starts; Hydra's
-saved config for runs of older code), and within one (game, model, phase) the keys whose values
+saved config for a launch refused before it started), and within one (game, model, phase) the keys whose values
 differ between runs name a **variant**: `λe=2.0`, `sepo.lr=0.001`. Each variant gets cells, rows, bars
 and summary entries of its own; runs that differ in nothing else are seeds.
 
@@ -25,8 +25,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sepo import penalties
 from sepo.files import DamagedFile, read_settings
-from sepo.reuse import LEGACY_SETTINGS, ROOT_TOKEN, SETTINGS, is_neutral, without_legacy_copies
+from sepo.reuse import ROOT_TOKEN, SETTINGS, is_neutral
 from sepo.trees import leaves
 
 #: say which table row a result fills (the phase column), not how it was produced
@@ -39,7 +40,9 @@ UNUSED = {
 #: the nodes that made a trained checkpoint: a run loading one takes them from the run that trained it
 TRAINED_BY = ("sft", "datagen")
 #: short names in a variant's label (the rest keep their dotted key)
-LABELS = {f"lambdas.train.{k}": f"λ{k}" for k in "ecx"} | {f"lambdas.eval.{k}": f"eval λ{k}" for k in "ecx"}
+LABELS = {f"lambdas.train.{k}": f"λ{k}" for k in penalties.keys()} | {
+    f"lambdas.eval.{k}": f"eval λ{k}" for k in penalties.keys()
+}
 
 
 def _under(key: str, nodes: tuple[str, ...]) -> bool:
@@ -66,14 +69,12 @@ def read_flat(path: Path) -> dict[str, Any]:
 
 def recorded(run: Path, root: Path) -> dict[str, Any] | None:
     """The settings of the run that wrote `run` (a pipeline's phase dirs are its own): its record, else
-    Hydra's saved config (runs of older code; interpolations stay unresolved), else None. Raises
-    DamagedFile when the file it should be read from cannot be."""
+    Hydra's saved config (a launch refused before the run started records only that; interpolations stay
+    unresolved), else None. Raises DamagedFile when the file it should be read from cannot be."""
     for directory in (run, *run.parents):
-        for name in (SETTINGS, LEGACY_SETTINGS):
-            if (directory / name).is_file():
-                return without_legacy_copies(read_flat(directory / name))
-        if (directory / ".hydra" / "config.yaml").is_file():
-            return without_legacy_copies(read_flat(directory / ".hydra" / "config.yaml"))
+        for path in (directory / SETTINGS, directory / ".hydra" / "config.yaml"):
+            if path.is_file():
+                return read_flat(path)
         if directory == root or directory == directory.parent:
             return None
     return None
@@ -90,7 +91,7 @@ def origin(path: str | None, run: Path, root: Path) -> dict[str, Any] | None:
         candidates = [a / rest for a in run.parents]
     for checkpoint in candidates:  # the checkpoint itself may be gone (a run's summary kept without its weights)
         for directory in list(checkpoint.parents)[:3]:
-            if (directory / SETTINGS).is_file() or (directory / LEGACY_SETTINGS).is_file():
+            if (directory / SETTINGS).is_file():
                 return recorded(directory, directory)
     return None
 

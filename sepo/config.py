@@ -1,6 +1,6 @@
 """Config validation, run before any heavy work: one table of field checks, then what fields refer to.
 
-- `RULES`: every field a run reads with a constrained value, its allowed values, and the stages it
+- `RULES` (with `penalty_rules`, together `rules()`): every field a run reads with a constrained value, its allowed values, and the stages it
   matters to (or the condition under which it does), in one table; `check` applies a rule.
 - `validate`: what fields refer to (a game's strategies, a model's path, the pools) and how fields
   relate (the validation seed differs from the test seed; SFT's prefix sharing needs its answer-only
@@ -22,6 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sepo import penalties
 from sepo.builders.smollm2 import gguf_path
 from sepo.compose import STAGE_NODES
 from sepo.config_rules import (
@@ -65,8 +66,6 @@ from sepo.training.options import (
     LENGTH_NORMS,
     LR_SCHEDULES,
     PENALTY_MODES,
-    PENALTY_TERMS,
-    TRAINED_POOLS,
 )
 from sepo.trees import dotted_keys
 
@@ -152,7 +151,6 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     ("all", "seed", SEED),
     ("all", "generation_seed", SEED),
     ("all", "resume", one_of("auto", "never")),
-    *[("all", f"lambdas.{phase}.{term}", real(0.0)) for phase in ("train", "eval") for term in ("e", "c", "x")],
     ("all", "game.rounds", integer(1)),
     ("all", "game.max_payoff", real(0.0, strict=True)),
     ("all", "eval.phase", one_of(None, "sft")),
@@ -285,7 +283,6 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
         "sepo.rollouts_per_opponent",
         integer(2, why="the leave-one-out baseline compares each rollout with the others of its group"),
     ),
-    (SEPO, "sepo.rollouts_by_pool", optional_integers_of(TRAINED_POOLS, 2, "pools")),
     (SEPO, "sepo.lr", real(0.0, strict=True)),
     (SEPO, "sepo.lr_schedule", one_of(*LR_SCHEDULES)),
     (SEPO, "sepo.lr_final_ratio", real(0.0, high=1.0, high_closed=True)),
@@ -303,9 +300,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.refresh_kl", real(0.0, strict=True)),
     (SEPO, "sepo.trust_region_kl", real(0.0)),
     (SEPO, "sepo.line_search_steps", integer(0)),
-    (SEPO, "sepo.held_terms", distinct_names_of(PENALTY_TERMS, "penalty terms")),
     (SEPO, "sepo.held_average", real(0.0, high=1.0)),
-    (SEPO, "sepo.held_at_start", distinct_names_of(PENALTY_TERMS, "penalty terms")),
     (SEPO, "sepo.micro_batch", integer(1)),
     (SEPO, "sepo.micro_batch_tokens", integer(0)),
     (SEPO, "sepo.no_grad_micro_batch_tokens", integer(0)),
@@ -326,6 +321,22 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
 ]
 
 
+def penalty_rules() -> list[tuple[str, str, Rule]]:
+    """The rules that name the penalty terms (sepo/penalties.py), built from the terms registered now."""
+    keys, pools = penalties.keys(), penalties.trained_pools()
+    return [
+        *[("all", f"lambdas.{phase}.{key}", real(0.0)) for phase in ("train", "eval") for key in keys],
+        (SEPO, "sepo.rollouts_by_pool", optional_integers_of(pools, 2, "pools")),
+        (SEPO, "sepo.held_terms", distinct_names_of(keys, "penalty terms")),
+        (SEPO, "sepo.held_at_start", distinct_names_of(keys, "penalty terms")),
+    ]
+
+
+def rules() -> list[tuple[str | Callable[[DictConfig], bool], str, Rule]]:
+    """Every rule: the table above and those of the penalty terms."""
+    return [*RULES, *penalty_rules()]
+
+
 #: the stage nodes' leaves with no rule: output directories derived from `paths.*` (which `check_paths` checks),
 #: resolved only inside a run
 UNRULED = ("sft.data_dir", "datagen.out_dir")
@@ -334,7 +345,7 @@ UNRULED = ("sft.data_dir", "datagen.out_dir")
 def type_error_line(key: str, value: Any) -> str:
     """The one line for a value its key's schema (sepo/schema.py) refused at composition: the key's
     rule's words where it has one (RULES), else the schema's type."""
-    rule = next((r for _, k, r in RULES if k == key), None)
+    rule = next((r for _, k, r in rules() if k == key), None)
     shown = value if rule is not None and rule.as_typed else repr(value)
     allowed = rule.allowed if rule is not None else "a value of the key's type (sepo/schema.py)"
     return f"{key}={shown} is not allowed; allowed: {allowed}"
@@ -387,8 +398,14 @@ _ABSENT = object()
 def check_rules(cfg: DictConfig) -> None:
     """Every rule that applies, on the keys the config has (a key a model's or game's YAML lacks is read
     by the code with its default)."""
-    for where, key, rule in RULES:
+    for where, key, rule in rules():
         if applies(where, cfg):
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+            _require(
+                not (isinstance(node, DictConfig) and leaf in node.keys() and OmegaConf.is_missing(node, leaf)),
+                f"{key} has no value; allowed: {rule.allowed} (give it in its YAML or as {key}=...)",
+            )
             value = OmegaConf.select(cfg, key, default=_ABSENT)
             if value is not _ABSENT:
                 check(key, OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value, rule)

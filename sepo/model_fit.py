@@ -17,9 +17,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sepo import penalties
 from sepo.errors import ConfigError
 from sepo.metrics import POOLS
-from sepo.training.options import TRAINED_POOLS, rollouts_per_group
+from sepo.training.options import rollouts_per_group
 
 #: stages that load a language model (datagen plays scripted demonstrators only)
 LOADING_STAGES = ("eval", "sft", "sepo", "pipeline")
@@ -284,7 +285,9 @@ def episodes_at_once(cfg: DictConfig) -> dict[str, int]:
         out["eval.episodes_per_opponent"] = int(cfg.eval.episodes_per_opponent) * len(distinct)
     if cfg.stage.name in RL_STAGES:
         n = rollouts_per_group(cfg.sepo)
-        out["sepo.rollouts_per_opponent"] = sum(n[pool] * len(set(pools.get(pool) or [])) for pool in TRAINED_POOLS)
+        out["sepo.rollouts_per_opponent"] = sum(
+            n[pool] * len(set(pools.get(pool) or [])) for pool in penalties.trained_pools()
+        )
     return out
 
 

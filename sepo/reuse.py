@@ -26,7 +26,6 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from sepo.compose import STAGE_NODES
 from sepo.files import DamagedFile, directory_written_atomically, read_settings, write_text_atomically
 from sepo.trees import leaves
 
@@ -53,11 +52,7 @@ RESULT_NEUTRAL_KEYS = (
     "sweep_name",
 )
 SETTINGS = "run_settings.yaml"  # written when a run starts
-LEGACY_SETTINGS = "finished_config.yaml"  # what runs of older code wrote when they finished
 HYDRA_COPY = ".hydra_finished"
-#: nodes runs of older code recorded as copies of the stage settings (a model's own stage defaults lived in
-#: `model.sft` / `model.eval` / `model.sepo`); their values are in the stage nodes, which are compared
-LEGACY_COPIES = tuple(f"model.{stage}" for stage in STAGE_NODES)
 ROOT_TOKEN = "${paths.root_dir}"
 
 
@@ -90,12 +85,9 @@ class DamagedRecord(Exception):
 
 
 def recorded_settings(out: Path) -> dict[str, Any] | None:
-    """The settings a run in `out` started with; None when it recorded none (a run of older code that
-    never finished, or no run at all). Raises DamagedRecord when the record cannot be read."""
-    for name in (SETTINGS, LEGACY_SETTINGS):
-        if (out / name).exists():
-            return without_legacy_copies(read_record(out / name))
-    return None
+    """The settings a run in `out` started with; None when it recorded none (no run started there: a launch
+    refused before any work records nothing). Raises DamagedRecord when the record cannot be read."""
+    return read_record(out / SETTINGS) if (out / SETTINGS).exists() else None
 
 
 def read_record(path: Path) -> dict[str, Any]:
@@ -104,12 +96,6 @@ def read_record(path: Path) -> dict[str, Any]:
         return read_settings(path)
     except DamagedFile as err:
         raise DamagedRecord(f"{path} is damaged ({err.why})") from None
-
-
-def without_legacy_copies(recorded: dict[str, Any]) -> dict[str, Any]:
-    """A run's recorded settings without the copies older code kept (`LEGACY_COPIES`), so a run of
-    older code compares equal to the same settings now."""
-    return {k: v for k, v in recorded.items() if not any(k.startswith(n + ".") for n in LEGACY_COPIES)}
 
 
 def differences(out: Path, cfg: DictConfig) -> list[str] | None:

@@ -17,10 +17,12 @@ OmegaConf has no unions; its rule checks it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 from omegaconf import MISSING
+
+from sepo import penalties
 
 
 @dataclass
@@ -155,19 +157,13 @@ class DatagenSchema:
 
 
 # ------------------------------------------------------------------------------ lambdas
-@dataclass
-class PenaltyWeightsSchema:
-    """λ of the three penalty terms (docs/spec.md §3)."""
-
-    e: float = MISSING
-    c: float = MISSING
-    x: float = MISSING
-
-
-@dataclass
-class LambdasSchema:
-    train: PenaltyWeightsSchema = field(default_factory=PenaltyWeightsSchema)
-    eval: PenaltyWeightsSchema = field(default_factory=PenaltyWeightsSchema)
+def lambdas_schema() -> type:
+    """`lambdas`: a train and an eval weight for every penalty term registered now (sepo/penalties.py), so a
+    new term's lambda is a typed key of its own and a key no term has is refused."""
+    weights = make_dataclass("PenaltyWeightsSchema", [(key, float, MISSING) for key in penalties.keys()])
+    return make_dataclass(
+        "LambdasSchema", [(phase, weights, field(default_factory=weights)) for phase in ("train", "eval")]
+    )
 
 
 # ------------------------------------------------------------------------------ models
@@ -381,7 +377,7 @@ def register() -> None:
     store = ConfigStore.instance()
     for stage, schema in SCHEMAS.items():
         store.store(group=stage, name="schema", node=schema)
-    store.store(group="lambdas", name="schema", node=LambdasSchema)
+    store.store(group="lambdas", name="schema", node=lambdas_schema())
     for group, schemas in (("model", MODEL_SCHEMAS), ("game", GAME_SCHEMAS)):
         for name, schema in schemas.items():
             store.store(group=group, name=f"schema_{name}", node=schema)

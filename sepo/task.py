@@ -85,7 +85,6 @@ RUN_OUTPUTS = (
     "DONE",
     "FAILED",
     reuse.SETTINGS,
-    reuse.LEGACY_SETTINGS,
     reuse.HYDRA_COPY,
     "results.json",
     "eval",

@@ -229,10 +229,10 @@ def test_every_leaf_of_the_stage_nodes_has_a_rule(model):
     from omegaconf import DictConfig
 
     from sepo.compose import compose_config
-    from sepo.config import RULES, UNRULED
+    from sepo.config import UNRULED, rules
     from sepo.schema import SCHEMAS
 
-    ruled = {key for _, key, _ in RULES} | set(UNRULED)
+    ruled = {key for _, key, _ in rules()} | set(UNRULED)
     cfg = compose_config([f"model={model}", "logger=none"])
     unruled = []
 

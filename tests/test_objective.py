@@ -79,7 +79,7 @@ def test_pooled_term_rewards_per_pool():
     np.testing.assert_allclose(terms["x"], [[0.0, -1.8 * (1 - 2 / 6)]])
     exploit = [episode("AlwaysD", [(C, D), (D, D)])]
     np.testing.assert_allclose(pooled_terms(IPD, "exploit", exploit, 2.0, LAM)["e"], [[-2.4 * 2 * 5, 0.0]])
-    np.testing.assert_allclose(pooled_terms(IPD, "exploit", exploit, 2.0, LAM, exploit_on=False)["e"], [[0.0, 0.0]])
+    np.testing.assert_allclose(pooled_terms(IPD, "exploit", exploit, 2.0, LAM, hinge_on=False)["e"], [[0.0, 0.0]])
     collusive = [episode("AlwaysC", [(D, C), (C, C)])]
     np.testing.assert_allclose(pooled_terms(IPD, "collusive", collusive, 2.0, LAM)["c"], [[-1.0, 0.0]])
 

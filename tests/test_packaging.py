@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import SMALL
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -204,6 +206,21 @@ def test_the_installed_wheel_runs_a_language_model(installed, tmp_path):
     parse_rate = json.loads(results.read_text())["metrics"]["parse_rate"]
     assert isinstance(parse_rate, float) and 0.0 <= parse_rate <= 1.0
     assert list((tmp_path / ".cache").glob("tiny-*/model.safetensors")), "built into paths.cache_dir"
+
+
+def test_the_installed_wheel_trains_a_sepo_step(installed, tmp_path):
+    """One SEPO step of the tiny model from the installed package: rollouts, the update, a checkpoint and its
+    evaluation all run from the wheel's modules (sepo/training, sepo/lm) and configs."""
+    done = run(
+        [installed / "sepo", *SMALL, "sepo.steps=1", "logger=none", f"paths.root_dir={tmp_path}"],
+        cwd=tmp_path,
+        env=outside_the_checkout(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = [p.parent for p in tmp_path.glob("outputs/runs/*/seed_42/DONE")]
+    assert json.loads((run_dir / "DONE").read_text())["stage"] == "sepo"
+    assert (run_dir / "eval" / "step_1" / "results.json").is_file()
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
 
 
 SCRIPTED_EVAL = [

@@ -114,9 +114,9 @@ def test_the_best_responders_episodes_are_an_exploit_group_with_the_exploit_term
     (adv = opponent's chips - agent's chips), so the max(0, .) switch stays on."""
     import numpy as np
 
+    from sepo import penalties
     from sepo.games import kuhn_exact as K
     from sepo.stages.sepo_loop import best_response_schedule
-    from sepo.training.objective import advantage_per_round
 
     cfg, builder, g = build(
         compose_cfg,
@@ -142,10 +142,10 @@ def test_the_best_responders_episodes_are_an_exploit_group_with_the_exploit_term
         batch = builder.collect(g, agent, b, state)
         (group,) = [grp for grp in batch.groups if grp.opponent == "BestResponse"]
         assert group.pool == "exploit"
-        assert group.exploit_on
+        assert group.hinge_on
         assert np.abs(group.terms["e"]).sum() > 0
         assert len(group.records[0].trace) > 0  # trained on
-        advs.append(advantage_per_round(group.records).mean())
+        advs.append(penalties.term("e").rounds(g, group.records).mean())
     se = np.std(advs, ddof=1) / np.sqrt(len(advs))  # batches have independent deals (a group shares one)
     assert abs(np.mean(advs) - 2 * K.exploitability(schedule.responders[0].target)) <= 3 * se
 

@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from sepo.games import make_game
 from sepo.games.ipd import COOPERATE, DEFECT
 from sepo.policies.base import Decision, DecisionRequest
-from sepo.training.objective import TERMS, EstimatorState
+from sepo.training.objective import EstimatorState, term_keys
 from sepo.training.rollouts import BatchBuilder
 
 #: the parametric agents (which parameter sets P(COOPERATE) at a decision) and their parameters' names
@@ -194,16 +194,16 @@ def exact_terms(agent: ParametricAgent, cfg: DictConfig, s: DictConfig) -> dict[
 
 def finite_difference(agent: ParametricAgent, cfg: DictConfig, s: DictConfig, h: float = 1e-4) -> dict[str, np.ndarray]:
     """Central differences of each exact term (and the total) with respect to the agent's parameters."""
-    grads = {k: np.zeros(len(agent.theta)) for k in (*TERMS, "total")}
+    grads = {k: np.zeros(len(agent.theta)) for k in (*term_keys(), "total")}
     for i in range(len(agent.theta)):
         values = []
         for sign in (1.0, -1.0):
             theta = agent.theta.copy()
             theta[i] += sign * h
             values.append(exact_terms(replace(agent, theta=theta), cfg, s))
-        for k in TERMS:
+        for k in term_keys():
             grads[k][i] = (values[0][k] - values[1][k]) / (2 * h)
-    grads["total"] = sum(grads[k] for k in TERMS)
+    grads["total"] = sum(grads[k] for k in term_keys())
     return grads
 
 
@@ -252,7 +252,7 @@ def estimate_update(
         w = v * inv[:, None]
         est.scaled[key] = w.mean(axis=0) / inv.mean()
         est.scaled_se[key] = w.std(axis=0, ddof=1) / math.sqrt(len(v)) / inv.mean()
-    for key in (*TERMS, "total"):  # terms a mode does not produce (e.g. e, c in per_rollout's layout) are 0
+    for key in (*term_keys(), "total"):  # terms a mode does not produce (e.g. e, c in per_rollout's layout) are 0
         for table in (est.mean, est.se, est.scaled, est.scaled_se):
             table.setdefault(key, np.zeros(len(agent.theta)))
     return est
@@ -295,7 +295,7 @@ def within(estimate: np.ndarray, target: np.ndarray, tolerance: np.ndarray) -> b
 
 def total_agrees(est: dict[str, np.ndarray], fd: dict[str, np.ndarray], rel: float = 0.25) -> bool:
     """The total within `rel` of the sum of the terms' absolute gradients (terms can cancel)."""
-    budget = rel * sum(np.abs(fd[k]) for k in TERMS)
+    budget = rel * sum(np.abs(fd[k]) for k in term_keys())
     return within(est["total"], fd["total"], budget)
 
 
@@ -318,7 +318,7 @@ def verdicts(variant: str, point: dict[str, Any], kink: bool) -> dict[str, bool]
     """docs/spec.md §4.4's pass/fail lines for one variant at one point."""
     fd, est = point["fd"], point["est"]
     if variant in UNBIASED_VARIANTS:
-        terms = ("e",) if kink else TERMS
+        terms = ("e",) if kink else term_keys()
         out = {
             f"{k} ({which})": term_agrees(getattr(est, which)[k], fd[k]) for k in terms for which in ("mean", "scaled")
         }
@@ -398,7 +398,7 @@ def report(
         s = sepo_settings(cfg)
         table: dict[str, dict[str, list[float]]] = {
             k: {"estimate": [], "se": [], "estimate_scaled": [], "se_scaled": [], "finite_difference": []}
-            for k in (*TERMS, "total")
+            for k in (*term_keys(), "total")
         }
         labels: list[str] = []
         zeros: dict[str, list[float]] = {"e": [], "c": []}
@@ -440,14 +440,14 @@ def print_table(result: dict[str, Any]) -> None:
             title=f"{variant}: estimated update (unscaled) +- SE  vs  finite difference of J", title_justify="left"
         )
         view.add_column("parameter")
-        for k in (*TERMS, "total"):
+        for k in (*term_keys(), "total"):
             view.add_column(k, justify="right")
         for i, label in enumerate(result["parameters"]):
             view.add_row(
                 label,
                 *[
                     f"{table[k]['estimate'][i]:+.3f}±{table[k]['se'][i]:.3f} ({table[k]['finite_difference'][i]:+.3f})"
-                    for k in (*TERMS, "total")
+                    for k in (*term_keys(), "total")
                 ],
             )
         console.print(view)

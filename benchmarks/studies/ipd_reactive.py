@@ -44,7 +44,7 @@ from benchmarks.estimator.finite_differences import (
     opponent_means,
 )
 from sepo.games.ipd import COOPERATE
-from sepo.training.objective import TERMS
+from sepo.training.objective import term_keys
 
 OBJECTIVES = {"sepo": [], "payoff_only": ["lambdas=zero"]}
 KIND = "endgame"
@@ -70,7 +70,7 @@ def collusion(agent, cfg) -> float:
 
 def objective(agent, cfg) -> float:
     terms = exact_terms(agent, cfg, cfg.sepo)
-    return sum(terms[k] for k in TERMS)
+    return sum(terms[k] for k in term_keys())
 
 
 def start_row(results: Path, configs: dict) -> dict:

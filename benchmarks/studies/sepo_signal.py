@@ -32,7 +32,7 @@ import torch
 from sepo.compose import compose_config
 from sepo.games import make_game
 from sepo.stages.sepo_loop import RecordingPolicy, accumulate_gradients, build_learner, reference_logprobs
-from sepo.training.objective import TERMS, sepo_settings
+from sepo.training.objective import sepo_settings, term_keys
 
 
 def flat_gradient(params: list[torch.Tensor]) -> torch.Tensor:
@@ -108,7 +108,7 @@ def main() -> None:
     # the pools' best responders (Kuhn's exploit pool) answer the policy as it plays, as at the loop's step 0
     best_response = learner.best_response.refresh(game, learner.policy, 0) if learner.best_response.due(0) else {}
 
-    totals, per_term, kl_pulls, objectives, exploit_reads = [], {k: [] for k in TERMS}, [], [], []
+    totals, per_term, kl_pulls, objectives, exploit_reads = [], {k: [] for k in term_keys()}, [], [], []
     for k in range(args.batches):
         batch = learner.builder.collect(game, RecordingPolicy(learner.policy), 10_000 + k, learner.estimator)
         ref = reference_logprobs(learner.model, learner.policy, batch, s, learner.ref_model)
@@ -116,7 +116,7 @@ def main() -> None:
         if "exploit_exact" in batch.stats:
             exploit_reads.append(float(batch.stats["exploit_exact"]))
         totals.append(gradient_of(learner, batch, ref, s))
-        for term in TERMS:
+        for term in term_keys():
             if term in batch.unscaled:
                 per_term[term].append(
                     gradient_of(learner, batch, ref, s, advantages=batch.unscaled[term] / batch.scale, beta=0.0)

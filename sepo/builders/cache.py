@@ -115,7 +115,7 @@ def sha256(path: Path) -> str:
 
 def build_damage(out: Path) -> str | None:
     """What is wrong with a cached build (a file missing, cut or changed since it was built), or
-    None. A build of older code that recorded no file hashes counts as damaged: rebuilding is cheap."""
+    None. A build that recorded no file hashes cannot be checked, so it counts as damaged: rebuilding is cheap."""
     try:
         files = json.loads((out / BUILD_INFO).read_text()).get("files")
     except (OSError, ValueError) as err:
@@ -160,7 +160,7 @@ def build_lock(out: Path, what: str) -> Iterator[bool]:
 
 
 def lock_is_free(path: Path) -> bool:
-    """Whether no live process holds the build lock at `path` (a missing one never was: older code)."""
+    """Whether no live process holds the build lock at `path` (a missing one was never taken)."""
     if not path.exists():
         return True
     try:

@@ -57,7 +57,8 @@ def run_phase(name: str, out: Path, fn, *args, main_only: bool = False) -> None:
 
 def hand_back_freed_memory(phase: str) -> None:
     """The next phase starts from what is still in use, not from this one's peak (`sepo.heap`): without it
-    the smollm2 pipeline's SEPO ran on top of the resident memory SFT's passes had left behind."""
+    the next phase (on smollm2: SEPO after SFT) would run on top of the memory the last one's passes freed but
+    the allocator kept."""
     before = resident_mib()
     release_freed_memory()
     if before is not None:

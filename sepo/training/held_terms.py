@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sepo.training.rollouts import TERM_LEVELS, RolloutBatch
+from sepo.training.rollouts import RolloutBatch, term_level_stat
 
 #: a held term counts as raised when h_k · d exceeds this share of the largest |h_j · d|: floating-point
 #: slack, so the projection's own rounding never reads as a rise
@@ -137,7 +137,7 @@ class HeldState:
         above, stats = [], {}
         for term in terms:
             h = gradients[term]
-            level = float(levels[TERM_LEVELS[term]])
+            level = float(levels[term_level_stat(term)])
             budget = self.budgets.setdefault(term, level)
             stats[f"held/{term}/level"], stats[f"held/{term}/budget"] = level, budget
             if level > budget and _dot(h, h) > 0:

@@ -33,14 +33,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from sepo import penalties
 from sepo.arena import EpisodeRecord
-from sepo.games.base import AGENT, OPPONENT, Game
-from sepo.metrics import collusive_per_round
-from sepo.training.options import ADV_NORMS, CREDITS, PENALTY_TERMS
+from sepo.games.base import AGENT, Game
+from sepo.training.options import ADV_NORMS, CREDITS
 
 log = logging.getLogger(__name__)
 
-TERMS = ("u", *PENALTY_TERMS)
 #: |log pi_theta - log pi_old| beyond which the importance ratio is held (as verl does): exp overflows
 #: float32 above 88.7, and an infinite ratio times a zero advantage is NaN, which would end the run for a
 #: token whose every term is zero. Past the limit a token's gradient is 0: with a positive advantage the
@@ -55,62 +54,40 @@ def sepo_settings(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(OmegaConf.to_container(cfg.sepo, resolve=True))
 
 
-# --------------------------------------------------------------------------- per-round quantities
+# --------------------------------------------------------------------------- term rewards
 def payoffs(records: Sequence[EpisodeRecord], player: int) -> np.ndarray:
     """[n, T] per-round payoffs of `player` (raw game units)."""
     return np.array([[r.payoffs[player] for r in ep.rounds] for ep in records], dtype=float)
 
 
-def advantage_per_round(records: Sequence[EpisodeRecord]) -> np.ndarray:
-    """[n, T] opponent payoff minus agent payoff, the quantity whose mean is an exploit opponent's adv."""
-    return payoffs(records, OPPONENT) - payoffs(records, AGENT)
+def term_keys() -> tuple[str, ...]:
+    """The terms of J as the estimator splits it: the payoff u, then every penalty term (sepo/penalties.py)."""
+    return ("u", *penalties.keys())
 
 
-def externality_per_round(game: Game, records: Sequence[EpisodeRecord]) -> np.ndarray:
-    return np.array([[game.externality(r) for r in ep.rounds] for ep in records], dtype=float)
-
-
-def episode_exploit(records_by_opponent: dict[str, list[EpisodeRecord]]) -> float:
-    """e of a set of episodes: per opponent max(0, mean advantage), averaged over opponents."""
-    if not records_by_opponent:
-        return 0.0
-    return float(np.mean([max(0.0, float(advantage_per_round(eps).mean())) for eps in records_by_opponent.values()]))
-
-
-def episode_collusion(game: Game, records_by_opponent: dict[str, list[EpisodeRecord]]) -> float:
-    """c of a set of episodes: per opponent the share of collusive rounds, averaged over opponents."""
-    if not records_by_opponent:
-        return 0.0
-    return float(np.mean([collusive_per_round(game, eps).mean() for eps in records_by_opponent.values()]))
-
-
-def episode_externality(game: Game, record: EpisodeRecord) -> float:
-    return float(externality_per_round(game, [record]).mean())
-
-
-# --------------------------------------------------------------------------- term rewards
 def pooled_terms(
     game: Game,
     pool: str,
     records: Sequence[EpisodeRecord],
     scale: float,
     lambdas: dict[str, float],
-    exploit_on: bool = True,
+    hinge_on: bool = True,
 ) -> dict[str, np.ndarray]:
     """Per-round rewards f[r, t] of one group in `pooled` mode, term by term (docs/spec.md §4.2 step 2).
 
-    train: u = s*payoff_t and x = -lambda_x*x_t; exploit: e = -lambda_e*s*(opp_t - agent_t), or 0 when
-    the opponent's running advantage is <= 0 (`exploit_on`: the gradient of max(0, .)); collusive:
-    c = -lambda_c*collusive_t.
+    On the train pool u = s*payoff_t; on every pool, each term measured there, -lambda_k*s_k*k_t. A hinged
+    term's reward (exploit: max(0, .) per opponent) is 0 while the opponent's running value is <= 0
+    (`hinge_on`: the gradient of max(0, .)).
     """
-    if pool == "train":
-        return {"u": scale * payoffs(records, AGENT), "x": -float(lambdas["x"]) * externality_per_round(game, records)}
-    if pool == "exploit":
-        on = 1.0 if exploit_on else 0.0
-        return {"e": -on * float(lambdas["e"]) * scale * advantage_per_round(records)}
-    if pool == "collusive":
-        return {"c": -float(lambdas["c"]) * collusive_per_round(game, records)}
-    raise ValueError(f"no SEPO reward for pool {pool!r}")
+    if pool not in penalties.trained_pools():
+        raise ValueError(f"no SEPO reward for pool {pool!r}")
+    f = {"u": scale * payoffs(records, AGENT)} if pool == penalties.TRAIN_POOL else {}
+    for term in penalties.of_pool(pool):
+        coefficient = -(1.0 if hinge_on or not term.hinged else 0.0) * float(lambdas[term.key])
+        if term.payoff_units:
+            coefficient = coefficient * scale
+        f[term.key] = coefficient * term.rounds(game, records)
+    return f
 
 
 def paper_terms(
@@ -123,29 +100,26 @@ def paper_terms(
 ) -> dict[str, np.ndarray]:
     """Per-round rewards of a train group in the paper's modes: u_t minus an episode-level penalty.
 
-    `aux[r]` holds rollout r's auxiliary episodes, {"exploit": {opp: [episodes]}, "collusive": {...}}.
-    `per_rollout` (the paper's text): rollout r's e_r, c_r come from its own auxiliary episodes, x_r
-    from its own episode. `shared` (the paper's Algorithm 1): every entry of `aux` is the same set, and
-    x is the group's mean, so the penalty is one number per group: it cancels in any baseline.
-    The auxiliary episodes are never trained on, so e and c cannot have a gradient here (docs/spec.md §4.1).
+    `aux[r]` holds rollout r's auxiliary episodes by pool, {"exploit": {opp: [episodes]}, "collusive": {...}}.
+    `per_rollout` (the paper's text): rollout r's penalties come from its own auxiliary episodes, and a
+    train-pool term (x) from its own episode. `shared` (the paper's Algorithm 1): every entry of `aux` is the
+    same set, and a train-pool term is the group's mean, so the penalty is one number per group: it cancels in
+    any baseline. The auxiliary episodes are never trained on, so their terms cannot have a gradient here
+    (docs/spec.md §4.1).
     """
-    n, T = len(records), len(records[0].rounds)
-    le, lc, lx = (float(lambdas[k]) for k in ("e", "c", "x"))
-    e = np.array([episode_exploit(a["exploit"]) for a in aux])
-    c = np.array([episode_collusion(game, a["collusive"]) for a in aux])
-    if mode == "per_rollout":
-        x = np.array([episode_externality(game, ep) for ep in records])
-    elif mode == "shared":
-        x = np.full(n, np.mean([episode_externality(game, ep) for ep in records]))
-    else:
+    if mode not in ("per_rollout", "shared"):
         raise ValueError(f"sepo.penalty_mode={mode!r} has no paper penalty; allowed: per_rollout, shared")
+    n, T = len(records), len(records[0].rounds)
     column = lambda v: np.repeat(v[:, None], T, axis=1)  # noqa: E731  (an episode-level value in every round)
-    return {
-        "u": scale * payoffs(records, AGENT),
-        "e": column(-le * scale * e),
-        "c": column(-lc * c),
-        "x": column(-lx * x),
-    }
+    f = {"u": scale * payoffs(records, AGENT)}
+    for term in penalties.terms():
+        if term.pool == penalties.TRAIN_POOL:
+            own = np.array([term.level(game, {"own": [ep]}) for ep in records])
+            values = own if mode == "per_rollout" else np.full(n, np.mean(own))
+        else:
+            values = np.array([term.level(game, a[term.pool]) for a in aux])
+        f[term.key] = column(-term.weight(lambdas, scale) * values)
+    return f
 
 
 # --------------------------------------------------------------------------- credit and baseline

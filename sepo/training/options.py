@@ -1,6 +1,8 @@
 """The named options of the SEPO stage (docs/spec.md §4), apart from the code that implements them, so
 the config check can list them before any work without importing torch."""
 
+from sepo import penalties
+
 #: sepo.penalty_mode: pooled (the gradient of J) | per_rollout (the paper's text) | shared (its Algorithm 1)
 PENALTY_MODES = ("pooled", "per_rollout", "shared")
 #: sepo.credit: what a decision is credited with (the rest of the episode, or its own round)
@@ -11,11 +13,6 @@ ADV_NORMS = ("batch", "group_round")
 LENGTH_NORMS = ("answer", "budget")
 #: sepo.lr_schedule: how the learning rate goes from sepo.lr to sepo.lr_final_ratio * sepo.lr
 LR_SCHEDULES = ("constant", "cosine", "linear")
-#: the penalty terms of J (docs/spec.md §3): exploitability, collusion, externality; sepo.held_terms names some
-PENALTY_TERMS = ("e", "c", "x")
-#: pools whose episodes are trained on in `pooled` mode (the paper's modes train on `train` only);
-#: sepo.rollouts_by_pool sizes some of them apart from the rest
-TRAINED_POOLS = ("train", "exploit", "collusive")
 
 
 def rollouts_per_group(s) -> dict[str, int]:
@@ -23,7 +20,7 @@ def rollouts_per_group(s) -> dict[str, int]:
     A pool's term is averaged over its own groups, so a pool given more keeps the same expected gradient with
     less noise."""
     by_pool = s.get("rollouts_by_pool") or {}
-    return {pool: int(by_pool.get(pool) or s.rollouts_per_opponent) for pool in TRAINED_POOLS}
+    return {pool: int(by_pool.get(pool) or s.rollouts_per_opponent) for pool in penalties.trained_pools()}
 
 
 #: sepo.estimator: advantages from played episodes, or (Kuhn poker) exact values of the sampled actions

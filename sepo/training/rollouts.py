@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from sepo import distributed
+from sepo import distributed, penalties
 from sepo.arena import EpisodeRecord, Match, episode_seed, play_matches
 from sepo.games import Game
 from sepo.games.base import AGENT
@@ -32,18 +32,14 @@ from sepo.metrics import pools_of
 from sepo.policies.base import Decision, Policy
 from sepo.strategies import make_strategy
 from sepo.training.objective import (
-    TERMS,
     EstimatorState,
-    advantage_per_round,
-    episode_collusion,
-    episode_exploit,
-    externality_per_round,
     group_advantages,
     paper_terms,
     payoffs,
     pooled_terms,
+    term_keys,
 )
-from sepo.training.options import TRAINED_POOLS, rollouts_per_group
+from sepo.training.options import rollouts_per_group
 
 
 @dataclass
@@ -51,7 +47,7 @@ class GroupPlan:
     pool: str
     opponent: str
     matches: list[int]  # rollout r is matches[r] (an index into BatchPlan.matches)
-    #: paper modes: per rollout, {"exploit": {opp: [match indices]}, "collusive": {...}}
+    #: paper modes: per rollout, {pool: {opp: [match indices]}} for every pool a term is measured on
     aux: list[dict[str, dict[str, list[int]]]] | None = None
 
 
@@ -73,7 +69,7 @@ class Group:
     weight: float  # 1 / (|pool| * n * T)
     advantages: np.ndarray  # [n, T] A before weight and scale
     term_advantages: dict[str, np.ndarray] = field(default_factory=dict)  # per term (linear modes only)
-    exploit_on: bool = True
+    hinge_on: bool = True  # a hinged term of its pool is on (`EstimatorState.exploit_on`)
 
 
 @dataclass
@@ -158,7 +154,7 @@ class BatchBuilder:
 
         def aux_episodes(tag: str) -> dict[str, dict[str, list[int]]]:
             tree: dict[str, dict[str, list[int]]] = {}
-            for pool in ("exploit", "collusive"):
+            for pool in penalties.measured_pools():
                 tree[pool] = {}
                 for name in self.pools[pool]:
                     start = len(matches)
@@ -176,7 +172,7 @@ class BatchBuilder:
             return tree
 
         groups: list[GroupPlan] = []
-        for pool in TRAINED_POOLS if self.mode == "pooled" else ("train",):
+        for pool in penalties.trained_pools() if self.mode == "pooled" else (penalties.TRAIN_POOL,):
             for name in self.pools[pool]:
                 groups.append(GroupPlan(pool, name, group(pool, name)))
         for g in groups:
@@ -193,9 +189,10 @@ class BatchBuilder:
         groups: list[Group] = []
         for gp in plan.groups:
             recs = [records[i] for i in gp.matches]
-            exploit_on = state.exploit_on(gp.opponent) if gp.pool == "exploit" else True
+            hinged = any(term.hinged for term in penalties.of_pool(gp.pool))
+            hinge_on = state.exploit_on(gp.opponent) if hinged else True
             if self.mode == "pooled":
-                terms = pooled_terms(game, gp.pool, recs, self.reward_scale, self.lambdas, exploit_on)
+                terms = pooled_terms(game, gp.pool, recs, self.reward_scale, self.lambdas, hinge_on)
             else:
                 aux = [
                     {p: {q: [records[i] for i in idx] for q, idx in by.items()} for p, by in tree.items()}
@@ -213,7 +210,7 @@ class BatchBuilder:
                     weight=1.0 / (len(self.pools[gp.pool]) * len(recs) * T),
                     advantages=advantages(sum(terms.values())),
                     term_advantages={k: advantages(v) for k, v in terms.items()} if self.adv_norm == "batch" else {},
-                    exploit_on=exploit_on,
+                    hinge_on=hinge_on,
                 )
             )
 
@@ -222,14 +219,14 @@ class BatchBuilder:
         state.record_std(batch_std)
 
         decisions: list[Decision] = []
-        term_keys = [k for k in TERMS if any(k in g.term_advantages for g in groups)]
-        unscaled: dict[str, list[float]] = {"total": [], **{k: [] for k in term_keys}}
+        keys = [k for k in term_keys() if any(k in g.term_advantages for g in groups)]
+        unscaled: dict[str, list[float]] = {"total": [], **{k: [] for k in keys}}
         for g in groups:
             for r, record in enumerate(g.records):
                 for round_index, _request, decision in record.trace:
                     decisions.append(decision)
                     unscaled["total"].append(g.weight * g.advantages[r, round_index])
-                    for k in term_keys:
+                    for k in keys:
                         term = g.term_advantages.get(k)
                         unscaled[k].append(0.0 if term is None else g.weight * term[r, round_index])
         arrays = {k: np.asarray(v, dtype=float) for k, v in unscaled.items()}
@@ -238,9 +235,10 @@ class BatchBuilder:
         stats.update(adv_std=batch_std, adv_scale=scale, **advantage_spread(groups, scale))
         if self.mode == "pooled":
             for g in groups:
-                if g.pool == "exploit":
-                    stats[f"exploit_on/{g.opponent}"] = float(g.exploit_on)
-                    state.record_exploit(g.opponent, advantage_per_round(g.records).mean(axis=1))
+                for term in penalties.of_pool(g.pool):
+                    if term.hinged:
+                        stats[f"{term.metric}_on/{g.opponent}"] = float(g.hinge_on)
+                        state.record_exploit(g.opponent, term.rounds(game, g.records).mean(axis=1))
         return RolloutBatch(groups, decisions, arrays["total"] / scale, arrays, scale, stats)
 
 
@@ -253,9 +251,10 @@ def advantage_spread(groups: list[Group], scale: float) -> dict[str, float]:
     return {f"adv_std/{pool}": float(np.concatenate(parts).std()) for pool, parts in by_pool.items()}
 
 
-#: the batch statistic that reads each penalty term's level (in the term's own units): what
-#: `sepo.held_at_start` compares with the level a held term started at
-TERM_LEVELS = {"e": "exploit/e", "c": "collusive/c", "x": "train/x"}
+def term_level_stat(key: str) -> str:
+    """The batch statistic that reads a penalty term's level (in the term's own units, `<pool>/<key>`): what
+    `sepo.held_at_start` compares with the level a held term started at."""
+    return f"{penalties.term(key).pool}/{key}"
 
 
 def batch_stats(
@@ -266,9 +265,10 @@ def batch_stats(
     lambdas: dict[str, float],
     reward_scale: float,
 ) -> dict[str, Any]:
-    """The batch's u, e, c, x (from whichever episodes measure them) and its estimate of J."""
-    train = [ep for g in groups if g.pool == "train" for ep in g.records]
-    by_pool: dict[str, dict[str, list[EpisodeRecord]]] = {"exploit": {}, "collusive": {}}
+    """The batch's u and penalty terms (from whichever episodes measure them) and its estimate of J. A term of
+    the train pool is a mean over its episodes, as u is; any other, per opponent and then over opponents."""
+    train = [ep for g in groups if g.pool == penalties.TRAIN_POOL for ep in g.records]
+    by_pool: dict[str, dict[str, list[EpisodeRecord]]] = {pool: {} for pool in penalties.measured_pools()}
     for g in groups:
         if g.pool in by_pool:
             by_pool[g.pool][g.opponent] = g.records
@@ -278,15 +278,20 @@ def batch_stats(
                 for q, idx in by_opp.items():
                     by_pool[p].setdefault(q, []).extend(records[i] for i in idx)
     u = float(payoffs(train, AGENT).mean())
-    x = float(externality_per_round(game, train).mean())
-    e = episode_exploit(by_pool["exploit"])
-    c = episode_collusion(game, by_pool["collusive"])
+    levels = {
+        term.key: term.of_opponent(game, train)
+        if term.pool == penalties.TRAIN_POOL
+        else term.level(game, by_pool[term.pool])
+        for term in penalties.terms()
+    }
+    objective = reward_scale * u
+    for term in penalties.terms():
+        objective -= term.weight(lambdas, reward_scale) * levels[term.key]
     decisions = sum(ep.decisions for ep in records)
-    levels = {"e": e, "c": c, "x": x}
     return {
-        "objective": reward_scale * u - lambdas["e"] * reward_scale * e - lambdas["c"] * c - lambdas["x"] * x,
+        "objective": objective,
         "train/u": u,
-        **{TERM_LEVELS[k]: level for k, level in levels.items()},
+        **{term_level_stat(k): level for k, level in levels.items()},
         "parse_rate": sum(ep.parsed for ep in records) / max(decisions, 1),
         "episodes": float(len(records)),
         "decisions": float(sum(ep.decisions for g in groups for ep in g.records)),
