@@ -109,6 +109,19 @@ SMALL = [
 ]
 
 
+class LogTracker:
+    """A tracker that keeps what a run logs, (step, row) by row, for a test to read."""
+
+    def __init__(self):
+        self.rows = []
+
+    def log(self, data, step=None):
+        self.rows.append((step, dict(data)))
+
+    def summary(self, data):
+        pass
+
+
 def final_adapter(run):
     return load_file(run / "adapter" / "adapter_model.safetensors")
 

@@ -170,3 +170,13 @@ def test_the_language_model_layer_sits_below_policies_and_training():
         (m, n) for m, deps in g.items() if m.startswith("sepo.policies") for n in deps if n.startswith("sepo.training")
     )
     assert not policies_on_training, f"policies import training: {policies_on_training}"
+
+
+def test_games_sit_below_the_agents_that_play_them():
+    """A game's rules know nothing of the agents: reading a policy's table at Kuhn's information sets lives with
+    the policies (`sepo.policies.played_table`), which import the games."""
+    g = graph()
+    games_on_policies = sorted(
+        (m, n) for m, deps in g.items() if m.startswith("sepo.games") for n in deps if n.startswith("sepo.policies")
+    )
+    assert not games_on_policies, f"games import policies: {games_on_policies}"

@@ -458,7 +458,7 @@ def test_the_encoded_prompts_do_not_outlive_their_episodes(taught):
     """Each reused encoding is dropped once copied into the new cache, and the arena's `episodes_over`
     drops the last ones: nothing per episode is held through what runs after a `play` (SEPO's update)."""
     from sepo.arena import Match, play_matches
-    from sepo.stages.sepo_loop import RecordingPolicy
+    from sepo.policies.recording import RecordingPolicy
     from sepo.strategies import make_strategy
 
     model, tokenizer, cfg = taught

@@ -92,8 +92,8 @@ def exact_objective(table, cfg, response=None) -> tuple[float, float]:
     """
     from sepo.games import kuhn_exact as K
     from sepo.games import make_game
-    from sepo.games.kuhn import policy_table
     from sepo.policies import ScriptedPolicy
+    from sepo.policies.played_table import policy_table
     from sepo.strategies import make_strategy
 
     game = make_game(cfg.game)

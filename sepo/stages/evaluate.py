@@ -22,6 +22,7 @@ from sepo.files import write_text_atomically
 from sepo.games import Game, make_game
 from sepo.metrics import POOLS, compute_metrics, pools_of
 from sepo.policies import Policy, ScriptedPolicy
+from sepo.policies.played_table import played_table, reads_a_table
 from sepo.strategies import make_strategy
 from sepo.tracking import NO_TRACKING, NullTracker, flatten
 
@@ -106,14 +107,14 @@ def evaluate_policy(
 
 def played_table_of(game: Game, policy: Policy, seed: int) -> Any:
     """The policy's played table where the game can analyse one exactly (Kuhn poker), else None."""
-    if hasattr(game, "played_table") and hasattr(policy, "action_probabilities"):
-        return game.played_table(policy, seed=seed)
+    if reads_a_table(game) and hasattr(policy, "action_probabilities"):
+        return played_table(game, policy, seed=seed)
     return None
 
 
 def read_settings(policy: Policy) -> dict[str, Any]:
     """How a language model's table was read, beside the answers a state (`samples_per_state`): what
-    decides whether another run may answer the same read (`sepo.stages.sepo_loop.answer_sft_read`)."""
+    decides whether another run may answer the same read (`sepo.training.best_response.BestResponseSchedule.answer_sft_read`)."""
     if not hasattr(policy, "max_new_tokens"):
         return {}
     return {"temperature": float(policy.temperature), "max_new_tokens": int(policy.max_new_tokens)}
@@ -262,3 +263,20 @@ def run_eval(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
     m, se = payload["metrics"], payload["se"]
     log.info("%s", "  ".join(f"{k}={m[k]:.4f}±{se[k]:.4f}" for k in m))
     return payload
+
+
+def evaluate_checkpoint(
+    cfg: DictConfig, game: Game, model: Any, tokenizer: Any, step: int, final: bool
+) -> tuple[dict, Any]:
+    """The checkpoint on the validation episodes (`eval.validation_seed`: validation.json, what picks the
+    best checkpoint) and on the test episodes (`seed`: results.json, what the tables report); returns the
+    test payload and the test read of the played table (None where the game has none)."""
+    out = Path(cfg.paths.output_dir) / "eval" / f"step_{step}"
+    checkpoint = "final" if final else f"step_{step}"
+    for split, name in (("validation", "validation.json"), ("test", "results.json")):
+        # validation episodes are sampled from their own stream too, so nothing of them leaks into the test's
+        seed = split_seed(cfg, split)
+        policy = evaluation_policy(cfg, model, tokenizer, generation_seed=None if split == "test" else seed)
+        table = played_table_of(game, policy, seed)
+        payload = evaluate_and_write(cfg, game, policy, out / name, "sepo", checkpoint, step, split, table)
+    return payload, table
