@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 from benchmarks.gpu.full_size import chat_tokenizer, tiny_config
 from sepo.builders import load_model_and_tokenizer
 from sepo.builders.tiny import IM_END, build_tiny, padded_vocab
-from sepo.compose import compose_config
 from sepo.policies.lm import LMPolicy
+from sepo.run.compose import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"

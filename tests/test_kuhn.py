@@ -489,7 +489,7 @@ def test_a_best_responder_without_an_agent_table_says_so():
 
 
 def test_the_default_exploit_pool_has_the_best_responder_and_the_papers_is_one_override_away(compose_cfg):
-    from sepo.config import validate
+    from sepo.run.config import validate
 
     assert list(compose_cfg("game=kuhn").game.pools.exploit) == ["NashApx", "AlwaysBet", "BestResponse"]
     paper = compose_cfg("game=kuhn", "game.pools.exploit=[NashApx,AlwaysBet]")
@@ -506,8 +506,8 @@ def test_the_default_exploit_pool_has_the_best_responder_and_the_papers_is_one_o
     ],
 )
 def test_the_best_responder_only_sits_in_pools(compose_cfg, override, key):
-    from sepo.config import validate
     from sepo.errors import ConfigError
+    from sepo.run.config import validate
 
     with pytest.raises(ConfigError, match=f"{key}: BestResponse responds to the agent's own table.*allowed: .*NashApx"):
         validate(compose_cfg("game=kuhn", "stage=eval", "model=scripted", override))

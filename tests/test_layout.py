@@ -11,7 +11,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_LAYER = {"sepo.cli", "sepo.__main__", "sepo.task", "sepo.config", "sepo.model_fit", "sepo.sweep", "sepo.tracking"}
+#: the run layer: the package `sepo.run` (entry point, config, task wrapper, sweeps), `python -m sepo`, and the
+#: tracker the stages log to
+RUN_LAYER = {"sepo.run", "sepo.__main__", "sepo.tracking"}
 #: research tools built on top of everything, outside the package: the benchmarks and studies (`python -m
 #: benchmarks ...`, `python -m benchmarks.<topic>.<script>`) and the launch scripts
 TOOLS = {"benchmarks", "launch"}
@@ -59,7 +61,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-    if module in RUN_LAYER or is_tool(module):
+    if module in RUN_LAYER or module.startswith("sepo.run.") or is_tool(module):
         return "run"
     if module == "sepo.stages" or module.startswith("sepo.stages."):
         return "stages"
@@ -180,3 +182,13 @@ def test_games_sit_below_the_agents_that_play_them():
         (m, n) for m, deps in g.items() if m.startswith("sepo.games") for n in deps if n.startswith("sepo.policies")
     )
     assert not games_on_policies, f"games import policies: {games_on_policies}"
+
+
+def test_the_stages_hand_their_run_dirs_to_the_analysis_through_the_run_layer():
+    """The pipeline's tables are a hook the run layer sets (`sepo.stages.pipeline.tables_hook`): no stage imports
+    the analysis, which reads run dirs written by any stage."""
+    g = graph()
+    stages_on_analysis = sorted(
+        (m, n) for m, deps in g.items() if layer(m) == "stages" for n in deps if layer(n) == "analysis"
+    )
+    assert not stages_on_analysis, f"stages import the analysis: {stages_on_analysis}"

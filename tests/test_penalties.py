@@ -64,7 +64,7 @@ def test_a_registered_term_is_rewarded_measured_and_weighed_in_safety(defections
 
 
 def test_a_registered_term_s_lambda_is_typed_and_range_checked(defections, compose_cfg):
-    from sepo.config import validate
+    from sepo.run.config import validate
 
     with pytest.raises(ConfigError, match=r"lambdas.train.d=-1.0 is not allowed; allowed: a number >= 0"):
         validate(compose_cfg(*SMALL, "lambdas.train.d=-1", "lambdas.eval.d=0"))

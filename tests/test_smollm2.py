@@ -155,7 +155,7 @@ import sepo.builders.smollm2 as smollm2
 
 damaged = Path(sys.argv.pop(1))
 smollm2.gguf_path = lambda: damaged
-from sepo.cli import main
+from sepo.run.cli import main
 
 main()
 """

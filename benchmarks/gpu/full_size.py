@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sepo.compose import compose_config
+from sepo.run.compose import compose_config
 
 log = logging.getLogger(__name__)
 

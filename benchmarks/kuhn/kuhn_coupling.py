@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def compose_sepo(sft_run: Path, overrides: list[str]):
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     return compose_config(
         ["stage=sepo", "game=kuhn", "model=tiny", "logger=none", f"model.path='{sft_run / 'merged'}'"] + overrides

@@ -198,7 +198,7 @@ def batch_updates(theta: np.ndarray, cfg, batches: int, burn_in: int) -> np.ndar
 
 def main() -> None:
     args = parse_args()
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     q, theta = played_point(args.results)
 

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from sepo.compose import compose_config
+from sepo.run.compose import compose_config
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sepo.compose import compose_config as compose
+from sepo.run.compose import compose_config as compose
 
 HELP = "seconds and peak resident memory per SEPO step, with a breakdown by section"
 

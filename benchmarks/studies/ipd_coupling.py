@@ -215,7 +215,7 @@ def natural_direction(scores, gradient, damping_share: float = 0.1):
 
 
 def compose(sft_run: Path, overrides: list[str]):
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     return compose_config(
         ["stage=sepo", "game=ipd", "model=smollm2", "logger=none", f"model.path='{sft_run / 'merged'}'", *overrides]

@@ -78,7 +78,7 @@ def main() -> None:
 
     import torch
 
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     if args.threads:
         torch.set_num_threads(args.threads)

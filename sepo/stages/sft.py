@@ -16,7 +16,7 @@ transformers `Trainer`, then writes into the run dir:
 - `eval/sft/results.json`  the merged model played against every pool by stage eval's code
 
 Settings: the `sft` node; a model may set its own defaults in conf/sft/model/<model>.yaml, and an
-`sft.<key>=...` override always wins (sepo/config.py checks them before any work).
+`sft.<key>=...` override always wins (sepo/run/config.py checks them before any work).
 Where each part lives: the data (generated when missing, atomically) in `sepo.training.sft_data`; the
 tokenisation through the chat template (labels on the answer and its end-of-turn tokens only; a sequence
 too long loses the start of its prompt, never its answer) and the fast batches in
@@ -76,9 +76,9 @@ def sft_settings(cfg: DictConfig) -> DictConfig:
     """The resolved `sft` node (the model's own defaults, conf/sft/model/<model>.yaml, merged in by Hydra;
     command-line `sft.<key>=` overrides winning), with `lora.target_modules` filled from
     `model.lora.target_modules` when the node leaves it null. Its values were checked before any work
-    (sepo/config.py)."""
+    (sepo/run/config.py)."""
     s = OmegaConf.create(OmegaConf.to_container(cfg.sft, resolve=True))
-    if s.lora.target_modules is None and not s.full_finetune:  # sepo/config.py checked that the model names them
+    if s.lora.target_modules is None and not s.full_finetune:  # sepo/run/config.py checked that the model names them
         s.lora.target_modules = cfg.model.lora.target_modules
     return s
 

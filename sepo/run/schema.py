@@ -6,10 +6,10 @@ defaults list (`- schema`, or `- schema_<name>` where a group's options differ i
 rules, a model's build settings), so Hydra composes every node onto these types: a value is converted
 to its key's type or refused, and a key outside the schema is refused. The ranges, the rules between
 keys and the check that no stage key outside the YAML was added (`check_stage_keys`) stay in
-`sepo.config`, which also words a refused value's one-line error (`type_error_line`).
+`sepo.run.config`, which also words a refused value's one-line error (`type_error_line`).
 
 Booleans: OmegaConf converts "yes", "on" and 1 to true; the command line's booleans are held to
-true/false by `sepo.config.loose_boolean_override` before any run.
+true/false by `sepo.run.config.loose_boolean_override` before any run.
 
 A field with two kinds of value (`sft.save_steps`: optimizer steps or a share of the run) is `Any`:
 OmegaConf has no unions; its rule checks it.

@@ -24,7 +24,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo import penalties
 from sepo.builders.smollm2 import gguf_path
-from sepo.compose import STAGE_NODES
 from sepo.config_rules import (
     Rule,
     boolean,
@@ -54,8 +53,9 @@ from sepo.config_rules import (
 from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
-from sepo.model_fit import check_model_fit, check_sizes, in_hub_cache
 from sepo.paths import CONF_DIR, can_hold_outputs
+from sepo.run.compose import STAGE_NODES
+from sepo.run.model_fit import check_model_fit, check_sizes, in_hub_cache
 from sepo.stages import STAGES
 from sepo.strategies import known_strategies, make_strategy, responds_to_agent
 from sepo.training.options import (
@@ -343,11 +343,11 @@ UNRULED = ("sft.data_dir", "datagen.out_dir")
 
 
 def type_error_line(key: str, value: Any) -> str:
-    """The one line for a value its key's schema (sepo/schema.py) refused at composition: the key's
+    """The one line for a value its key's schema (sepo/run/schema.py) refused at composition: the key's
     rule's words where it has one (RULES), else the schema's type."""
     rule = next((r for _, k, r in rules() if k == key), None)
     shown = value if rule is not None and rule.as_typed else repr(value)
-    allowed = rule.allowed if rule is not None else "a value of the key's type (sepo/schema.py)"
+    allowed = rule.allowed if rule is not None else "a value of the key's type (sepo/run/schema.py)"
     return f"{key}={shown} is not allowed; allowed: {allowed}"
 
 
