@@ -202,7 +202,7 @@ def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
 )
 def test_one_rules_table_checks_every_field_before_any_work(compose_cfg, overrides, message):
     """The checks that once sat in sft_settings, sepo_settings and a second number checker are rows of
-    sepo/run/config.py's RULES (or, between fields, its relations) and fail the same way."""
+    sepo/run/rules.py's table (or, between fields, sepo/run/config.py's relations) and fail the same way."""
     with pytest.raises(ConfigError, match="^" + message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         validate(compose_cfg(*overrides))
 
@@ -229,7 +229,7 @@ def test_every_leaf_of_the_stage_nodes_has_a_rule(model):
     from omegaconf import DictConfig
 
     from sepo.run.compose import compose_config
-    from sepo.run.config import UNRULED, rules
+    from sepo.run.rules import UNRULED, rules
     from sepo.run.schema import SCHEMAS
 
     ruled = {key for _, key, _ in rules()} | set(UNRULED)
