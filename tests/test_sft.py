@@ -33,7 +33,7 @@ from sepo.training.sft_batching import (
     sft_logits,
     token_cross_entropy,
 )
-from sepo.training.sft_data import ensure_dataset, read_examples
+from sepo.training.sft_dataset import ensure_dataset, read_examples
 from sepo.training.sft_monitoring import training_curve
 
 from .conftest import model_cfg

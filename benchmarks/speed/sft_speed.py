@@ -74,7 +74,7 @@ def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
     from sepo.run.compose import compose_config
     from sepo.stages.sft import sft_settings
     from sepo.training.sft_batching import ChatSFTCollator
-    from sepo.training.sft_data import ensure_dataset, read_examples, subsample
+    from sepo.training.sft_dataset import ensure_dataset, read_examples, subsample
 
     cfg = compose_config(
         [

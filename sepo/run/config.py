@@ -16,27 +16,25 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from sepo.builders.smollm2 import gguf_path
 from sepo.config_rules import (
     Rule,
     real,
 )
-from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
 from sepo.paths import CONF_DIR, can_hold_outputs
 from sepo.run.compose import STAGE_NODES
 from sepo.run.model_fit import check_model_fit, check_sizes, in_hub_cache
-from sepo.run.rules import BUILT_MODELS, MODEL_KINDS, SEPO, SFT, TRAINING_STAGES, rules
+from sepo.run.relations import check_model, check_relations
+from sepo.run.rules import BUILT_MODELS, MODEL_KINDS, SFT, applies, require, rules
 from sepo.stages import STAGES
 from sepo.strategies import known_strategies, make_strategy, responds_to_agent
-from sepo.training.options import EXACT_VALUE_GAMES
 from sepo.trees import dotted_keys
 
 log = logging.getLogger(__name__)
@@ -44,11 +42,6 @@ log = logging.getLogger(__name__)
 
 class PoolOverlapWarning(UserWarning):
     """A strategy sits in more than one opponent pool."""
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
 
 
 def type_error_line(key: str, value: Any) -> str:
@@ -92,13 +85,7 @@ def loose_boolean_override(cfg: DictConfig, overrides: Sequence[str]) -> str | N
 def check(key: str, value: Any, rule: Rule) -> None:
     """One field against its rule: `key=value is not allowed; allowed: ...` when it fails."""
     shown = value if rule.as_typed else repr(value)
-    _require(rule.ok(value), f"{key}={shown} is not allowed; allowed: {rule.allowed}")
-
-
-def applies(where: str | Callable[[DictConfig], bool], cfg: DictConfig) -> bool:
-    if callable(where):
-        return where(cfg)
-    return where == "all" or cfg.stage.name in where.split()
+    require(rule.ok(value), f"{key}={shown} is not allowed; allowed: {rule.allowed}")
 
 
 _ABSENT = object()
@@ -111,7 +98,7 @@ def check_rules(cfg: DictConfig) -> None:
         if applies(where, cfg):
             parent, _, leaf = key.rpartition(".")
             node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-            _require(
+            require(
                 not (isinstance(node, DictConfig) and leaf in node.keys() and OmegaConf.is_missing(node, leaf)),
                 f"{key} has no value; allowed: {rule.allowed} (give it in its YAML or as {key}=...)",
             )
@@ -132,20 +119,20 @@ def hub_download_hint(repo_id: str, revision: str | None) -> str:
 def check_paths(cfg: DictConfig) -> None:
     """Paths a run will read or write, checked before any work (not deep inside a loader)."""
     root = str(cfg.paths.root_dir)
-    _require(
+    require(
         can_hold_outputs(root),
         f"paths.root_dir={root} is not allowed; allowed: a writable directory (or one that can be created)",
     )
     cache = Path(str(cfg.paths.cache_dir))
     name = cfg.model.name
     if name in BUILT_MODELS and name != "scripted" and not cfg.model.get("path"):
-        _require(
+        require(
             any(cache.glob(f"{name}-*/sepo_build.json")) or can_hold_outputs(cache),
             f"paths.cache_dir={cache} is not allowed: the {name} model is built there on first use, and it cannot "
             f"be written; allowed: a writable directory (or one holding a {name} build)",
         )
     if applies(SFT, cfg) and not (Path(str(cfg.sft.data_dir)) / str(cfg.sft.dataset) / "train.jsonl").exists():
-        _require(
+        require(
             can_hold_outputs(str(cfg.sft.data_dir)),
             f"sft.data_dir={cfg.sft.data_dir} is not allowed: the {cfg.sft.dataset} dataset is generated there "
             "and it cannot be written; allowed: a writable directory, or one holding the dataset",
@@ -154,13 +141,13 @@ def check_paths(cfg: DictConfig) -> None:
     if path:
         local = Path(str(path)).expanduser()
         looks_like_hub_id = not str(path).startswith((".", "/", "~")) and str(path).count("/") == 1
-        _require(
+        require(
             local.is_dir() or looks_like_hub_id,
             f"model.path={path} is not allowed; allowed: an existing checkpoint directory, or a hub id "
             "(org/name) already in the Hugging Face cache",
         )
         if looks_like_hub_id and not local.is_dir() and not cfg.model.get("download", False):
-            _require(
+            require(
                 in_hub_cache(str(path), cfg.model.get("revision")),
                 hub_download_hint(str(path), cfg.model.get("revision")),
             )
@@ -169,14 +156,14 @@ def check_paths(cfg: DictConfig) -> None:
 def validate_pools(game: str, pools: Any, key: str = "game.pools") -> list[str]:
     """Check pool names; return one warning line per strategy found in several pools."""
     unknown_pools = set(pools) - set(POOLS)
-    _require(not unknown_pools, f"{key}: unknown pool(s) {sorted(unknown_pools)}; allowed: {', '.join(POOLS)}")
+    require(not unknown_pools, f"{key}: unknown pool(s) {sorted(unknown_pools)}; allowed: {', '.join(POOLS)}")
     known = known_strategies(game)
     for pool in POOLS:
         names = list(pools.get(pool) or [])
         for name in names:
-            _require(name in known, f"{key}.{pool}: unknown {game} strategy {name!r}; allowed: {', '.join(known)}")
-        _require(len(set(names)) == len(names), f"{key}.{pool} lists a strategy twice: {names}")
-    _require(bool(pools.get("train")), f"{key}.train must name at least one strategy")
+            require(name in known, f"{key}.{pool}: unknown {game} strategy {name!r}; allowed: {', '.join(known)}")
+        require(len(set(names)) == len(names), f"{key}.{pool} lists a strategy twice: {names}")
+    require(bool(pools.get("train")), f"{key}.train must name at least one strategy")
     seen: dict[str, list[str]] = {}
     for pool in ("train", "exploit", "collusive"):
         for name in pools.get(pool) or []:
@@ -207,13 +194,13 @@ def check_settings(cfg: DictConfig, overrides: Sequence[str] | None = None) -> N
     on a single run before Hydra starts it (and before torch is imported), so a bad value is refused in
     seconds; `validate` runs them again inside the run."""
     loose = loose_boolean_override(cfg, run_overrides() if overrides is None else overrides)
-    _require(loose is None, loose or "")
-    _require(
+    require(loose is None, loose or "")
+    require(
         cfg.stage.name in STAGES, f"stage={cfg.stage.name} is not a known stage; allowed: {', '.join(sorted(STAGES))}"
     )
     game = cfg.game.name
-    _require(game in GAME_CLASSES, f"game={game} is not a known game; allowed: {', '.join(sorted(GAME_CLASSES))}")
-    _require(
+    require(game in GAME_CLASSES, f"game={game} is not a known game; allowed: {', '.join(sorted(GAME_CLASSES))}")
+    require(
         cfg.model.name in MODEL_KINDS, f"model={cfg.model.name} is not a known model; allowed: {', '.join(MODEL_KINDS)}"
     )
     check_rules(cfg)
@@ -231,7 +218,7 @@ def check_stage_keys(cfg: DictConfig) -> None:
     for stage in STAGE_NODES:
         known = set(dotted_keys(OmegaConf.to_container(OmegaConf.load(CONF_DIR / stage / "default.yaml"))))
         for key in dotted_keys(OmegaConf.to_container(cfg[stage], resolve=False)):
-            _require(
+            require(
                 key in known,
                 f"{stage}.{key} is not a key of the {stage} node (set by model={cfg.model.name}'s "
                 f"conf/{stage}/model/{cfg.model.name}.yaml, its conf/sepo/model_game/ file, or a preset); "
@@ -243,20 +230,20 @@ def check_game(cfg: DictConfig) -> None:
     """Rules between a game's own keys (each key's range is in RULES)."""
     game = cfg.game
     if game.name == "neg_v1":
-        _require(
+        require(
             game.min_demand <= game.max_demand,
             f"game.min_demand={game.min_demand} and game.max_demand={game.max_demand}: no demand is legal; "
             f"allowed: game.min_demand <= game.max_demand",
         )
     if game.name == "neg_v2":
-        _require(
+        require(
             game.pool_min <= game.pool_max,
             f"game.pool_min={game.pool_min} and game.pool_max={game.pool_max}: no pool size can be drawn; "
             "allowed: game.pool_min <= game.pool_max",
         )
     known = known_strategies(game.name)
     for name in game.get("strategy_params") or {}:
-        _require(
+        require(
             name in known,
             f"game.strategy_params.{name}: unknown {game.name} strategy {name!r}; allowed: {', '.join(known)}",
         )
@@ -270,18 +257,18 @@ def check_strategies(cfg: DictConfig) -> None:
         log.warning("pool overlap: %s", line)
     known = known_strategies(game)
     for strategy, weight in cfg.game.demonstrators.items():
-        _require(
+        require(
             strategy in known,
             f"game.demonstrators: unknown {game} strategy {strategy!r}; allowed: {', '.join(known)}",
         )
         check(f"game.demonstrators.{strategy}", weight, real(0.0))
-    _require(
+    require(
         sum(float(w) for w in cfg.game.demonstrators.values()) > 0,
         f"game.demonstrators={dict(cfg.game.demonstrators)}: no demonstrator can be drawn; allowed: weights >= 0 "
         "with a positive sum",
     )
     for strategy in cfg.game.datagen.get("opponents") or []:
-        _require(
+        require(
             strategy in known,
             f"game.datagen.opponents: unknown {game} strategy {strategy!r}; allowed: {', '.join(known)}",
         )
@@ -292,7 +279,7 @@ def check_strategies(cfg: DictConfig) -> None:
         ("model.strategy", [cfg.model.strategy or cfg.game.reference_strategy] if cfg.model.name == "scripted" else []),
     ):
         for strategy in names:
-            _require(
+            require(
                 not responds_to_agent(game, strategy),
                 f"{key}: {strategy} responds to the agent's own table, so it can "
                 f"only sit in game.pools; allowed: {', '.join(scripted)}",
@@ -300,143 +287,3 @@ def check_strategies(cfg: DictConfig) -> None:
     configured = {n for pool in POOLS for n in cfg.game.pools.get(pool) or []} | set(cfg.game.demonstrators)
     for strategy in sorted(configured):  # builds each with its strategy_params: bad params fail here
         make_strategy(cfg.game, strategy, key="game.pools")
-
-
-def check_model(cfg: DictConfig) -> None:
-    """The agent can do what the stage asks of it, and a language model says where it comes from."""
-    if cfg.stage.name in TRAINING_STAGES:
-        _require(
-            cfg.model.name != "scripted",
-            f"model=scripted is not allowed with stage={cfg.stage.name}: {cfg.stage.name} trains a language "
-            f"model; allowed: model={', '.join(m for m in MODEL_KINDS if m != 'scripted')}",
-        )
-    if cfg.model.name == "scripted":
-        strategy, known = cfg.model.strategy or cfg.game.reference_strategy, known_strategies(cfg.game.name)
-        _require(
-            strategy in known,
-            f"model.strategy: unknown {cfg.game.name} strategy {strategy!r}; allowed: {', '.join(known)}",
-        )
-    elif cfg.model.name == "smollm2" and not cfg.model.get("path"):
-        gguf_path()  # the package it is built from is installed (else one line naming the install command)
-    elif cfg.model.name not in BUILT_MODELS:
-        _require(
-            bool(cfg.model.get("path")),
-            f"model.path is not set for model={cfg.model.name}; set model.path to "
-            "a local checkpoint directory (or a hub id already in the Hugging Face cache)",
-        )
-    _require(
-        not (cfg.model.get("prefix_tree") and not cfg.model.get("prefix_cache")),
-        f"model.prefix_tree=true needs plain full attention (model.prefix_cache=true), which model={cfg.model.name} "
-        "does not declare; allowed: model.prefix_tree=false",
-    )
-    _require(
-        not (cfg.model.get("cascade_attention") and not cfg.model.get("prefix_cache")),
-        f"model.cascade_attention=true needs plain full attention (model.prefix_cache=true), which model={cfg.model.name} "
-        "does not declare; allowed: model.cascade_attention=false",
-    )
-    _require(
-        not (cfg.model.get("cascade_attention") and cfg.model.get("attn_implementation") not in (None, "sdpa")),
-        f"model.cascade_attention=true runs on SDPA, not model.attn_implementation={cfg.model.get('attn_implementation')}; "
-        "allowed: model.attn_implementation=null or sdpa, or model.cascade_attention=false",
-    )
-    _require(
-        not (cfg.model.get("decode_graphs") and not cfg.model.get("static_cache")),
-        "model.decode_graphs=true replays decode steps on a preallocated cache; allowed: model.static_cache=true "
-        "with it, or model.decode_graphs=false",
-    )
-    _require(
-        not (cfg.model.get("decode_graphs") and cfg.model.get("cascade_attention")),
-        "model.decode_graphs=true and model.cascade_attention=true: cascade attention runs on a CPU, graphs on a GPU; "
-        "allowed: one of them false",
-    )
-    drop = cfg.model.get("drop_stopped_rows", 0) or 0
-    _require(
-        not (drop and not cfg.model.get("prefix_cache")),
-        f"model.drop_stopped_rows={drop} needs plain full attention (model.prefix_cache=true), which model={cfg.model.name} "
-        "does not declare; allowed: model.drop_stopped_rows=0",
-    )
-    _require(
-        not (drop and cfg.model.get("decode_graphs")),
-        f"model.drop_stopped_rows={drop} and model.decode_graphs=true: graphs replay whole batches; allowed: "
-        "model.drop_stopped_rows=0 or model.decode_graphs=false",
-    )
-
-
-def check_relations(cfg: DictConfig) -> None:
-    """Rules between fields (and between a field and this machine) that no single field's rule can say."""
-    episodes = cfg.eval.episodes_per_opponent
-    if cfg.game.get("mirrored"):
-        _require(
-            episodes % 2 == 0,
-            f"eval.episodes_per_opponent={episodes} is not allowed for game={cfg.game.name} (episodes "
-            "are dealt in seat-swapped pairs); allowed: an even integer >= 2",
-        )
-    if applies(SEPO, cfg):
-        _require(
-            cfg.eval.validation_seed != cfg.seed,
-            f"eval.validation_seed={cfg.eval.validation_seed} is not allowed with seed={cfg.seed}; allowed: any "
-            "other seed (the checkpoint is chosen on validation episodes kept apart from the reported ones)",
-        )
-        if cfg.sepo.ref_4bit:
-            import torch
-
-            _require(
-                torch.cuda.is_available(),
-                "sepo.ref_4bit=true needs a CUDA device (bitsandbytes 4-bit) and none is available; "
-                "allowed: sepo.ref_4bit=false",
-            )
-        _require(
-            cfg.sepo.estimator != "exact_values" or cfg.game.name in EXACT_VALUE_GAMES,
-            f"sepo.estimator=exact_values is not allowed for game={cfg.game.name} (it values actions from Kuhn "
-            f"poker's rules); allowed: game={'|'.join(EXACT_VALUE_GAMES)}, or sepo.estimator=rollouts",
-        )
-        _require(
-            not cfg.sepo.held_terms or cfg.sepo.adv_norm == "batch",
-            f"sepo.held_terms={list(cfg.sepo.held_terms)} is not allowed with sepo.adv_norm={cfg.sepo.adv_norm} "
-            "(a held term's gradient is its own advantages under the batch's one scale); allowed: "
-            "sepo.adv_norm=batch, or sepo.held_terms=[]",
-        )
-        _require(
-            set(cfg.sepo.held_at_start) <= set(cfg.sepo.held_terms),
-            f"sepo.held_at_start={list(cfg.sepo.held_at_start)} names terms that sepo.held_terms="
-            f"{list(cfg.sepo.held_terms)} does not hold; allowed: a subset of sepo.held_terms",
-        )
-        if float(cfg.sepo.lora.dropout) != 0.0:
-            log.warning(
-                "sepo.lora.dropout=%s: the training pass then differs from the sampling pass, so the "
-                "importance ratio is not 1 on a fresh batch (docs/spec.md §4.3 uses 0)",
-                cfg.sepo.lora.dropout,
-            )
-    if cfg.model.name == "tiny":
-        arch = cfg.model.architecture
-        _require(
-            arch.num_attention_heads % arch.num_key_value_heads == 0,
-            f"model.architecture.num_attention_heads={arch.num_attention_heads} is not allowed with "
-            f"num_key_value_heads={arch.num_key_value_heads}: grouped-query attention shares each key/value head "
-            "among the same number of query heads; allowed: a multiple of model.architecture.num_key_value_heads",
-        )
-    if applies(SFT, cfg):
-        sft = cfg.sft
-        datasets = list(cfg.datagen.dataset_games)
-        _require(
-            sft.dataset in datasets,
-            f"sft.dataset={sft.dataset} is not allowed: it is not a datagen dataset (the data SFT trains on is "
-            f"generated by datagen.dataset_games); allowed: {', '.join(datasets)}",
-        )
-        _require(
-            sft.full_finetune
-            or bool(sft.lora.target_modules)
-            or bool((cfg.model.get("lora") or {}).get("target_modules")),
-            f"model={cfg.model.name} names no LoRA targets; allowed: a regex over module names in "
-            "model.lora.target_modules or sft.lora.target_modules, or sft.full_finetune=true",
-        )
-        _require(
-            not (sft.prefix_sharing and not sft.answer_logits_only),
-            "sft.prefix_sharing=true needs sft.answer_logits_only=true (its batch layout); allowed: "
-            "sft.prefix_sharing=false, or sft.answer_logits_only=true",
-        )
-        _require(
-            not (sft.prefix_sharing and sft.gradient_checkpointing),
-            "sft.prefix_sharing=true needs sft.gradient_checkpointing=false (checkpointed layers drop "
-            "the KV cache the shared prefix lives in); allowed: one of the two false",
-        )

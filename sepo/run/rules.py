@@ -36,6 +36,7 @@ from sepo.config_rules import (
     strings,
     temperature,
 )
+from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.training.options import (
     ADV_NORMS,
@@ -306,3 +307,14 @@ def rules() -> list[tuple[str | Callable[[DictConfig], bool], str, Rule]]:
 #: the stage nodes' leaves with no rule: output directories derived from `paths.*` (which `check_paths` checks),
 #: resolved only inside a run
 UNRULED = ("sft.data_dir", "datagen.out_dir")
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def applies(where: str | Callable[[DictConfig], bool], cfg: DictConfig) -> bool:
+    if callable(where):
+        return where(cfg)
+    return where == "all" or cfg.stage.name in where.split()
