@@ -192,3 +192,24 @@ def test_the_stages_hand_their_run_dirs_to_the_analysis_through_the_run_layer():
         (m, n) for m, deps in g.items() if layer(m) == "stages" for n in deps if layer(n) == "analysis"
     )
     assert not stages_on_analysis, f"stages import the analysis: {stages_on_analysis}"
+
+
+#: the most lines a module of the package, and a function in it, may have: past them a module holds more than
+#: one job, and a function more than one step of its caller's table of contents
+MODULE_LINES, FUNCTION_LINES = 400, 60
+
+
+def test_modules_and_functions_stay_small():
+    too_long = []
+    for module, path in project_modules().items():
+        if not module.startswith("sepo"):
+            continue
+        text = path.read_text()
+        if len(text.splitlines()) > MODULE_LINES:
+            too_long.append(f"{module}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > FUNCTION_LINES:
+                    too_long.append(f"{module}.{node.name}: {length} lines")
+    assert not too_long, too_long

@@ -112,6 +112,15 @@ class LMPolicy(Scoring):
             tokenizer.pad_token = tokenizer.eos_token
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = end_of_turn_ids(model, tokenizer)
+        self._read_switches(model_cfg, cascade_attention)
+        #: the encoded prompt of each episode's last decision, for its next one (`model.prefix_cache`)
+        self.prompt_cache = PromptCache(self.prefix_cache)
+        #: forked processes that share a Kuhn table's read, an evaluation's episodes and SEPO's rollouts on a
+        #: CPU (`model.cpu_workers`, `sepo.forked`)
+        self.workers = worker_count(int(model_cfg.get("cpu_workers", 1)), self.device)
+
+    def _read_switches(self, model_cfg: Any, cascade_attention: bool | None) -> None:
+        """The model's decoding switches (conf/model/<model>.yaml), each on only where what it needs is."""
         #: compute a prompt prefix shared by every row of a generate call once (`shared_prefix_length`)
         self.prefix_cache = bool(model_cfg.get("prefix_cache", False))
         #: teacher-forced passes encode their sequences as one prefix tree (`sepo.lm.prefix_tree`): each token
@@ -133,11 +142,6 @@ class LMPolicy(Scoring):
         self.drop_stopped_rows = (
             float(model_cfg.get("drop_stopped_rows", 0) or 0) if self.prefix_cache and not self.decode_graphs else 0.0
         )
-        #: the encoded prompt of each episode's last decision, for its next one (`model.prefix_cache`)
-        self.prompt_cache = PromptCache(self.prefix_cache)
-        #: forked processes that share a Kuhn table's read, an evaluation's episodes and SEPO's rollouts on a
-        #: CPU (`model.cpu_workers`, `sepo.forked`)
-        self.workers = worker_count(int(model_cfg.get("cpu_workers", 1)), self.device)
 
     @property
     def device(self) -> torch.device:
@@ -313,6 +317,22 @@ class LMPolicy(Scoring):
                 out = self._sample_with_generate(ids, mask, cache, stop, sampler)
                 remember(cache)
                 rows = out[:, width_p:].tolist()
+        results = self._cut_answers(prompts, texts, rows, stop, sampler)
+        if self.drop_stopped_rows:
+            return results, encoded_by_dropping(self.model, prompts, decoded)
+        return results, encoded_by_generation(
+            cache, mask, results, out.shape[1] - width_p
+        ) if self.prefix_cache else None
+
+    def _cut_answers(
+        self,
+        prompts: list[list[int]],
+        texts: list[str],
+        rows: list[list[int]],
+        stop: ActionStoppingCriteria,
+        sampler: RowSampler,
+    ) -> list[Answer]:
+        """Each row's answer, cut where its stopping rule fired or after the end of turn the model wrote."""
         results = []
         for i, (prompt, generated) in enumerate(zip(prompts, rows)):
             cut = stop.stop_at[i] if stop.stop_at[i] is not None else len(generated)
@@ -325,11 +345,7 @@ class LMPolicy(Scoring):
             results.append(
                 Answer(prompt, generated, sampler.row_logprobs(i, len(generated)), text, answer_view(texts[i], text))
             )
-        if self.drop_stopped_rows:
-            return results, encoded_by_dropping(self.model, prompts, decoded)
-        return results, encoded_by_generation(
-            cache, mask, results, out.shape[1] - width_p
-        ) if self.prefix_cache else None
+        return results
 
     def _sample_with_generate(
         self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, stop: ActionStoppingCriteria, sampler: RowSampler

@@ -159,11 +159,21 @@ class DatagenSchema:
 # ------------------------------------------------------------------------------ lambdas
 def lambdas_schema() -> type:
     """`lambdas`: a train and an eval weight for every penalty term registered now (sepo/penalties.py), so a
-    new term's lambda is a typed key of its own and a key no term has is refused."""
+    new term's lambda is a typed key of its own and a key no term has is refused.
+
+    The classes are made anew from the registry, and bound to this module's names (`LambdasSchema`,
+    `PenaltyWeightsSchema`): a config typed by them is pickled by that name (a forked worker hands its episodes
+    back with their game's config), so the name must find the class."""
     weights = make_dataclass("PenaltyWeightsSchema", [(key, float, MISSING) for key in penalties.keys()])
-    return make_dataclass(
+    schema = make_dataclass(
         "LambdasSchema", [(phase, weights, field(default_factory=weights)) for phase in ("train", "eval")]
     )
+    weights.__module__ = schema.__module__ = __name__  # (make_dataclass takes `module=` from Python 3.12)
+    globals().update(PenaltyWeightsSchema=weights, LambdasSchema=schema)
+    return schema
+
+
+LambdasSchema = lambdas_schema()
 
 
 # ------------------------------------------------------------------------------ models

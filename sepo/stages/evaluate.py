@@ -29,6 +29,39 @@ from sepo.tracking import NO_TRACKING, NullTracker, flatten
 log = logging.getLogger(__name__)
 
 
+def progress_bars(first_pool: dict[str, str], episodes: int, progress: bool) -> dict[str, Any]:
+    """One bar per pool over the episodes of the opponents it is the first pool of (each opponent plays once)."""
+    return {
+        pool: tqdm(
+            total=episodes * sum(1 for p in first_pool.values() if p == pool),
+            desc=f"eval {pool}",
+            unit="ep",
+            disable=not progress,
+            leave=False,
+        )
+        for pool in POOLS
+        if pool in first_pool.values()
+    }
+
+
+def episode_record(r: EpisodeRecord) -> dict[str, Any]:
+    """One episode as results.json's `per_episode` keeps it."""
+    return {
+        "opponent": r.opponent,
+        "index": r.index,
+        "seed": r.seed,
+        "mirror": r.mirror,
+        "agent_total": r.agent_total,
+        "opp_total": r.opp_total,
+        "rounds": len(r.rounds),
+        "decisions": r.decisions,
+        "parsed": r.parsed,
+        # [agent, opponent] per round (Kuhn: each seat's actions in the hand), so behaviour can be
+        # read round by round later (e.g. in which round an agent defects on AlwaysC)
+        "actions": [list(played.actions) for played in r.rounds],
+    }
+
+
 def evaluate_policy(
     game: Game,
     policy: Policy,
@@ -56,17 +89,7 @@ def evaluate_policy(
         for n in pools[pool]:
             first_pool.setdefault(n, pool)
 
-    bars = {
-        pool: tqdm(
-            total=episodes * sum(1 for n in names if first_pool[n] == pool),
-            desc=f"eval {pool}",
-            unit="ep",
-            disable=not progress,
-            leave=False,
-        )
-        for pool in POOLS
-        if any(first_pool[n] == pool for n in names)
-    }
+    bars = progress_bars(first_pool, episodes, progress)
 
     def done(record: EpisodeRecord) -> None:
         bars[first_pool[record.opponent]].update(1)
@@ -85,23 +108,7 @@ def evaluate_policy(
         result["se"]["exploit_exact"] = table.exploitability_se
         result["played_table"] = {**table.to_json(), **read_settings(policy)}
     result["episodes"] = len(records)
-    result["per_episode"] = [
-        {
-            "opponent": r.opponent,
-            "index": r.index,
-            "seed": r.seed,
-            "mirror": r.mirror,
-            "agent_total": r.agent_total,
-            "opp_total": r.opp_total,
-            "rounds": len(r.rounds),
-            "decisions": r.decisions,
-            "parsed": r.parsed,
-            # [agent, opponent] per round (Kuhn: each seat's actions in the hand), so behaviour can be
-            # read round by round later (e.g. in which round an agent defects on AlwaysC)
-            "actions": [list(played.actions) for played in r.rounds],
-        }
-        for r in records
-    ]
+    result["per_episode"] = [episode_record(r) for r in records]
     return result
 
 

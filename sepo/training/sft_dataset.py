@@ -110,6 +110,19 @@ def _complete(ds_dir: Path) -> bool:
     return (ds_dir / "train.jsonl").exists() and (ds_dir / "valid.jsonl").exists()
 
 
+def datagen_settings(dc: DictConfig, dataset: str) -> dict[str, Any]:
+    """What a generated dataset is made from (the `datagen` node's values for it), as its manifest records them."""
+    return {
+        "dataset": dataset,
+        "games": list(dc.dataset_games[dataset]),
+        "seed": int(dc.seed),
+        "valid_fraction": float(dc.valid_fraction),
+        "per_game_cap": (dc.get("per_game_cap") or {}).get(dataset),
+        "episodes_per_opponent": dc.episodes_per_opponent,
+        "num_opponents": int(dc.num_opponents),
+    }
+
+
 def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     """`<data_dir>/<dataset>/`, generated when missing (atomically: temp dir, then rename).
 
@@ -124,16 +137,7 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     dc = cfg.datagen
     if dataset not in dc.dataset_games:
         raise ConfigError(f"sft.dataset={dataset} is not a datagen dataset; allowed: {', '.join(dc.dataset_games)}")
-    caps = dc.get("per_game_cap") or {}
-    settings = {
-        "dataset": dataset,
-        "games": list(dc.dataset_games[dataset]),
-        "seed": int(dc.seed),
-        "valid_fraction": float(dc.valid_fraction),
-        "per_game_cap": caps.get(dataset),
-        "episodes_per_opponent": dc.episodes_per_opponent,
-        "num_opponents": int(dc.num_opponents),
-    }
+    settings = datagen_settings(dc, dataset)
     if _complete(ds_dir):
         made = ds_dir / "manifest.json"  # written when this stage generated the data (stage datagen writes none here)
         if not made.exists():
@@ -162,11 +166,11 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     splits = generate_dataset(
         dataset,
         [load_game_cfg(g) for g in settings["games"]],
-        int(dc.seed),
-        float(dc.valid_fraction),
-        caps.get(dataset),
-        dc.episodes_per_opponent,
-        int(dc.num_opponents),
+        settings["seed"],
+        settings["valid_fraction"],
+        settings["per_game_cap"],
+        settings["episodes_per_opponent"],
+        settings["num_opponents"],
     )
     with directory_written_atomically(ds_dir) as tmp:  # another job that finishes first: its copy is used
         files = write_dataset(tmp.parent, dataset, splits)  # writes <tmp.parent>/<dataset>/, i.e. tmp itself

@@ -46,32 +46,22 @@ def accumulate_gradients(
     model.train()
     tokens = generated_tokens(batch)
     per_answer = answer_divisor(s)
-    sums = {
-        "loss": 0.0,
-        "policy_loss": 0.0,
-        "kl_old": 0.0,
-        "clip_fraction": 0.0,
-        **({"kl_ref": 0.0} if ref is not None else {}),
-    }
+    sums = dict.fromkeys(
+        ("loss", "policy_loss", "kl_old", "clip_fraction", *(("kl_ref",) if ref is not None else ())), 0.0
+    )
     anomaly = bool(s.get("debug_detect_anomaly", False))
     with section("update_forward"), torch.autograd.set_detect_anomaly(anomaly):
         root = shared_root(model, policy, batch.decisions)
     passes, diagnosis = pass_layout(policy, batch.decisions, s, root=root), ""
     for k, part in enumerate(passes):
         decisions = [batch.decisions[i] for i in part]
-        with (
-            section("update_forward"),
-            torch.autograd.set_detect_anomaly(anomaly),
-        ):  # in the forward too: its traceback names the layer
+        # anomaly mode in the forward too: its traceback names the layer
+        with section("update_forward"), torch.autograd.set_detect_anomaly(anomaly):
             lp, mask = policy_logprobs(model, policy, decisions, s, root)
         if before is not None:
-            before.extend([None] * (len(batch.decisions) - len(before)))
-            for i, row, m in zip(part, lp.detach(), mask):
-                before[i] = row[m.bool()]
+            keep_scored(before, part, lp, mask, len(batch.decisions))
         width = lp.shape[1]
-        old = pad_rows([d.tokens.logprobs.float() for d in decisions], width).to(lp)
-        reference = pad_rows([ref[i] for i in part], width).to(lp) if ref is not None else None
-        adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=lp.dtype, device=lp.device)
+        old, reference, adv = pass_inputs(batch, part, ref, lp)
         loss, stats = token_loss(
             lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens, answer_tokens=per_answer
         )
@@ -88,19 +78,9 @@ def accumulate_gradients(
             diagnosis = f"pass {k + 1} of {len(passes)} ({len(part)} decisions, {width} positions) made the gradient of {bad} non-finite, its loss {value:.4g}: "
             diagnosis += non_finite_inputs(lp, old, reference, adv, mask)
             break
-        share = float(mask.sum()) / max(tokens, 1)  # token-mean statistics: weight by this part's tokens
-        sums["policy_loss"] += float(stats["policy_loss"])
-        for key in ("kl_ref", "kl_old", "clip_fraction"):
-            if key in stats:
-                sums[key] += float(stats[key]) * share
-    if root is not None and not diagnosis:  # the passes' shares of the root's gradient, through its pass once
-        with section("backward"), torch.autograd.set_detect_anomaly(anomaly):
-            root.backward()
-        bad = first_non_finite_gradient(model)
-        if bad is not None:
-            diagnosis = (
-                f"the backward through the shared root ({root.length} tokens) made the gradient of {bad} non-finite"
-            )
+        add_pass_stats(sums, stats, float(mask.sum()) / max(tokens, 1))
+    if root is not None and not diagnosis:
+        diagnosis = root_backward(model, root, anomaly)
     del root
     model.eval()
     # each process held a share of the sums; every process reaches this sum, so a NaN reaches them all
@@ -108,6 +88,46 @@ def accumulate_gradients(
     if diagnosis:
         raise Diverged(diagnosis)
     return summed
+
+
+def pass_inputs(
+    batch: RolloutBatch, part: list[int], ref: list[torch.Tensor] | None, lp: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """A pass's behaviour and reference log-probs, padded to its width, and its decisions' advantages."""
+    width = lp.shape[1]
+    old = pad_rows([batch.decisions[i].tokens.logprobs.float() for i in part], width).to(lp)
+    reference = pad_rows([ref[i] for i in part], width).to(lp) if ref is not None else None
+    adv = torch.tensor([float(batch.advantages[i]) for i in part], dtype=lp.dtype, device=lp.device)
+    return old, reference, adv
+
+
+def keep_scored(before: list, part: list[int], lp: torch.Tensor, mask: torch.Tensor, decisions: int) -> None:
+    """Record each decision's token log-probs as this pass scored them, in `before` (the trust region's anchor)."""
+    before.extend([None] * (decisions - len(before)))
+    for i, row, m in zip(part, lp.detach(), mask):
+        before[i] = row[m.bool()]
+
+
+def add_pass_stats(sums: dict[str, float], stats: dict[str, Any], share: float) -> None:
+    """Add one pass's statistics: the policy loss is a sum over decisions; the token means (KL, clip fraction)
+    are weighted by the pass's `share` of the batch's tokens."""
+    sums["policy_loss"] += float(stats["policy_loss"])
+    for key in ("kl_ref", "kl_old", "clip_fraction"):
+        if key in stats:
+            sums[key] += float(stats[key]) * share
+
+
+def root_backward(model: Any, root: Any, anomaly: bool) -> str:
+    """The passes' shares of the shared root's gradient, through its pass once; what made the gradient
+    non-finite, or ""."""
+    with section("backward"), torch.autograd.set_detect_anomaly(anomaly):
+        root.backward()
+    bad = first_non_finite_gradient(model)
+    return (
+        ""
+        if bad is None
+        else f"the backward through the shared root ({root.length} tokens) made the gradient of {bad} non-finite"
+    )
 
 
 def held_term_backward(model: Any, policy: LMPolicy, part: RolloutBatch, s: DictConfig) -> None:
