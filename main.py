@@ -1,6 +1,6 @@
 """Entry point: `python main.py [group=option ...] [key=value ...]` (Hydra). See README.md."""
 
-from sepo.cli import main
+from sepo.run.cli import main
 
 if __name__ == "__main__":
     main()

@@ -29,7 +29,7 @@ def experiment_jobs(experiment: str, launch: str, overrides: list[str]) -> tuple
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     cfg = compose_config([f"+experiment={experiment}", f"+launch={launch}", *overrides], with_hydra=True)
     params = dict(cfg.hydra.sweeper.get("params") or {})

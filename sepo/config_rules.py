@@ -1,5 +1,5 @@
 """The kinds of value a config key may take, each with the words its one-line error shows: the rows of
-`sepo.config.RULES` are built from these.
+`sepo.run.rules.RULES` are built from these.
 """
 
 from __future__ import annotations

@@ -170,6 +170,15 @@ def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None)
             "checkpoint whose weights cover its config"
         )
 
+    prepare_for_generation(model, tokenizer, path)
+    use_fast_paths(model, model_cfg)
+    model.eval()
+    return model, tokenizer
+
+
+def prepare_for_generation(model: Any, tokenizer: Any, path: str) -> None:
+    """Left padding, a pad token and a chat template on the tokenizer; pad and eos ids in the model's generation
+    config (what batched chat generation needs of a checkpoint, or a one-line error naming what it lacks)."""
     tokenizer.padding_side = "left"  # batched generation appends to the right end of every row
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
@@ -182,6 +191,11 @@ def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None)
         gen.pad_token_id = tokenizer.pad_token_id
     if gen.eos_token_id is None:
         gen.eos_token_id = tokenizer.eos_token_id
+
+
+def use_fast_paths(model: Any, model_cfg: Any) -> None:
+    """The project's own fast paths the model's settings switch on (`sepo.lm`: a dense head input, cascade
+    attention, prepacked linears, Qwen 3.5's lean delta decoding)."""
     dense_head_input(model)
     if model_cfg.get("cascade_attention", False):
         from sepo.lm.cascade_attention import use_cascade_attention
@@ -195,8 +209,6 @@ def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None)
         from sepo.lm.gated_delta_decode import use_lean_delta_decode
 
         use_lean_delta_decode()
-    model.eval()
-    return model, tokenizer
 
 
 def dense_head_input(model: Any) -> None:

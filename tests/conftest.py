@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 from benchmarks.gpu.full_size import chat_tokenizer, tiny_config
 from sepo.builders import load_model_and_tokenizer
 from sepo.builders.tiny import IM_END, build_tiny, padded_vocab
-from sepo.compose import compose_config
 from sepo.policies.lm import LMPolicy
+from sepo.run.compose import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -107,6 +107,19 @@ SMALL = [
     "eval.episodes_per_opponent=2",
     "eval.progress=false",
 ]
+
+
+class LogTracker:
+    """A tracker that keeps what a run logs, (step, row) by row, for a test to read."""
+
+    def __init__(self):
+        self.rows = []
+
+    def log(self, data, step=None):
+        self.rows.append((step, dict(data)))
+
+    def summary(self, data):
+        pass
 
 
 def final_adapter(run):

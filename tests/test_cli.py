@@ -7,7 +7,7 @@ import json
 import pytest
 
 import sepo.stages
-from sepo.task import run_task
+from sepo.run.task import run_task
 
 from .conftest import read_results, run_dirs
 
@@ -94,7 +94,7 @@ def test_sweep_keeps_going_past_a_failed_job(cli, tmp_path):
 
 
 def test_long_override_lists_give_bounded_stable_run_names():
-    from sepo.compose import MAX_RUN_NAME, run_name
+    from sepo.run.compose import MAX_RUN_NAME, run_name
 
     long = ",".join(f"game.pools.train=[TFT,Mixed,Grim,GenerousTFT]{i}" for i in range(10))
     name = run_name(long)

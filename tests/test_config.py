@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from sepo.config import PoolOverlapWarning, validate
 from sepo.errors import ConfigError
+from sepo.run.config import PoolOverlapWarning, validate
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -156,7 +156,7 @@ PAPER_SETTINGS = {
 
 @pytest.mark.parametrize("preset", options("experiment"))
 def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     cfg = compose_config([f"+experiment={preset}", f"paths.output_dir={tmp_path}"], with_hydra=True)
     choices = cfg.hydra.runtime.choices
@@ -202,13 +202,13 @@ def test_every_experiment_preset_composes_with_its_choices(preset, tmp_path):
 )
 def test_one_rules_table_checks_every_field_before_any_work(compose_cfg, overrides, message):
     """The checks that once sat in sft_settings, sepo_settings and a second number checker are rows of
-    sepo/config.py's RULES (or, between fields, its relations) and fail the same way."""
+    sepo/run/rules.py's table (or, between fields, sepo/run/config.py's relations) and fail the same way."""
     with pytest.raises(ConfigError, match="^" + message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         validate(compose_cfg(*overrides))
 
 
 def test_the_stage_settings_only_resolve():
-    """sft_settings and sepo_settings no longer check values (sepo/config.py does, once)."""
+    """sft_settings and sepo_settings no longer check values (sepo/run/config.py does, once)."""
     import inspect
 
     from sepo.stages.sft import sft_settings
@@ -216,10 +216,10 @@ def test_the_stage_settings_only_resolve():
 
     assert "ConfigError" not in inspect.getsource(sepo_settings)
     assert "is not allowed" not in inspect.getsource(sft_settings)
-    import sepo.config
+    import sepo.run.config
 
-    assert not hasattr(sepo.config, "_check_number")
-    assert not hasattr(sepo.config, "check_model_and_logger")
+    assert not hasattr(sepo.run.config, "_check_number")
+    assert not hasattr(sepo.run.config, "check_model_and_logger")
 
 
 @pytest.mark.parametrize("model", ["tiny", "smollm2", "gemma4", "qwen"])
@@ -228,9 +228,9 @@ def test_every_leaf_of_the_stage_nodes_has_a_rule(model):
     leaves), so a typo such as sft.bf16=maybe stops the run in one line instead of reaching the code."""
     from omegaconf import DictConfig
 
-    from sepo.compose import compose_config
-    from sepo.config import UNRULED, rules
-    from sepo.schema import SCHEMAS
+    from sepo.run.compose import compose_config
+    from sepo.run.rules import UNRULED, rules
+    from sepo.run.schema import SCHEMAS
 
     ruled = {key for _, key, _ in rules()} | set(UNRULED)
     cfg = compose_config([f"model={model}", "logger=none"])
@@ -257,9 +257,9 @@ def test_every_stage_node_is_composed_onto_its_schema(model):
     so in RULES' one line."""
     from omegaconf import OmegaConf
 
-    from sepo.cli import check_values
-    from sepo.compose import compose_config
-    from sepo.schema import SCHEMAS
+    from sepo.run.cli import check_values
+    from sepo.run.compose import compose_config
+    from sepo.run.schema import SCHEMAS
 
     cfg = compose_config([f"model={model}", "logger=none", "sepo.lora.alpha=16", "sft.epochs=2"])
     for stage, schema in SCHEMAS.items():
@@ -278,7 +278,7 @@ def test_smollm2_s_best_responders_read_the_policy_only_where_a_checkpoint_s_eva
     """A read of Kuhn's played table costs ~55 s on 2 cores; where the best responders' refresh falls on an
     evaluated checkpoint, that evaluation's test read serves it (docs/speed.md §5o: every 5 with a checkpoint at 4
     read the policy once more). Rollout batches have such responders (exact-value batches hold their own)."""
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     s = compose_config(["model=smollm2", "game=kuhn", "sepo.estimator=rollouts", *preset]).sepo
     refreshes = set(range(int(s.best_response_every), int(s.steps) + 1, int(s.best_response_every)))

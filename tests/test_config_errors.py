@@ -72,7 +72,7 @@ BAD_VALUES = [
     # a boolean is true or false: OmegaConf would read "yes" as true and "no" as false
     (["stage=eval", "model=tiny", "model.static_cache=maybe"], "model.static_cache='maybe'"),
     (["stage=sft", "sft.gradient_checkpointing=yes"], "sft.gradient_checkpointing='yes'"),
-    # a game's rules (sepo/schema.py types them, sepo/config.py ranges them)
+    # a game's rules (sepo/run/schema.py types them, sepo/run/config.py ranges them)
     (["stage=eval", "model=scripted", "game.payoffs.reward=abc"], "game.payoffs.reward='abc'"),
     (["stage=eval", "model=scripted", "game.payoffs.sucker=nan"], "game.payoffs.sucker=nan"),
     (["stage=eval", "model=scripted", "game.strategy_params.Mixed.noise=2"], "game.strategy_params.Mixed.noise=2"),
@@ -134,7 +134,7 @@ def test_a_single_runs_bad_value_is_refused_before_torch_is_imported(cli):
     assert proc.returncode == 2, proc.stderr[-2000:]
     timings = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
     imported = {line.rsplit("|", 1)[-1].strip() for line in timings}
-    assert "sepo.config" in imported and "hydra" in imported  # the recorder saw the checks' own imports
+    assert "sepo.run.config" in imported and "hydra" in imported  # the recorder saw the checks' own imports
     assert "torch" not in imported
     (error,) = [line for line in proc.stderr.splitlines() if line not in timings]
     assert error.startswith("error: model.dtype=float99 is not allowed; allowed: ")

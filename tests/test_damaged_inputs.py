@@ -15,7 +15,7 @@ from sepo.builders.cache import BUILD_INFO
 from sepo.builders.tiny import build_tiny
 from sepo.errors import InputError
 from sepo.models import ModelLoadError
-from sepo.training.sft_data import ensure_dataset, read_examples
+from sepo.training.sft_dataset import ensure_dataset, read_examples
 
 from .conftest import model_cfg
 

@@ -20,13 +20,13 @@ from sepo.training.reasoning import reasoning_case, reasoning_line
 from sepo.training.sft_data import (
     build_dataset,
     datagen_opponents,
-    ensure_dataset,
     examples_from_records,
     generate_dataset,
     generate_game_examples,
     load_game_cfg,
     play_demonstrators,
 )
+from sepo.training.sft_dataset import ensure_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")

@@ -156,7 +156,7 @@ def test_a_submitit_job_of_two_tasks_is_one_data_parallel_run(tmp_path):
 
 
 def test_the_slurm_preset_asks_for_one_task_per_gpu():
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     cfg = compose_config(
         ["+launch=slurm_ddp", "hydra.launcher.gpus_per_node=4", "hydra.launcher.tasks_per_node=4"], with_hydra=True

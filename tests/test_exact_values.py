@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from sepo.compose import compose_config
-from sepo.config import validate
 from sepo.errors import ConfigError
 from sepo.games import make_game
 from sepo.games.kuhn import ACTION_INDEX, CARDS, node_of
 from sepo.games.kuhn_exact import INFOSETS, best_response_table, exploitability
 from sepo.policies.base import Decision
+from sepo.run.compose import compose_config
+from sepo.run.config import validate
 from sepo.training.exact_values import ExactValueBuilder, leave_one_out
 from sepo.training.objective import EstimatorState, sepo_settings
 

@@ -193,7 +193,7 @@ def test_decode_graphs_on_a_cpu_are_a_no_op(arch_dirs):
     ],
 )
 def test_decode_graphs_without_what_they_need_is_one_line_naming_the_keys(compose_cfg, overrides, named):
-    from sepo.config import validate
+    from sepo.run.config import validate
 
     with pytest.raises(ConfigError, match=named):
         validate(compose_cfg("model=tiny", *overrides))

@@ -13,7 +13,8 @@ from scipy.optimize import nnls
 from sepo.builders import load_model_and_tokenizer
 from sepo.games import make_game
 from sepo.policies.lm import LMPolicy
-from sepo.stages.sepo_loop import RecordingPolicy, attach_lora, held_term_backward, reference_logprobs, update
+from sepo.policies.recording import RecordingPolicy
+from sepo.stages.sepo_loop import attach_lora, update
 from sepo.training.held_terms import (
     HeldState,
     hold_step,
@@ -23,7 +24,9 @@ from sepo.training.held_terms import (
     term_gradients,
 )
 from sepo.training.objective import EstimatorState, sepo_settings
+from sepo.training.passes import reference_logprobs
 from sepo.training.rollouts import BatchBuilder
+from sepo.training.update import held_term_backward
 
 from .conftest import SMALL
 

@@ -14,9 +14,10 @@ from omegaconf import OmegaConf
 from sepo.arena import play
 from sepo.games import AGENT, OPPONENT, make_game
 from sepo.games import kuhn_exact as K
-from sepo.games.kuhn import BET, CALL, CARDS, FOLD, PASS, KuhnPoker, infoset_requests, policy_table
+from sepo.games.kuhn import BET, CALL, CARDS, FOLD, PASS, KuhnPoker
 from sepo.policies import ScriptedPolicy
 from sepo.policies.played import exact_estimate
+from sepo.policies.played_table import exact_exploitability, infoset_requests, policy_table
 from sepo.stages.evaluate import evaluate_policy
 from sepo.strategies import get_strategy, known_strategies
 
@@ -310,7 +311,7 @@ def test_strategy_defining_behaviour(game, name):
 def test_nash_is_an_equilibrium(game):
     table = table_of(game, "NashApx")
     assert K.exploitability(table) == pytest.approx(0.0, abs=1e-9)
-    assert game.exact_exploitability(ScriptedPolicy(get_strategy("kuhn", "NashApx"))) == pytest.approx(0.0, abs=1e-9)
+    assert exact_exploitability(game, ScriptedPolicy(get_strategy("kuhn", "NashApx"))) == pytest.approx(0.0, abs=1e-9)
     assert K.game_value(table, table) == pytest.approx(-1 / 18, abs=1e-12)
     # against every strategy NashApx loses nothing on average over both seats
     for name in EXPECTED:
@@ -318,7 +319,7 @@ def test_nash_is_an_equilibrium(game):
 
 
 def test_uniform_random_exploitability(game):
-    assert game.exact_exploitability(ScriptedPolicy(get_strategy("kuhn", "RandomLegal"))) == pytest.approx(
+    assert exact_exploitability(game, ScriptedPolicy(get_strategy("kuhn", "RandomLegal"))) == pytest.approx(
         11 / 24, abs=1e-12
     )
 
@@ -359,7 +360,7 @@ def test_exploitability_matches_openspiel(game, name):
 
     os_game = pyspiel.load_game("kuhn_poker")
     table = _table(game, name)
-    ours = game.exact_exploitability(TablePolicy(table))
+    ours = exact_exploitability(game, TablePolicy(table))
     assert ours == pytest.approx(K.exploitability(table), abs=1e-12)
     assert ours == pytest.approx(exploitability.exploitability(os_game, _openspiel_policy(os_game, table)), abs=1e-9)
 
@@ -488,7 +489,7 @@ def test_a_best_responder_without_an_agent_table_says_so():
 
 
 def test_the_default_exploit_pool_has_the_best_responder_and_the_papers_is_one_override_away(compose_cfg):
-    from sepo.config import validate
+    from sepo.run.config import validate
 
     assert list(compose_cfg("game=kuhn").game.pools.exploit) == ["NashApx", "AlwaysBet", "BestResponse"]
     paper = compose_cfg("game=kuhn", "game.pools.exploit=[NashApx,AlwaysBet]")
@@ -505,8 +506,8 @@ def test_the_default_exploit_pool_has_the_best_responder_and_the_papers_is_one_o
     ],
 )
 def test_the_best_responder_only_sits_in_pools(compose_cfg, override, key):
-    from sepo.config import validate
     from sepo.errors import ConfigError
+    from sepo.run.config import validate
 
     with pytest.raises(ConfigError, match=f"{key}: BestResponse responds to the agent's own table.*allowed: .*NashApx"):
         validate(compose_cfg("game=kuhn", "stage=eval", "model=scripted", override))

@@ -11,7 +11,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_LAYER = {"sepo.cli", "sepo.__main__", "sepo.task", "sepo.config", "sepo.model_fit", "sepo.sweep", "sepo.tracking"}
+#: the run layer: the package `sepo.run` (entry point, config, task wrapper, sweeps), `python -m sepo`, and the
+#: tracker the stages log to
+RUN_LAYER = {"sepo.run", "sepo.__main__", "sepo.tracking"}
 #: research tools built on top of everything, outside the package: the benchmarks and studies (`python -m
 #: benchmarks ...`, `python -m benchmarks.<topic>.<script>`) and the launch scripts
 TOOLS = {"benchmarks", "launch"}
@@ -59,7 +61,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-    if module in RUN_LAYER or is_tool(module):
+    if module in RUN_LAYER or module.startswith("sepo.run.") or is_tool(module):
         return "run"
     if module == "sepo.stages" or module.startswith("sepo.stages."):
         return "stages"
@@ -170,3 +172,44 @@ def test_the_language_model_layer_sits_below_policies_and_training():
         (m, n) for m, deps in g.items() if m.startswith("sepo.policies") for n in deps if n.startswith("sepo.training")
     )
     assert not policies_on_training, f"policies import training: {policies_on_training}"
+
+
+def test_games_sit_below_the_agents_that_play_them():
+    """A game's rules know nothing of the agents: reading a policy's table at Kuhn's information sets lives with
+    the policies (`sepo.policies.played_table`), which import the games."""
+    g = graph()
+    games_on_policies = sorted(
+        (m, n) for m, deps in g.items() if m.startswith("sepo.games") for n in deps if n.startswith("sepo.policies")
+    )
+    assert not games_on_policies, f"games import policies: {games_on_policies}"
+
+
+def test_the_stages_hand_their_run_dirs_to_the_analysis_through_the_run_layer():
+    """The pipeline's tables are a hook the run layer sets (`sepo.stages.pipeline.tables_hook`): no stage imports
+    the analysis, which reads run dirs written by any stage."""
+    g = graph()
+    stages_on_analysis = sorted(
+        (m, n) for m, deps in g.items() if layer(m) == "stages" for n in deps if layer(n) == "analysis"
+    )
+    assert not stages_on_analysis, f"stages import the analysis: {stages_on_analysis}"
+
+
+#: the most lines a module of the package, and a function in it, may have: past them a module holds more than
+#: one job, and a function more than one step of its caller's table of contents
+MODULE_LINES, FUNCTION_LINES = 400, 60
+
+
+def test_modules_and_functions_stay_small():
+    too_long = []
+    for module, path in project_modules().items():
+        if not module.startswith("sepo"):
+            continue
+        text = path.read_text()
+        if len(text.splitlines()) > MODULE_LINES:
+            too_long.append(f"{module}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > FUNCTION_LINES:
+                    too_long.append(f"{module}.{node.name}: {length} lines")
+    assert not too_long, too_long

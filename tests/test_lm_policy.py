@@ -22,17 +22,14 @@ from omegaconf import OmegaConf
 from sepo.builders import load_model_and_tokenizer
 from sepo.errors import NonFiniteLogits
 from sepo.games import make_game
+from sepo.games.base import holds_action
+from sepo.lm.batching import score_passes
 from sepo.lm.decoding import IncrementalText
 from sepo.lm.logprobs import next_token_logits, token_logprobs
 from sepo.lm.sampling import RowSampler, counter_uniforms
 from sepo.policies.base import DecisionRequest
-from sepo.policies.lm import (
-    ActionStoppingCriteria,
-    LMPolicy,
-    fallback_question,
-    holds_action,
-    score_passes,
-)
+from sepo.policies.lm import LMPolicy
+from sepo.policies.lm_answers import ActionStoppingCriteria, fallback_question
 
 from .conftest import CONF, ROOT, model_cfg, read_results, teach
 
@@ -458,7 +455,7 @@ def test_the_encoded_prompts_do_not_outlive_their_episodes(taught):
     """Each reused encoding is dropped once copied into the new cache, and the arena's `episodes_over`
     drops the last ones: nothing per episode is held through what runs after a `play` (SEPO's update)."""
     from sepo.arena import Match, play_matches
-    from sepo.stages.sepo_loop import RecordingPolicy
+    from sepo.policies.recording import RecordingPolicy
     from sepo.strategies import make_strategy
 
     model, tokenizer, cfg = taught

@@ -217,7 +217,7 @@ def test_missing_hub_model_says_to_download_and_set_path(tmp_path):
 
 
 def test_config_validation_requires_a_model_path(compose_cfg):
-    from sepo.config import validate
+    from sepo.run.config import validate
 
     validate(compose_cfg("model=tiny"))
     validate(compose_cfg("model=qwen", "model.download=true"))  # fetched when the run loads it

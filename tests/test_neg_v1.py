@@ -13,11 +13,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from sepo.arena import play
-from sepo.compose import compose_config
-from sepo.config import PoolOverlapWarning, validate
 from sepo.games import make_game
 from sepo.games.neg_v1 import NegotiationV1
 from sepo.policies import ScriptedPolicy
+from sepo.run.compose import compose_config
+from sepo.run.config import PoolOverlapWarning, validate
 from sepo.stages.evaluate import evaluate_policy
 from sepo.strategies import get_strategy, known_strategies
 

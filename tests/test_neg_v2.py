@@ -397,8 +397,8 @@ def test_proportional_never_breaks_down_with_fair_or_tft(game):
 
 # ----------------------------------------------------------------------------- config and CLI
 def test_full_config_validates_with_overlap_warning():
-    from sepo.compose import compose_config
-    from sepo.config import PoolOverlapWarning, validate
+    from sepo.run.compose import compose_config
+    from sepo.run.config import PoolOverlapWarning, validate
 
     cfg = compose_config(["game=neg_v2", "stage=eval", "model=scripted", "logger=none"])
     assert cfg.lambdas.train == {"e": 3.0, "c": 2.0, "x": 1.8}

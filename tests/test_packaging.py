@@ -254,5 +254,5 @@ def test_python_m_sepo_runs_the_command(installed, tmp_path):
 
 
 def test_python_m_sepo_cli_runs_the_command(installed, tmp_path):
-    """`python -m sepo.cli ...` used to exit 0 having done nothing."""
-    _python_m_runs_the_cli(installed, "sepo.cli", tmp_path)
+    """`python -m sepo.run.cli ...` used to exit 0 having done nothing."""
+    _python_m_runs_the_cli(installed, "sepo.run.cli", tmp_path)

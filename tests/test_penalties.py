@@ -19,7 +19,7 @@ from sepo.policies import ScriptedPolicy
 from sepo.strategies import get_strategy, make_strategy
 from sepo.training.objective import pooled_terms, term_keys
 
-from .conftest import SMALL
+from .conftest import SMALL, LogTracker
 
 #: a toy term: the share of the train pool's rounds in which the agent defects (IPD)
 DEFECTIONS = PenaltyTerm(
@@ -64,7 +64,7 @@ def test_a_registered_term_is_rewarded_measured_and_weighed_in_safety(defections
 
 
 def test_a_registered_term_s_lambda_is_typed_and_range_checked(defections, compose_cfg):
-    from sepo.config import validate
+    from sepo.run.config import validate
 
     with pytest.raises(ConfigError, match=r"lambdas.train.d=-1.0 is not allowed; allowed: a number >= 0"):
         validate(compose_cfg(*SMALL, "lambdas.train.d=-1", "lambdas.eval.d=0"))
@@ -83,8 +83,6 @@ def test_a_registered_term_s_lambda_is_typed_and_range_checked(defections, compo
 
 def test_two_sepo_steps_train_on_a_registered_term_and_hold_it(defections, compose_cfg, tmp_path):
     from sepo.stages.sepo_loop import run_sepo
-
-    from .test_sepo import LogTracker
 
     cfg = compose_cfg(
         *SMALL, "sepo.steps=2", "lambdas.train.d=3.0", "lambdas.eval.d=3.0", "sepo.held_terms=[d]", "sepo.lr=1e-2"

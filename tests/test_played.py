@@ -15,8 +15,9 @@ from omegaconf import OmegaConf
 from sepo.arena import play
 from sepo.games import kuhn_exact as K
 from sepo.games import make_game
-from sepo.games.kuhn import ACTION_INDEX, infoset_requests, node_of
+from sepo.games.kuhn import ACTION_INDEX, node_of
 from sepo.policies.lm import LMPolicy
+from sepo.policies.played_table import infoset_requests, played_table
 from sepo.strategies import get_strategy
 
 from .conftest import CONF, teach
@@ -80,7 +81,7 @@ def test_the_played_table_agrees_with_decisions_played_through_the_arena(reasone
     """Within 3 SE (the estimate's and the frequency's) at every state with >= `decisions` decisions
     (the slow variant: >= 400 at each of 6 states)."""
     policy = agent(reasoner)
-    played = KUHN.played_table(policy, seed=5)
+    played = played_table(KUHN, policy, seed=5)
     assert played.rao_blackwellised > 0.5  # most last lines scored exactly; the rest needed the fallback (counted)
     records = play(
         KUHN, policy, {"AlwaysBet": get_strategy("kuhn", "AlwaysBet")}, episodes=episodes, seed=11, mirrored=True
@@ -110,7 +111,7 @@ def test_for_a_model_that_answers_with_the_action_alone_old_and_new_readings_agr
 
 def test_the_estimate_is_seeded_and_its_table_checks_against_openspiel(reasoner):
     policy = agent(reasoner, samples=32)
-    a, b, c = (KUHN.played_table(policy, seed=s) for s in (3, 3, 4))
+    a, b, c = (played_table(KUHN, policy, seed=s) for s in (3, 3, 4))
     assert all(np.array_equal(a.table[k], b.table[k]) for k in K.INFOSETS)
     assert any(not np.array_equal(a.table[k], c.table[k]) for k in K.INFOSETS)
     assert a.exploitability_se > 0
@@ -141,8 +142,8 @@ def test_a_table_read_split_over_forked_workers_is_the_one_read_in_one_process(r
     """`model.cpu_workers`: the information sets are dealt to forked processes, each copy keeping the
     sampling stream of its place in the whole read, so the read is the same, sample for sample."""
     policy = agent(reasoner, samples=8)
-    whole = KUHN.played_table(policy, seed=3)
+    whole = played_table(KUHN, policy, seed=3)
     policy.workers = 2
-    split = KUHN.played_table(policy, seed=3)
+    split = played_table(KUHN, policy, seed=3)
     assert all(np.array_equal(whole.table[k], split.table[k]) for k in K.INFOSETS)
     assert whole.se == split.se and whole.rao_blackwellised == split.rao_blackwellised

@@ -78,7 +78,7 @@ def test_rollouts_of_a_group_differ_only_by_the_agents_sampling(compose_cfg):
 def test_a_pool_can_have_rollouts_of_its_own_count(compose_cfg):
     """`sepo.rollouts_by_pool`: the named pools' groups get their own n, the rest keep rollouts_per_opponent, and
     each group's weight divides by its own n (every pool's term stays a mean over its rollouts)."""
-    from sepo.model_fit import episodes_at_once
+    from sepo.run.model_fit import episodes_at_once
 
     cfg, builder, g = build(compose_cfg, "game=ipd", "sepo.rollouts_by_pool={collusive:10}")
     plan = builder.plan(0)
@@ -93,8 +93,8 @@ def test_a_pool_can_have_rollouts_of_its_own_count(compose_cfg):
 
 
 def test_rollouts_per_opponent_below_two_is_a_config_error(compose_cfg):
-    from sepo.config import validate
     from sepo.errors import ConfigError
+    from sepo.run.config import validate
 
     with pytest.raises(ConfigError, match=r"sepo.rollouts_per_opponent=1 is not allowed; allowed: an integer >= 2 \("):
         validate(compose_cfg("stage=sepo", "sepo.rollouts_per_opponent=1"))

@@ -17,7 +17,7 @@ import pytest
 import sepo.stages
 from analysis import collect
 from sepo import reuse, run_lock
-from sepo.task import run_task
+from sepo.run.task import run_task
 
 EVAL = ["stage=eval", "model=scripted", "logger=none", "eval.episodes_per_opponent=2"]
 

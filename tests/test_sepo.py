@@ -13,17 +13,14 @@ from sepo.builders import load_model_and_tokenizer
 from sepo.errors import Diverged
 from sepo.games import make_game
 from sepo.policies.lm import LMPolicy
-from sepo.stages.sepo_loop import (
-    RecordingPolicy,
-    accumulate_gradients,
-    attach_lora,
-    reference_logprobs,
-    update,
-)
+from sepo.policies.recording import RecordingPolicy
+from sepo.stages.sepo_loop import attach_lora, update
 from sepo.training.objective import EstimatorState, sepo_settings
+from sepo.training.passes import reference_logprobs
 from sepo.training.rollouts import BatchBuilder
+from sepo.training.update import accumulate_gradients
 
-from .conftest import SMALL, final_adapter, run_dirs, wandb_cli
+from .conftest import SMALL, LogTracker, final_adapter, run_dirs, wandb_cli
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +88,11 @@ def test_the_loss_gradient_is_the_advantage_weighted_score(setup, passes):
     """At ratio 1 (a fresh batch) and beta 0, the step is sum_d A_d * grad(token mean of log pi_d): the
     gradient the estimator's advantages were built for, whatever the passes (by decisions, by tokens, or
     as prefix trees; the direct computation below is one padded pass)."""
-    from sepo.stages.sepo_loop import _passes, _policy_logprobs
+    from sepo.training.passes import pass_layout, policy_logprobs
 
     cfg, s, game, model, policy = setup("sepo.beta=0", *passes)
     batch = collect(cfg, s, game, policy)
-    assert len(_passes(policy, batch.decisions, s)) > 1, "the setting must split the batch into several passes"
+    assert len(pass_layout(policy, batch.decisions, s)) > 1, "the setting must split the batch into several passes"
     batch.advantages = torch.randn(len(batch.decisions), generator=torch.Generator().manual_seed(0)).numpy()
     model.zero_grad()
     accumulate_gradients(model, policy, batch, reference_logprobs(model, policy, batch, s), s)
@@ -104,7 +101,7 @@ def test_the_loss_gradient_is_the_advantage_weighted_score(setup, passes):
     model.zero_grad()
     model.train()
     policy.prefix_tree = False  # one padded pass
-    lp, mask = _policy_logprobs(model, policy, batch.decisions, s)
+    lp, mask = policy_logprobs(model, policy, batch.decisions, s)
     per_decision = (lp * mask).sum(dim=1) / mask.sum(dim=1)
     (-(torch.tensor(batch.advantages, dtype=lp.dtype) * per_decision).sum()).backward()
     model.eval()
@@ -118,11 +115,11 @@ def test_passes_hold_at_most_micro_batch_decisions_and_micro_batch_tokens():
     which is a pass of its own."""
     from types import SimpleNamespace
 
-    from sepo.stages.sepo_loop import _micro_batches
+    from sepo.training.passes import micro_batches
 
     lengths = [30, 10, 50, 20, 120, 40, 10, 60]
     decisions = [SimpleNamespace(tokens=SimpleNamespace(prompt_ids=[0] * (n - 5), gen_ids=[0] * 5)) for n in lengths]
-    passes = _micro_batches(decisions, 3, 100)
+    passes = micro_batches(decisions, 3, 100)
     assert sorted(i for p in passes for i in p) == list(range(len(lengths)))
     for p in passes:
         widest = max(lengths[i] for i in p)
@@ -130,22 +127,22 @@ def test_passes_hold_at_most_micro_batch_decisions_and_micro_batch_tokens():
         assert len(p) * widest <= 100 or len(p) == 1, (p, widest)
     assert [[lengths[i] for i in p] for p in passes] == [[10, 10, 20], [30, 40], [50], [60], [120]]
     # no token cap: passes of micro_batch rows, shortest first
-    assert [len(p) for p in _micro_batches(decisions, 3, 0)] == [3, 3, 2]
+    assert [len(p) for p in micro_batches(decisions, 3, 0)] == [3, 3, 2]
 
     # a prefix of 8 tokens every prompt shares is encoded once per pass: a pass counts it once, then its
     # rows' own tokens (padded to the longest), so more rows fit under the same cap
-    passes = _micro_batches(decisions, 3, 100, shared=8)
+    passes = micro_batches(decisions, 3, 100, shared=8)
     for p in passes:
         widest = max(lengths[i] for i in p)
         assert 8 + len(p) * (widest - 8) <= 100 or len(p) == 1, (p, widest)
     assert [[lengths[i] for i in p] for p in passes] == [[10, 10, 20], [30, 40], [50], [60], [120]]
-    assert [[lengths[i] for i in p] for p in _micro_batches(decisions, 8, 100, shared=8)] == [
+    assert [[lengths[i] for i in p] for p in micro_batches(decisions, 8, 100, shared=8)] == [
         [10, 10, 20, 30],
         [40, 50],
         [60],
         [120],
     ]
-    assert [[lengths[i] for i in p] for p in _micro_batches(decisions, 8, 100)] == [
+    assert [[lengths[i] for i in p] for p in micro_batches(decisions, 8, 100)] == [
         [10, 10, 20],
         [30, 40],
         [50],
@@ -162,7 +159,7 @@ def test_passes_without_gradients_take_their_own_token_cap_and_count_the_shared_
 
     from omegaconf import OmegaConf
 
-    from sepo.stages.sepo_loop import _passes
+    from sepo.training.passes import pass_layout
 
     rules = list(range(100, 140))  # 40 shared tokens, then 10 of each row's own, then a 5-token answer
     decisions = [
@@ -171,11 +168,11 @@ def test_passes_without_gradients_take_their_own_token_cap_and_count_the_shared_
     ]
     policy = SimpleNamespace(shared_prefix_length=lambda prompts: 40, prefix_tree=False)
     s = OmegaConf.create({"micro_batch": 32, "micro_batch_tokens": 100, "no_grad_micro_batch_tokens": 0})
-    assert [len(p) for p in _passes(policy, decisions, s)] == [4, 4, 4]  # 40 + 4 x 15 = 100
-    assert [len(p) for p in _passes(policy, decisions, s, grad=False)] == [4, 4, 4]
+    assert [len(p) for p in pass_layout(policy, decisions, s)] == [4, 4, 4]  # 40 + 4 x 15 = 100
+    assert [len(p) for p in pass_layout(policy, decisions, s, grad=False)] == [4, 4, 4]
     s.no_grad_micro_batch_tokens = 220  # 40 + 12 x 15
-    assert [len(p) for p in _passes(policy, decisions, s, grad=False)] == [12]
-    assert [len(p) for p in _passes(policy, decisions, s)] == [4, 4, 4]
+    assert [len(p) for p in pass_layout(policy, decisions, s, grad=False)] == [12]
+    assert [len(p) for p in pass_layout(policy, decisions, s)] == [4, 4, 4]
 
 
 @pytest.mark.parametrize("tree", [False, True])
@@ -183,7 +180,7 @@ def test_the_reference_is_scored_in_the_update_s_passes_so_a_fresh_adapter_has_a
     """With the adapter fresh (B = 0) the policy is the reference, and the clipped KL term must be 0, not
     rounding: the reference takes the update's passes even where passes without gradients may be wider
     (`sepo.no_grad_micro_batch_tokens`), since a pass rounds by its layout and the clip keeps the noise."""
-    from sepo.stages.sepo_loop import _passes, _policy_logprobs, _root
+    from sepo.training.passes import pass_layout, policy_logprobs, shared_root
 
     cfg, s, game, model, policy = setup(
         "sepo.micro_batch=64",
@@ -196,12 +193,12 @@ def test_the_reference_is_scored_in_the_update_s_passes_so_a_fresh_adapter_has_a
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.zero_()
-    assert len(_passes(policy, batch.decisions, s)) > len(_passes(policy, batch.decisions, s, grad=False)) == 1
+    assert len(pass_layout(policy, batch.decisions, s)) > len(pass_layout(policy, batch.decisions, s, grad=False)) == 1
     ref = reference_logprobs(model, policy, batch, s)
     stats = accumulate_gradients(model, policy, batch, ref, s)
     assert stats["kl_ref"] == 0.0
     with torch.no_grad():  # the wider layout does round otherwise: the floor this avoids
-        wide, _ = _policy_logprobs(model, policy, batch.decisions, s, _root(model, policy, batch.decisions))
+        wide, _ = policy_logprobs(model, policy, batch.decisions, s, shared_root(model, policy, batch.decisions))
     assert any(not torch.equal(wide[i][: len(r)], r) for i, r in enumerate(ref))
 
 
@@ -363,7 +360,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before_it(cli, tmp_path):
 
 def test_the_importance_ratio_is_one_on_a_fresh_batch(setup):
     """LoRA dropout 0 (the SEPO default): the training pass scores the sampled tokens exactly as sampling did."""
-    from sepo.stages.sepo_loop import _pad, _policy_logprobs
+    from sepo.training.passes import pad_rows, policy_logprobs
 
     def ratios(*overrides):
         cfg, s, game, model, policy = setup(*overrides)
@@ -371,9 +368,9 @@ def test_the_importance_ratio_is_one_on_a_fresh_batch(setup):
         decisions = batch.decisions[:16]
         model.train()
         with torch.no_grad():
-            lp, mask = _policy_logprobs(model, policy, decisions, s)
+            lp, mask = policy_logprobs(model, policy, decisions, s)
         model.eval()
-        old = _pad([d.tokens.logprobs for d in decisions], lp.shape[1])
+        old = pad_rows([d.tokens.logprobs for d in decisions], lp.shape[1])
         return torch.exp(lp - old)[mask.bool()]
 
     assert (ratios() - 1).abs().max() < 1e-4
@@ -441,17 +438,6 @@ def test_beta_zero_skips_the_reference_pass_and_changes_nothing_else(setup, monk
         assert ("kl_ref" in stats) == (ref is not None)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad]))
     torch.testing.assert_close(grads[0], grads[1], atol=1e-7, rtol=1e-6)
-
-
-class LogTracker:
-    def __init__(self):
-        self.rows = []
-
-    def log(self, data, step=None):
-        self.rows.append((step, dict(data)))
-
-    def summary(self, data):
-        pass
 
 
 @pytest.mark.parametrize("refresh_kl, batches", [(1e9, 1), (0.0, 2)])

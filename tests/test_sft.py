@@ -17,11 +17,11 @@ import torch
 from safetensors import safe_open
 
 from sepo.builders import load_model_and_tokenizer
-from sepo.config import validate
 from sepo.errors import ConfigError
 from sepo.lm.batching import end_of_turn_ids
+from sepo.run.config import validate
+from sepo.run.task import run_task
 from sepo.stages.sft import run_sft, sft_settings
-from sepo.task import run_task
 from sepo.training.sft_batching import (
     ChatSFTCollator,
     SFTBatchCollator,
@@ -33,7 +33,7 @@ from sepo.training.sft_batching import (
     sft_logits,
     token_cross_entropy,
 )
-from sepo.training.sft_data import ensure_dataset, read_examples
+from sepo.training.sft_dataset import ensure_dataset, read_examples
 from sepo.training.sft_monitoring import training_curve
 
 from .conftest import model_cfg
@@ -82,7 +82,7 @@ def shared_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def example(shared_cache):
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     cfg = compose_config(
         [
@@ -197,7 +197,7 @@ def test_training_curve_rows_merge_train_and_valid_losses():
 @pytest.fixture(scope="module")
 def mixed_examples(shared_cache):
     """Validation examples of the three `multi` games, interleaved (a mixed batch, as the sampler makes them)."""
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     cfg = compose_config(
         [

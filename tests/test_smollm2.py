@@ -26,7 +26,7 @@ from sepo.builders.smollm2 import REINSTALL, build_smollm2, gguf_path
 from sepo.errors import ModelLoadError
 from sepo.games import GAME_CLASSES, make_game
 from sepo.policies.lm import LMPolicy
-from sepo.stages.sepo_loop import RecordingPolicy
+from sepo.policies.recording import RecordingPolicy
 from sepo.strategies import make_strategy
 
 from .conftest import CONF, model_cfg
@@ -155,7 +155,7 @@ import sepo.builders.smollm2 as smollm2
 
 damaged = Path(sys.argv.pop(1))
 smollm2.gguf_path = lambda: damaged
-from sepo.cli import main
+from sepo.run.cli import main
 
 main()
 """

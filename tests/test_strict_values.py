@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sepo.cli import check_values
+from sepo.run.cli import check_values
 
 #: a checkpoint's own code: transformers imports it only with trust_remote_code=true (it leaves a mark)
 REMOTE_CODE = """

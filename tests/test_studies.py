@@ -37,7 +37,7 @@ def test_the_ipd_fit_counts_each_feature_and_the_best_deterministic_agent_defect
     import json
 
     from benchmarks.studies.ipd_reactive import fit, move_row, optimum
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     altd = ["DEFECT" if t % 2 == 0 else "COOPERATE" for t in range(8)]
     tft = ["COOPERATE"] + ["COOPERATE" if o == "COOPERATE" else "DEFECT" for o in altd[:-1]]

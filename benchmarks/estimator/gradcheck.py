@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from sepo.compose import compose_config as compose
+from sepo.run.compose import compose_config as compose
 
 HELP = "docs/spec.md §4.4: the SEPO estimator's mean update vs finite differences of J"
 

@@ -18,7 +18,7 @@ What it reports, per model, and why:
   KV / recurrent cache read at large batch is reported beside it (`cache_mib`, at the end of the
   generation), since at batch 256 it can rival the weights.
 - one SEPO step (rollout batch, reference log-probs, optimizer step) through the project's own
-  code (`sepo.training.rollouts.BatchBuilder`, `sepo.stages.sepo_loop.reference_logprobs`, `update`), with
+  code (`sepo.training.rollouts.BatchBuilder`, `sepo.training.passes.reference_logprobs`, `sepo.stages.sepo_loop.update`), with
   its time and peak memory, once with the reference = adapter disabled (the project's default)
   and once with a 4-bit (bitsandbytes NF4) reference (`sepo.ref_4bit`, `sepo.models.quantized_reference`:
   the linear layers quantized, everything else (embeddings, norms: frozen under LoRA) shared with
@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sepo.compose import compose_config
+from sepo.run.compose import compose_config
 
 log = logging.getLogger(__name__)
 
@@ -675,14 +675,10 @@ def sepo_step_benchmark(model: Any, tokenizer: Any, cfg: Any, device: str, ref_4
     from sepo.errors import Diverged
     from sepo.games import make_game
     from sepo.models import quantized_reference
-    from sepo.stages.sepo_loop import (
-        RecordingPolicy,
-        generated_tokens,
-        reference_logprobs,
-        training_parts,
-        update,
-    )
+    from sepo.policies.recording import RecordingPolicy
+    from sepo.stages.sepo_loop import training_parts, update
     from sepo.training.objective import sepo_settings
+    from sepo.training.passes import generated_tokens, reference_logprobs
 
     s = sepo_settings(cfg)
     game = make_game(cfg.game)

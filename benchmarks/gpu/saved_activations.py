@@ -23,7 +23,7 @@ from collections import defaultdict
 from typing import Any
 
 from benchmarks.gpu.full_size import GEMMA4_E4B_TEXT, build_model, gemma4_config, qwen35_config
-from sepo.compose import compose_config
+from sepo.run.compose import compose_config
 
 MIB = 2**20
 

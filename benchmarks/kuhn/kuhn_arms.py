@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--optimum", type=int, default=0, metavar="RESTARTS", help="also each objective's argmax")
     args = parser.parse_args()
 
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     configs = {n: compose_config(["game=kuhn", "model=scripted", "logger=none", *o]) for n, o in OBJECTIVES.items()}
     starts = []

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def compose_sepo(sft_run: Path, overrides: list[str]):
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     return compose_config(
         ["stage=sepo", "game=kuhn", "model=tiny", "logger=none", f"model.path='{sft_run / 'merged'}'"] + overrides
@@ -37,7 +37,9 @@ def compose_sepo(sft_run: Path, overrides: list[str]):
 
 def read_table(game, policy, samples: int) -> tuple[dict[str, float], float]:
     """P(BET or CALL) at every information set, and the exploitability (the same seed every read)."""
-    played = game.played_table(policy, samples=samples, seed=7)
+    from sepo.policies.played_table import played_table
+
+    played = played_table(game, policy, samples=samples, seed=7)
     return {key: round(float(p[1]), 4) for key, p in played.table.items()}, round(played.exploitability, 4)
 
 
@@ -46,10 +48,12 @@ def push(cfg, key: str, sign: float, steps: int, samples: int, batch: int) -> di
     import torch
 
     from sepo.games import make_game
-    from sepo.games.kuhn import ACTION_INDEX, infoset_requests
-    from sepo.stages.sepo_loop import accumulate_gradients, build_learner
+    from sepo.games.kuhn import ACTION_INDEX
+    from sepo.policies.played_table import infoset_requests
+    from sepo.stages.sepo_loop import build_learner
     from sepo.training.objective import sepo_settings
     from sepo.training.rollouts import RolloutBatch
+    from sepo.training.update import accumulate_gradients
 
     s = sepo_settings(cfg)
     torch.manual_seed(int(s.seed))

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 
 
 def compose_kuhn(seed: int, overrides: list[str]):
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     return compose_config(["game=kuhn", "model=scripted", "logger=none", f"sepo.seed={seed}", *overrides])
 

@@ -92,8 +92,8 @@ def exact_objective(table, cfg, response=None) -> tuple[float, float]:
     """
     from sepo.games import kuhn_exact as K
     from sepo.games import make_game
-    from sepo.games.kuhn import policy_table
     from sepo.policies import ScriptedPolicy
+    from sepo.policies.played_table import policy_table
     from sepo.strategies import make_strategy
 
     game = make_game(cfg.game)
@@ -198,7 +198,7 @@ def batch_updates(theta: np.ndarray, cfg, batches: int, burn_in: int) -> np.ndar
 
 def main() -> None:
     args = parse_args()
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     q, theta = played_point(args.results)
 

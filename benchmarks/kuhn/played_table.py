@@ -35,9 +35,9 @@ def main() -> None:
 
     from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
-    from sepo.games.kuhn import infoset_requests, table_from_probs
     from sepo.games.kuhn_exact import exploitability
     from sepo.policies.lm import LMPolicy
+    from sepo.policies.played_table import infoset_requests, table_from_probs
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -88,11 +88,13 @@ def parse_args() -> argparse.Namespace:
 def three_estimates(policy: Any, game: Any, requests: list, per_state: int) -> tuple:
     """The action-first probabilities, the played table, and `per_state` decisions played per state, with
     the seconds each took."""
+    from sepo.policies.played_table import played_table
+
     started = time.time()
     first = policy.action_first_probabilities(requests)
     seconds = {"action_first": time.time() - started}
     started = time.time()
-    played = game.played_table(policy, seed=42)
+    played = played_table(game, policy, seed=42)
     seconds["played"] = time.time() - started
     started = time.time()
     copies = [

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from sepo.compose import compose_config as compose
+from sepo.run.compose import compose_config as compose
 
 
 def evaluation_parser(doc: str) -> argparse.ArgumentParser:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from sepo.compose import compose_config as compose
+from sepo.run.compose import compose_config as compose
 
 METRICS = ("parse_rate", "exploit_exact", "train_payoff", "safety")
 

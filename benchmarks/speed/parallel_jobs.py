@@ -5,7 +5,7 @@
 Each job is a small SFT of the tiny model on IPD (640 examples, 40 steps, no evaluation), differing
 only in `sft.seed`. The tiny build and the `multi` data are made first, outside the timings. Then:
   sequential  N `python main.py` runs one after another, each at torch's default threads;
-  parallel    one `python main.py -m +launch=local hydra.launcher.n_jobs=N` sweep (sepo/threads.py:
+  parallel    one `python main.py -m +launch=local hydra.launcher.n_jobs=N` sweep (sepo/run/threads.py:
               every job gets cores // N threads);
   unshared    (--unshared) N plain `python main.py` processes started at once at default threads,
               the oversubscription the launchers avoid (slow: about 10x on 2 cores).

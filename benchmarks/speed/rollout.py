@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from sepo.compose import compose_config as compose
+from sepo.run.compose import compose_config as compose
 
 HELP = "batched lockstep vs one-episode-at-a-time rollout throughput"
 

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from sepo.compose import compose_config
+from sepo.run.compose import compose_config
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -38,7 +38,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def training_batches(args: argparse.Namespace) -> tuple[object, object, list[list[dict]], int]:
     """(model, stage settings, the examples of `--batches` batches, the padding id) as the SFT stage builds them."""
-    from sepo.stages.sft import build_model, chat_collator, load_data, sft_settings, training_data
+    from sepo.stages.sft import build_model, chat_collator, load_data, sft_settings
+    from sepo.training.sft_trainer import training_data
 
     cfg = compose_config([f"model={args.model}", f"game={args.game}", *args.overrides])
     s = sft_settings(cfg)

@@ -70,11 +70,11 @@ def _stamps(log: Path) -> dict[str, datetime]:
 def mean_tokens(cache_dir: Path, overrides: list[str]) -> tuple[float, int]:
     """Mean token count of the training examples (this checkout's encoding) and the batch size."""
     from sepo.builders import load_model_and_tokenizer
-    from sepo.compose import compose_config
     from sepo.lm.batching import end_of_turn_ids
+    from sepo.run.compose import compose_config
     from sepo.stages.sft import sft_settings
     from sepo.training.sft_batching import ChatSFTCollator
-    from sepo.training.sft_data import ensure_dataset, read_examples, subsample
+    from sepo.training.sft_dataset import ensure_dataset, read_examples, subsample
 
     cfg = compose_config(
         [

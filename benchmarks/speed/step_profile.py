@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sepo.compose import compose_config as compose
+from sepo.run.compose import compose_config as compose
 
 HELP = "seconds and peak resident memory per SEPO step, with a breakdown by section"
 
@@ -47,16 +47,11 @@ def run(args: argparse.Namespace) -> dict:
     from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
     from sepo.models import attach_lora
+    from sepo.policies.recording import RecordingPolicy
     from sepo.profiling import matmul_gflops, section, time_model_forwards
-    from sepo.stages.sepo_loop import (
-        RecordingPolicy,
-        best_response_schedule,
-        generated_tokens,
-        reference_logprobs,
-        training_parts,
-        update,
-    )
+    from sepo.stages.sepo_loop import best_response_schedule, training_parts, update
     from sepo.training.objective import sepo_settings
+    from sepo.training.passes import generated_tokens, reference_logprobs
 
     overrides = [f"model={args.model}", f"game={args.game}", "logger=none", *args.overrides]
     if args.model_path:

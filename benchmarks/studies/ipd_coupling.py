@@ -123,9 +123,10 @@ def push(cfg, feature: str, sign: float, drawn: dict, args: argparse.Namespace) 
 
     from sepo.games import make_game
     from sepo.games.ipd import COOPERATE
-    from sepo.stages.sepo_loop import accumulate_gradients, build_learner
+    from sepo.stages.sepo_loop import build_learner
     from sepo.training.objective import sepo_settings
     from sepo.training.rollouts import RolloutBatch
+    from sepo.training.update import accumulate_gradients
 
     s = sepo_settings(cfg)
     torch.manual_seed(int(s.seed))
@@ -167,8 +168,8 @@ def kl_step(learner, game, drawn: dict, step: int, pushed: list, args: argparse.
     model's parameters can move the features apart; the gradient moves them by their kernel."""
     import torch
 
-    from sepo.stages.sepo_loop import accumulate_gradients, answer_divisor
     from sepo.training.rollouts import RolloutBatch
+    from sepo.training.update import accumulate_gradients, answer_divisor
 
     params = [p for p in learner.model.parameters() if p.requires_grad]
     gradient = torch.cat([p.grad.reshape(-1) for p in params]).double()
@@ -214,7 +215,7 @@ def natural_direction(scores, gradient, damping_share: float = 0.1):
 
 
 def compose(sft_run: Path, overrides: list[str]):
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     return compose_config(
         ["stage=sepo", "game=ipd", "model=smollm2", "logger=none", f"model.path='{sft_run / 'merged'}'", *overrides]

@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="the model whose SEPO settings (reward scale) apply")
     args = parser.parse_args()
 
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     configs = {n: compose_config(["game=ipd", f"model={args.model}", "logger=none", *o]) for n, o in OBJECTIVES.items()}
     starts = []

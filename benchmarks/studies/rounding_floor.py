@@ -31,8 +31,11 @@ def measure(cfg, scales: list[float]) -> dict:
     import torch
 
     from sepo.games import make_game
-    from sepo.stages.sepo_loop import RecordingPolicy, build_learner, policy_change, scored_passes
+    from sepo.policies.recording import RecordingPolicy
+    from sepo.stages.sepo_loop import build_learner
     from sepo.training.objective import sepo_settings
+    from sepo.training.passes import scored_passes
+    from sepo.training.update import policy_change
 
     s = sepo_settings(cfg)
     torch.manual_seed(int(s.seed))
@@ -75,7 +78,7 @@ def main() -> None:
 
     import torch
 
-    from sepo.compose import compose_config
+    from sepo.run.compose import compose_config
 
     if args.threads:
         torch.set_num_threads(args.threads)

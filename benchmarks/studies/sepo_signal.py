@@ -29,10 +29,13 @@ import time
 import numpy as np
 import torch
 
-from sepo.compose import compose_config
 from sepo.games import make_game
-from sepo.stages.sepo_loop import RecordingPolicy, accumulate_gradients, build_learner, reference_logprobs
+from sepo.policies.recording import RecordingPolicy
+from sepo.run.compose import compose_config
+from sepo.stages.sepo_loop import build_learner
 from sepo.training.objective import sepo_settings, term_keys
+from sepo.training.passes import reference_logprobs
+from sepo.training.update import accumulate_gradients
 
 
 def flat_gradient(params: list[torch.Tensor]) -> torch.Tensor:

@@ -7,10 +7,10 @@ out-of-memory killer, a segfault in a native kernel) takes nothing else with it:
 on, and the sweep's summary reads the dead job's dir as failed ("ended without a marker"). joblib's
 workers, which this replaces, share one pool: one dead worker broke the pool and aborted every other
 job with a traceback. A job whose dir another launch holds touches nothing in it and says so by its
-exit code (`sweep.BUSY_EXIT`), so the summary reports it as busy, not failed (sepo/sweep.py).
+exit code (`sweep.BUSY_EXIT`), so the summary reports it as busy, not failed (sepo/run/sweep.py).
 
 Cores: each job gets `OMP_NUM_THREADS = cores // n_jobs` unless the user set OMP_NUM_THREADS
-(sepo/threads.py).
+(sepo/run/threads.py).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
-from sepo import sweep
+from sepo.run import sweep
 
 log = logging.getLogger(__name__)
 
-#: set in every job's environment: the job is part of a sweep (`sepo.task` marks a rejected job FAILED and
+#: set in every job's environment: the job is part of a sweep (`sepo.run.task` marks a rejected job FAILED and
 #: lets the sweep go on, where a single run would exit)
 SWEEP_JOB_ENV = "SEPO_SWEEP_JOB"
 #: command-line options of the launching command that every job needs too (a user's own config groups)
@@ -54,8 +54,8 @@ def passed_on_options(argv: Sequence[str]) -> list[str]:
 def never_started(run_dir: Path, overrides: list[str], code: int) -> None:
     """A job whose command failed before Hydra made its run dir: the dir, Hydra's record of the overrides,
     and FAILED, so the sweep summary counts it."""
-    from sepo.sweep import record_status
-    from sepo.task import mark_failed
+    from sepo.run.sweep import record_status
+    from sepo.run.task import mark_failed
 
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -103,7 +103,7 @@ class ProcessLauncher(Launcher):
 
         def run(job: tuple[list[str], Path]) -> int:
             overrides, run_dir = job
-            command = [sys.executable, "-c", "from sepo.cli import main; main()", *extra, *overrides]
+            command = [sys.executable, "-c", "from sepo.run.cli import main; main()", *extra, *overrides]
             quoted = str(run_dir).replace("\\", "\\\\").replace("'", "\\'")
             return subprocess.run([*command, f"hydra.run.dir='{quoted}'"], env=env).returncode
 
@@ -122,4 +122,4 @@ class ProcessLauncher(Launcher):
             ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED, _return_value=code)
             ret.working_dir = str(run_dir)
             returns.append(ret)
-        return returns  # how each ended is read from its run dir by the sweep summary (sepo/sweep.py)
+        return returns  # how each ended is read from its run dir by the sweep summary (sepo/run/sweep.py)

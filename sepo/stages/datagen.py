@@ -25,8 +25,8 @@ from sepo.training.sft_data import (
     demonstrator_weights,
     generate_game_examples,
     load_game_cfg,
-    write_dataset,
 )
+from sepo.training.sft_dataset import write_dataset
 
 log = logging.getLogger(__name__)
 

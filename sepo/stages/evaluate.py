@@ -22,10 +22,44 @@ from sepo.files import write_text_atomically
 from sepo.games import Game, make_game
 from sepo.metrics import POOLS, compute_metrics, pools_of
 from sepo.policies import Policy, ScriptedPolicy
+from sepo.policies.played_table import played_table, reads_a_table
 from sepo.strategies import make_strategy
 from sepo.tracking import NO_TRACKING, NullTracker, flatten
 
 log = logging.getLogger(__name__)
+
+
+def progress_bars(first_pool: dict[str, str], episodes: int, progress: bool) -> dict[str, Any]:
+    """One bar per pool over the episodes of the opponents it is the first pool of (each opponent plays once)."""
+    return {
+        pool: tqdm(
+            total=episodes * sum(1 for p in first_pool.values() if p == pool),
+            desc=f"eval {pool}",
+            unit="ep",
+            disable=not progress,
+            leave=False,
+        )
+        for pool in POOLS
+        if pool in first_pool.values()
+    }
+
+
+def episode_record(r: EpisodeRecord) -> dict[str, Any]:
+    """One episode as results.json's `per_episode` keeps it."""
+    return {
+        "opponent": r.opponent,
+        "index": r.index,
+        "seed": r.seed,
+        "mirror": r.mirror,
+        "agent_total": r.agent_total,
+        "opp_total": r.opp_total,
+        "rounds": len(r.rounds),
+        "decisions": r.decisions,
+        "parsed": r.parsed,
+        # [agent, opponent] per round (Kuhn: each seat's actions in the hand), so behaviour can be
+        # read round by round later (e.g. in which round an agent defects on AlwaysC)
+        "actions": [list(played.actions) for played in r.rounds],
+    }
 
 
 def evaluate_policy(
@@ -55,17 +89,7 @@ def evaluate_policy(
         for n in pools[pool]:
             first_pool.setdefault(n, pool)
 
-    bars = {
-        pool: tqdm(
-            total=episodes * sum(1 for n in names if first_pool[n] == pool),
-            desc=f"eval {pool}",
-            unit="ep",
-            disable=not progress,
-            leave=False,
-        )
-        for pool in POOLS
-        if any(first_pool[n] == pool for n in names)
-    }
+    bars = progress_bars(first_pool, episodes, progress)
 
     def done(record: EpisodeRecord) -> None:
         bars[first_pool[record.opponent]].update(1)
@@ -84,36 +108,20 @@ def evaluate_policy(
         result["se"]["exploit_exact"] = table.exploitability_se
         result["played_table"] = {**table.to_json(), **read_settings(policy)}
     result["episodes"] = len(records)
-    result["per_episode"] = [
-        {
-            "opponent": r.opponent,
-            "index": r.index,
-            "seed": r.seed,
-            "mirror": r.mirror,
-            "agent_total": r.agent_total,
-            "opp_total": r.opp_total,
-            "rounds": len(r.rounds),
-            "decisions": r.decisions,
-            "parsed": r.parsed,
-            # [agent, opponent] per round (Kuhn: each seat's actions in the hand), so behaviour can be
-            # read round by round later (e.g. in which round an agent defects on AlwaysC)
-            "actions": [list(played.actions) for played in r.rounds],
-        }
-        for r in records
-    ]
+    result["per_episode"] = [episode_record(r) for r in records]
     return result
 
 
 def played_table_of(game: Game, policy: Policy, seed: int) -> Any:
     """The policy's played table where the game can analyse one exactly (Kuhn poker), else None."""
-    if hasattr(game, "played_table") and hasattr(policy, "action_probabilities"):
-        return game.played_table(policy, seed=seed)
+    if reads_a_table(game) and hasattr(policy, "action_probabilities"):
+        return played_table(game, policy, seed=seed)
     return None
 
 
 def read_settings(policy: Policy) -> dict[str, Any]:
     """How a language model's table was read, beside the answers a state (`samples_per_state`): what
-    decides whether another run may answer the same read (`sepo.stages.sepo_loop.answer_sft_read`)."""
+    decides whether another run may answer the same read (`sepo.training.best_response.BestResponseSchedule.answer_sft_read`)."""
     if not hasattr(policy, "max_new_tokens"):
         return {}
     return {"temperature": float(policy.temperature), "max_new_tokens": int(policy.max_new_tokens)}
@@ -262,3 +270,20 @@ def run_eval(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
     m, se = payload["metrics"], payload["se"]
     log.info("%s", "  ".join(f"{k}={m[k]:.4f}±{se[k]:.4f}" for k in m))
     return payload
+
+
+def evaluate_checkpoint(
+    cfg: DictConfig, game: Game, model: Any, tokenizer: Any, step: int, final: bool
+) -> tuple[dict, Any]:
+    """The checkpoint on the validation episodes (`eval.validation_seed`: validation.json, what picks the
+    best checkpoint) and on the test episodes (`seed`: results.json, what the tables report); returns the
+    test payload and the test read of the played table (None where the game has none)."""
+    out = Path(cfg.paths.output_dir) / "eval" / f"step_{step}"
+    checkpoint = "final" if final else f"step_{step}"
+    for split, name in (("validation", "validation.json"), ("test", "results.json")):
+        # validation episodes are sampled from their own stream too, so nothing of them leaks into the test's
+        seed = split_seed(cfg, split)
+        policy = evaluation_policy(cfg, model, tokenizer, generation_seed=None if split == "test" else seed)
+        table = played_table_of(game, policy, seed)
+        payload = evaluate_and_write(cfg, game, policy, out / name, "sepo", checkpoint, step, split, table)
+    return payload, table

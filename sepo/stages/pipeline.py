@@ -7,7 +7,7 @@ resumes SEPO from its latest checkpoint:
     <run>/base/eval/base/results.json     the model before any training (stage "base")
     <run>/sft/                            SFT outputs; <run>/sft/eval/sft/results.json
     <run>/sepo/                           SEPO from <run>/sft/merged; <run>/sepo/eval/step_<k>/results.json
-    <run>/tables/                         LaTeX tables, CSV and figures (analysis.tables)
+    <run>/tables/                         LaTeX tables, CSV and figures (`tables_hook`: analysis.tables)
 
 The SFT data is generated on demand by the SFT phase (cached under `sft.data_dir`).
 """
@@ -15,6 +15,7 @@ The SFT data is generated on demand by the SFT phase (cached under `sft.data_dir
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ from sepo.stages.evaluate import build_policy, evaluate_and_write
 from sepo.tracking import NO_TRACKING, NullTracker
 
 log = logging.getLogger(__name__)
+
+#: what the finished pipeline hands its run dir to for its tables, on rank 0 (returning the files it wrote): the
+#: run layer sets it (`sepo.run.task.write_tables`: analysis.tables and the terminal's summary), so the stage
+#: needs none of the analysis that reads run dirs, and a pipeline run as a library call writes none
+tables_hook: Callable[[Path], list[str]] | None = None
 
 
 def phase_cfg(cfg: DictConfig, out: Path, **updates: Any) -> DictConfig:
@@ -86,13 +92,4 @@ def run_pipeline(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[st
     run_phase("sepo", out / "sepo", run_sepo, sepo, tracker)
     if not distributed.is_main():
         return {}
-
-    from analysis.tables import main as tables_main
-
-    tables_main([str(out), "--out", str(out / "tables")])
-    table = sorted((out / "tables").glob("table_*.tex"))
-    summary = {"run_dir": str(out), "tables": [str(t) for t in table]}
-    from analysis.terminal import print_summary
-
-    print_summary(out)
-    return summary
+    return {"run_dir": str(out), "tables": tables_hook(out) if tables_hook is not None else []}

@@ -16,8 +16,9 @@ transformers `Trainer`, then writes into the run dir:
 - `eval/sft/results.json`  the merged model played against every pool by stage eval's code
 
 Settings: the `sft` node; a model may set its own defaults in conf/sft/model/<model>.yaml, and an
-`sft.<key>=...` override always wins (sepo/config.py checks them before any work).
-Where each part lives: the data (generated when missing, atomically) in `sepo.training.sft_data`; the
+`sft.<key>=...` override always wins (sepo/run/config.py checks them before any work).
+Where each part lives: the data in `sepo.training.sft_data` (on disk, generated when missing, atomically:
+`sepo.training.sft_dataset`); the
 tokenisation through the chat template (labels on the answer and its end-of-turn tokens only; a sequence
 too long loses the start of its prompt, never its answer) and the fast batches in
 `sepo.training.sft_batching`; the Trainer callbacks, the curve and the speed report in
@@ -41,7 +42,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from sepo import distributed
 from sepo.builders import load_model_and_tokenizer
-from sepo.errors import ConfigError
 from sepo.files import directory_written_atomically, write_text_atomically
 from sepo.lm.batching import end_of_turn_ids
 from sepo.models import attach_lora, forward_extras, lora_module_names
@@ -51,13 +51,9 @@ from sepo.training.checkpoints import newest_loadable_trainer_checkpoint
 from sepo.training.sft_agreement import action_agreement
 from sepo.training.sft_batching import (
     ChatSFTCollator,
-    ListDataset,
-    SFTBatchCollator,
     check_prefix_sharing,
-    encode_examples,
-    sft_trainer_class,
 )
-from sepo.training.sft_data import ensure_dataset, read_examples, subsample
+from sepo.training.sft_dataset import ensure_dataset, read_examples, subsample
 from sepo.training.sft_monitoring import (
     divergence_callback,
     matmul_share,
@@ -67,6 +63,7 @@ from sepo.training.sft_monitoring import (
     training_curve,
     write_curve,
 )
+from sepo.training.sft_trainer import training_arguments, training_data
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +73,9 @@ def sft_settings(cfg: DictConfig) -> DictConfig:
     """The resolved `sft` node (the model's own defaults, conf/sft/model/<model>.yaml, merged in by Hydra;
     command-line `sft.<key>=` overrides winning), with `lora.target_modules` filled from
     `model.lora.target_modules` when the node leaves it null. Its values were checked before any work
-    (sepo/config.py)."""
+    (sepo/run/config.py)."""
     s = OmegaConf.create(OmegaConf.to_container(cfg.sft, resolve=True))
-    if s.lora.target_modules is None and not s.full_finetune:  # sepo/config.py checked that the model names them
+    if s.lora.target_modules is None and not s.full_finetune:  # sepo/run/config.py checked that the model names them
         s.lora.target_modules = cfg.model.lora.target_modules
     return s
 
@@ -102,91 +99,6 @@ def _type_ids_key(model: Any, model_cfg: Any) -> str | None:
 
 
 # --------------------------------------------------------------------------- the stage
-def training_arguments(s: DictConfig, out: Path, has_valid: bool, progress: bool):
-    from transformers import TrainingArguments
-
-    return TrainingArguments(
-        output_dir=str(out / "checkpoints"),
-        per_device_train_batch_size=int(s.per_device_batch_size),
-        per_device_eval_batch_size=int(s.eval_batch_size),
-        gradient_accumulation_steps=int(s.grad_accum),
-        learning_rate=float(s.lr),
-        weight_decay=float(s.weight_decay),
-        adam_beta1=float(s.adam_beta1),
-        adam_beta2=float(s.adam_beta2),
-        max_grad_norm=float(s.max_grad_norm),
-        optim="adamw_torch",
-        lr_scheduler_type=str(s.lr_scheduler),
-        warmup_steps=float(s.warmup_ratio),  # a float in [0, 1) is a ratio of the total steps
-        num_train_epochs=float(s.epochs),
-        max_steps=int(s.max_steps) if s.max_steps is not None else -1,
-        eval_strategy="steps" if has_valid else "no",
-        eval_steps=int(s.eval_steps),
-        save_strategy="steps",
-        save_steps=s.save_steps,  # an int: steps; a float in (0, 1): that share of the run's steps
-        save_total_limit=s.save_total_limit,
-        logging_steps=int(s.logging_steps),
-        logging_first_step=True,
-        report_to=[],  # the project's tracker gets the logs through tracker_callback
-        seed=int(s.seed),
-        data_seed=int(s.seed),
-        remove_unused_columns=False,  # the collator needs the raw `messages`
-        label_names=["labels"],
-        bf16=bool(s.bf16),
-        activation_checkpointing=bool(s.gradient_checkpointing),
-        dataloader_num_workers=0,
-        dataloader_pin_memory=torch.cuda.is_available(),
-        disable_tqdm=not progress,
-    )
-
-
-def training_data(
-    s: DictConfig,
-    model: Any,
-    model_name: str,
-    collator: ChatSFTCollator,
-    train: list[dict[str, Any]],
-    valid: list[dict[str, Any]],
-):
-    """(Trainer class, train dataset, eval dataset or None, data collator) for the settings.
-
-    `sft.answer_logits_only`: examples encoded once, left-padded batches whose vocabulary logits
-    cover the trained positions only, and with `sft.prefix_sharing` the rows' shared prefixes
-    computed once per batch (sepo/training/sft_batching.py; the same loss and gradients up to float rounding).
-    Otherwise transformers' plain path: the collator encodes and right-pads, the model computes
-    its own loss over every position.
-    """
-    from transformers import Trainer
-
-    if not s.answer_logits_only:
-        return Trainer, ListDataset(train), ListDataset(valid) if valid else None, collator
-    if s.prefix_sharing and distributed.world_size() > 1:
-        # a shared prefix is a second forward pass per step through the DDP wrapper, which expects one
-        log.info(
-            "sft: data parallel over %d processes: sft.prefix_sharing off (same loss, one forward per step)",
-            distributed.world_size(),
-        )
-        s.prefix_sharing = False
-    if s.prefix_sharing:
-        why = check_prefix_sharing(model)
-        if why:
-            raise ConfigError(
-                f"sft.prefix_sharing=true is not exact for model={model_name}: {why}; set sft.prefix_sharing=false"
-            )
-    started = time.time()
-    train_items, valid_items = encode_examples(collator.encode, train), encode_examples(collator.encode, valid)
-    log.info(
-        "sft: %d examples encoded in %.1f s; logits on the answer positions only%s",
-        len(train) + len(valid),
-        time.time() - started,
-        ", shared prefixes computed once per batch" if s.prefix_sharing else "",
-    )
-    trainer_cls = sft_trainer_class()
-    trainer_cls.type_ids_key = collator.type_ids_key
-    batches = SFTBatchCollator(collator.pad_id, bool(s.prefix_sharing), int(s.prefix_min_tokens), float(s.pass_cost))
-    return trainer_cls, ListDataset(train_items), ListDataset(valid_items) if valid_items else None, batches
-
-
 @dataclass
 class SftData:
     """The dataset on disk and the examples this run trains and validates on."""

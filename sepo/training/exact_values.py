@@ -7,7 +7,7 @@ direction. Kuhn's rules are small and every opponent of its pools is a table, so
 computed exactly for every action the policy samples.
 
 The batch. K answers of the policy at each of its 12 information sets (the states of hand 1 that
-`sepo.games.kuhn.played_table` reads: the same prompt, sampling, stopping rule, parser and fallback as in play),
+`sepo.policies.played_table.played_table` reads: the same prompt, sampling, stopping rule, parser and fallback as in play),
 sampled through the adapter as rollouts are. From them the played table pi (Rao-Blackwellised,
 `sepo.policies.played`) and, as a function of any table, J = s*u - lambda_e*s*e (Kuhn has no c or x):
 u is the agent's value per hand against the train pool (seats alternate, so half a hand in each seat), e the
@@ -44,11 +44,12 @@ import numpy as np
 from omegaconf import DictConfig
 
 from sepo.games.base import Game
-from sepo.games.kuhn import ACTION_INDEX, PlayedTable, infoset_requests, table_from_probs
+from sepo.games.kuhn import ACTION_INDEX
 from sepo.games.kuhn_exact import INFOSETS, Table, best_response_table, seat_values
 from sepo.metrics import pools_of
 from sepo.policies.base import Decision
 from sepo.policies.played import ActionEstimate, estimates_from_answers, sample_requests
+from sepo.policies.played_table import PlayedTable, infoset_requests, table_from_probs
 from sepo.strategies import make_strategy
 from sepo.training.objective import EstimatorState
 from sepo.training.rollouts import RolloutBatch, batch_seed

@@ -50,7 +50,7 @@ LOG_RATIO_LIMIT = 20.0
 
 def sepo_settings(cfg: DictConfig) -> DictConfig:
     """The resolved `sepo` node (game and model defaults are interpolated in conf/sepo/default.yaml);
-    its values were checked before any work (sepo/config.py)."""
+    its values were checked before any work (sepo/run/config.py)."""
     return OmegaConf.create(OmegaConf.to_container(cfg.sepo, resolve=True))
 
 

@@ -45,7 +45,7 @@ import torch
 
 from sepo.lm.batching import left_pad
 from sepo.lm.logprobs import position_ids_from_mask
-from sepo.lm.prompt_cache import encode_prefix, prefix_pass, repeated_cache
+from sepo.lm.prompt_cache import prefix_pass, repeated_cache
 from sepo.models import render_chat
 
 log = logging.getLogger(__name__)
@@ -296,75 +296,6 @@ def sft_trainer_class():
             return (loss, {"logits": logits}) if return_outputs else loss
 
     return SFTTrainer
-
-
-# --------------------------------------------------------------------------- greedy answers (the agreement)
-def prompt_batches(
-    prompts: Sequence[Sequence[int]], batch_size: int, share_prefix: bool, min_shared: int
-) -> list[tuple[list[int], int]]:
-    """Batches of prompt indices for generation and each batch's shared prefix length (0: none).
-
-    Prompts are grouped by common prefix (`prefix_groups`; every prompt keeps its last token, which
-    generation starts from) and sorted by length within a group, so a batch holds one game's
-    prompts with little padding; batches never cross groups, so each shares its group's prefix.
-    """
-    groups = prefix_groups(prompts, [len(p) - 1 for p in prompts], max(int(min_shared), 1))
-    out = []
-    for members, p in groups:
-        members = sorted(members, key=lambda i: (len(prompts[i]), i))
-        for start in range(0, len(members), batch_size):
-            chunk = members[start : start + batch_size]
-            out.append((chunk, p if share_prefix and len(chunk) > 1 and p >= min_shared else 0))
-    return out
-
-
-@torch.no_grad()
-def greedy_answers(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    eos: set[int],
-    pad_id: int,
-    batch_size: int,
-    max_new_tokens: int,
-    share_prefix: bool = False,
-    min_shared: int = 1,
-    extras: Callable[[torch.Tensor], dict[str, torch.Tensor]] = lambda ids: {},
-) -> list[list[int]]:
-    """Greedy continuations of token-id prompts, cut after the first end-of-turn token, in the
-    prompts' order. Batched by `prompt_batches`; a batch's shared prefix runs once and its KV cache
-    serves every row (rows laid out [prefix][padding][rest]; generate's position ids follow the
-    attention mask, so the padding in the middle changes nothing)."""
-    device = next(model.parameters()).device
-    answers: list[list[int]] = [[] for _ in prompts]
-    for chunk, shared in prompt_batches(prompts, batch_size, share_prefix, min_shared):
-        rests = [list(prompts[i][shared:]) for i in chunk]
-        ids, mask = left_pad(rests, max(map(len, rests)), pad_id)
-        kwargs: dict[str, Any] = {}
-        if shared:
-            prefix = torch.tensor([list(prompts[chunk[0]][:shared])], dtype=torch.long)
-            ids = torch.cat([prefix.expand(len(chunk), -1), ids], dim=1)
-            mask = torch.cat([torch.ones(len(chunk), shared, dtype=torch.long), mask], dim=1)
-            cache = encode_prefix(model, prefix.to(device), extras)
-            cache.batch_repeat_interleave(len(chunk))
-            kwargs["past_key_values"] = cache
-        ids, mask = ids.to(device), mask.to(device)
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            **extras(ids),
-            **kwargs,
-            do_sample=False,
-            temperature=None,
-            top_k=None,
-            top_p=None,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad_id,
-            eos_token_id=sorted(eos),
-        )
-        for i, row in zip(chunk, out[:, ids.shape[1] :].tolist()):
-            cut = next((j for j, tok in enumerate(row) if tok in eos), len(row))
-            answers[i] = row[:cut]
-    return answers
 
 
 class ChatSFTCollator:

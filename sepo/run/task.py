@@ -25,13 +25,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from sepo import distributed, launch_snapshot, reuse, run_lock, sweep, tracking
-from sepo.config import validate
+from sepo import distributed, reuse, run_lock, tracking
 from sepo.errors import ConfigError, OutOfMemory, RunError, one_line
 from sepo.files import write_text_atomically
-from sepo.stages import get_stage
-from sepo.sweep import record_status
-from sepo.threads import share_cores
+from sepo.run import snapshot, sweep
+from sepo.run.config import validate
+from sepo.run.sweep import record_status
+from sepo.run.threads import share_cores
+from sepo.stages import get_stage, pipeline
 
 log = logging.getLogger(__name__)
 
@@ -114,17 +115,17 @@ def _remove_if_created_now(out: Path) -> None:
     parents when Hydra created them for it, else only what this launch added (Hydra's record, its log,
     the markers, and the records of a start that wrote nothing else): a dir the user named with
     `hydra.run.dir` keeps every file it held before."""
-    if not out.is_dir() or not launch_snapshot.known(out):
+    if not out.is_dir() or not snapshot.known(out):
         return
-    before = launch_snapshot.entries_before(out) if not launch_snapshot.created_now(out) else set()
+    before = snapshot.entries_before(out) if not snapshot.created_now(out) else set()
     added = [p for p in out.iterdir() if p.name not in before]
     removable = REFUSAL_LEFTOVERS | (START_RECORDS if all(_launch_made(p) for p in added) else set())
-    if launch_snapshot.created_now(out):
+    if snapshot.created_now(out):
         if any(p.name not in removable and p.suffix != ".log" for p in added):
             return  # something a run writes: never removed
         shutil.rmtree(out)
         for parent in out.parents:
-            if not launch_snapshot.created_now(parent) or not parent.is_dir() or any(parent.iterdir()):
+            if not snapshot.created_now(parent) or not parent.is_dir() or any(parent.iterdir()):
                 break
             parent.rmdir()
         return
@@ -153,7 +154,7 @@ def _refuse(out: Path, message: str) -> None:
 def _put_back_record(out: Path) -> None:
     """Hydra rewrote `.hydra/` for this launch before the project could refuse it: the dir's own record goes
     back, as it was before this launch (a single run's snapshot), else the copy its run keeps."""
-    if not launch_snapshot.restore_record(out):
+    if not snapshot.restore_record(out):
         reuse.restore_hydra_record(out)
 
 
@@ -237,7 +238,7 @@ def _run_task(cfg: DictConfig) -> dict | None:
 def _busy(out: Path, err: run_lock.RunDirBusy) -> None:
     """The dir is another launch's: nothing in it is touched (Hydra's rewrite of its record is undone).
     Alone: one line, exit 2. In a sweep the job is left to that launch, and the sweep waits for it at its
-    end and reports it as busy (sepo/sweep.py); a job in a process of its own tells its launcher so by
+    end and reports it as busy (sepo/run/sweep.py); a job in a process of its own tells its launcher so by
     its exit code."""
     _put_back_record(out)
     if not _multirun():
@@ -357,3 +358,17 @@ def out_of_memory_advice(cfg: DictConfig, err: Exception) -> str:
         f"out of GPU memory in stage {cfg.stage.name} ({first_line[:160]}); lower {settings}, or set "
         "sepo.ref_4bit=true or sft.gradient_checkpointing=true; re-run the same command to resume"
     )
+
+
+def write_tables(out: Path) -> list[str]:
+    """The main job's tables (analysis.tables: LaTeX, CSV, figures) into `<run>/tables`, and its closing table
+    in the terminal; the pipeline calls it when its last phase is done (`pipeline.tables_hook`)."""
+    from analysis.tables import main as tables_main
+    from analysis.terminal import print_summary
+
+    tables_main([str(out), "--out", str(out / "tables")])
+    print_summary(out)
+    return [str(t) for t in sorted((out / "tables").glob("table_*.tex"))]
+
+
+pipeline.tables_hook = write_tables

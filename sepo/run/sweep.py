@@ -48,7 +48,7 @@ BUSY_EXIT = 75
 
 def record_status(run_dir: Path, status: str, detail: str = "") -> None:
     """status: done | failed | skipped (DONE already present, resume=auto); with the job's torch threads
-    (sepo/threads.py), so a sweep's share of the cores can be checked afterwards. Written atomically: a
+    (sepo/run/threads.py), so a sweep's share of the cores can be checked afterwards. Written atomically: a
     kill mid-write leaves the previous record, never half of one."""
     import torch
 
@@ -146,7 +146,7 @@ def summary_lines(sweep_dir: str, jobs: dict[str, list[str]]) -> list[str]:
 
 
 #: jobs of the last sweep this process launched that are not finished (None: no sweep, or its summary could
-#: not be made); `sepo.cli` exits 1 when > 0, and when a sweep started but its summary never came
+#: not be made); `sepo.run.cli` exits 1 when > 0, and when a sweep started but its summary never came
 last_sweep_failures: int | None = None
 sweep_started = False
 #: the run dirs this launch gave its jobs: in-process jobs (`on_job_start`) and the local launcher's processes

@@ -15,9 +15,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sepo.compose import STAGE_NODES, compose_config, refused_value
 from sepo.paths import CONF_DIR, OUTPUT_DIR_ALLOWED, can_hold_outputs
-from sepo.schema import register as register_schemas
+from sepo.run.compose import STAGE_NODES, compose_config, refused_value
+from sepo.run.schema import register as register_schemas
 from sepo.trees import dotted_keys
 
 
@@ -63,7 +63,7 @@ def check_group_overrides(argv: list[str]) -> str | None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    from sepo.task import run_task
+    from sepo.run.task import run_task
 
     run_task(cfg)
 
@@ -188,12 +188,12 @@ def command_line_overrides(argv: list[str]) -> list[str]:
 
 
 def check_values(argv: list[str]) -> str | None:
-    """The error line for the first override whose value a node's schema (sepo/schema.py) refuses, or that
+    """The error line for the first override whose value a node's schema (sepo/run/schema.py) refuses, or that
     gives a boolean anything but true or false, every value of a sweep included; None otherwise (and for
     anything Hydra reports itself)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from sepo.config import loose_boolean_override, type_error_line
+    from sepo.run.config import loose_boolean_override, type_error_line
 
     plain = [a for a in command_line_overrides(argv) if not a.startswith("hydra.")]
     extra = search_path(user_config_dirs(argv))
@@ -233,8 +233,8 @@ def settings_error(cfg: DictConfig, overrides: list[str]) -> str | None:
     bad job fails alone and the rest run. A value this composition cannot resolve (one that needs Hydra's
     runtime) is left to the run, which checks everything again. The checks' warnings (a pool overlap) are
     shown only with an error: a run that goes ahead warns once, from its own checks."""
-    from sepo.config import check_settings
     from sepo.errors import ConfigError
+    from sepo.run.config import check_settings
 
     error = None
     with warnings.catch_warnings(record=True) as caught:
@@ -303,7 +303,7 @@ def main() -> None:
         sys.exit(2)
     register_schemas()
     _hydra_main()
-    from sepo import sweep
+    from sepo.run import sweep
 
     if sweep.sweep_started and sweep.last_sweep_failures is None:  # Hydra swallows a callback's error
         print(
@@ -315,5 +315,5 @@ def main() -> None:
         sys.exit(1)
 
 
-if __name__ == "__main__":  # `python -m sepo.cli ...`, as `python -m sepo` and the `sepo` command
+if __name__ == "__main__":  # `python -m sepo.run.cli ...`, as `python -m sepo` and the `sepo` command
     main()

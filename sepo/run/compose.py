@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.paths import CONF_DIR
-from sepo.schema import register as register_schemas
+from sepo.run.schema import register as register_schemas
 
 #: the stage nodes a model may set its own defaults for (conf/<stage>/model/<model>.yaml, merged by the
 #: defaults list over conf/<stage>/default.yaml)
@@ -63,7 +63,7 @@ def compose_config(
 
 def refused_value(err: BaseException, overrides: Sequence[str]) -> tuple[str, object] | None:
     """(key, value as the command line gives it) when composition failed because a stage node's schema
-    (sepo/schema.py) refused the value of an override; None for any other failure."""
+    (sepo/run/schema.py) refused the value of an override; None for any other failure."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf.errors import ValidationError
 

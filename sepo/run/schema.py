@@ -6,10 +6,10 @@ defaults list (`- schema`, or `- schema_<name>` where a group's options differ i
 rules, a model's build settings), so Hydra composes every node onto these types: a value is converted
 to its key's type or refused, and a key outside the schema is refused. The ranges, the rules between
 keys and the check that no stage key outside the YAML was added (`check_stage_keys`) stay in
-`sepo.config`, which also words a refused value's one-line error (`type_error_line`).
+`sepo.run.config`, which also words a refused value's one-line error (`type_error_line`).
 
 Booleans: OmegaConf converts "yes", "on" and 1 to true; the command line's booleans are held to
-true/false by `sepo.config.loose_boolean_override` before any run.
+true/false by `sepo.run.config.loose_boolean_override` before any run.
 
 A field with two kinds of value (`sft.save_steps`: optimizer steps or a share of the run) is `Any`:
 OmegaConf has no unions; its rule checks it.
@@ -159,11 +159,21 @@ class DatagenSchema:
 # ------------------------------------------------------------------------------ lambdas
 def lambdas_schema() -> type:
     """`lambdas`: a train and an eval weight for every penalty term registered now (sepo/penalties.py), so a
-    new term's lambda is a typed key of its own and a key no term has is refused."""
+    new term's lambda is a typed key of its own and a key no term has is refused.
+
+    The classes are made anew from the registry, and bound to this module's names (`LambdasSchema`,
+    `PenaltyWeightsSchema`): a config typed by them is pickled by that name (a forked worker hands its episodes
+    back with their game's config), so the name must find the class."""
     weights = make_dataclass("PenaltyWeightsSchema", [(key, float, MISSING) for key in penalties.keys()])
-    return make_dataclass(
+    schema = make_dataclass(
         "LambdasSchema", [(phase, weights, field(default_factory=weights)) for phase in ("train", "eval")]
     )
+    weights.__module__ = schema.__module__ = __name__  # (make_dataclass takes `module=` from Python 3.12)
+    globals().update(PenaltyWeightsSchema=weights, LambdasSchema=schema)
+    return schema
+
+
+LambdasSchema = lambdas_schema()
 
 
 # ------------------------------------------------------------------------------ models

@@ -1,0 +1,188 @@
+"""An SFT dataset on disk: written as JSONL with its files' hashes, read back checked line by line, and generated
+where a run asks for one that is missing (`ensure_dataset`), from the demonstrators of `sepo.training.sft_data`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from sepo.errors import ConfigError
+from sepo.files import directory_written_atomically, move_aside
+from sepo.training.sft_data import SPLITS, generate_dataset, load_game_cfg
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ files
+def to_jsonl(examples: Iterable[dict[str, Any]]) -> bytes:
+    """One JSON object per line, keys sorted, UTF-8 as is: the same examples give the same bytes."""
+    return "".join(json.dumps(ex, sort_keys=True, ensure_ascii=False) + "\n" for ex in examples).encode("utf-8")
+
+
+def write_dataset(out_dir: Path, name: str, splits: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Write <out_dir>/<name>/{train,valid}.jsonl; return each file's path, size and sha256."""
+    files = {}
+    for split in SPLITS:
+        path = out_dir / name / f"{split}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = to_jsonl(splits[split])
+        path.write_bytes(data)
+        files[split] = {
+            "path": str(path.relative_to(out_dir)),
+            "examples": len(splits[split]),
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+    return files
+
+
+# --------------------------------------------------------------------------- reading, checked
+#: what `read_examples` asks of every line (what `examples_from_records` writes)
+EXAMPLE_FORMAT = 'one JSON object per line, {"messages": [system, user, assistant], "game": ..., ...}'
+
+
+def example_problem(example: Any) -> str | None:
+    """Why a decoded line is not an SFT example, or None."""
+    if not isinstance(example, dict):
+        return f"a JSON {type(example).__name__}, not an object"
+    messages = example.get("messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        return 'no "messages" list of at least two turns'
+    for turn in messages:
+        if not (isinstance(turn, dict) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str)):
+            return 'a turn of "messages" is not {"role": str, "content": str}'
+    if messages[-1]["role"] != "assistant":
+        return 'the last turn of "messages" is not the assistant\'s'
+    if not isinstance(example.get("game"), str):
+        return 'no "game" name'
+    return None
+
+
+def read_examples(path: Path) -> list[dict[str, Any]]:
+    """The examples of one JSONL split. A line that is not an example is named by file and line (one
+    line of error, not a traceback from deep inside tokenisation); an empty file is an error too."""
+    from sepo.errors import InputError
+
+    examples = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    example = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise InputError(f"{path}:{number}: not JSON ({err.msg}); allowed: {EXAMPLE_FORMAT}") from None
+                problem = example_problem(example)
+                if problem:
+                    raise InputError(f"{path}:{number}: {problem}; allowed: {EXAMPLE_FORMAT}")
+                examples.append(example)
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 text ({err.reason}); allowed: {EXAMPLE_FORMAT}") from None
+    if not examples:
+        raise InputError(f"{path} holds no examples; allowed: {EXAMPLE_FORMAT}")
+    return examples
+
+
+def manifest_mismatch(ds_dir: Path, files: dict[str, Any]) -> str | None:
+    """How the split files of a generated dataset differ from what its manifest recorded (size and
+    sha256), or None. A cut or edited file is caught before a single example is read."""
+    for record in files.values():
+        path = ds_dir / Path(record["path"]).name
+        if not path.is_file():
+            return f"{path.name} is missing"
+        if path.stat().st_size != record["bytes"]:
+            return f"{path.name} has {path.stat().st_size} bytes, the manifest says {record['bytes']}"
+        if hashlib.sha256(path.read_bytes()).hexdigest() != record["sha256"]:
+            return f"{path.name} differs from the file generated (sha256)"
+    return None
+
+
+def _complete(ds_dir: Path) -> bool:
+    return (ds_dir / "train.jsonl").exists() and (ds_dir / "valid.jsonl").exists()
+
+
+def datagen_settings(dc: DictConfig, dataset: str) -> dict[str, Any]:
+    """What a generated dataset is made from (the `datagen` node's values for it), as its manifest records them."""
+    return {
+        "dataset": dataset,
+        "games": list(dc.dataset_games[dataset]),
+        "seed": int(dc.seed),
+        "valid_fraction": float(dc.valid_fraction),
+        "per_game_cap": (dc.get("per_game_cap") or {}).get(dataset),
+        "episodes_per_opponent": dc.episodes_per_opponent,
+        "num_opponents": int(dc.num_opponents),
+    }
+
+
+def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
+    """`<data_dir>/<dataset>/`, generated when missing (atomically: temp dir, then rename).
+
+    Generation uses the shipped game configs (`conf/game/*.yaml`), so a shared cache never holds data
+    shaped by one run's game overrides; to train on other data, run `stage=datagen` and point
+    `sft.data_dir` at its `out_dir`. Data this stage generated records its datagen settings in
+    `<dataset>/manifest.json`; reusing it under other settings (say, a smoke run's few episodes) is
+    an error rather than a silent mix-up.
+    """
+    data_dir = Path(data_dir)
+    ds_dir = data_dir / dataset
+    dc = cfg.datagen
+    if dataset not in dc.dataset_games:
+        raise ConfigError(f"sft.dataset={dataset} is not a datagen dataset; allowed: {', '.join(dc.dataset_games)}")
+    settings = datagen_settings(dc, dataset)
+    if _complete(ds_dir):
+        made = ds_dir / "manifest.json"  # written when this stage generated the data (stage datagen writes none here)
+        if not made.exists():
+            return ds_dir
+        old = json.loads(made.read_text())
+        diff = [k for k in settings if old.get(k) != settings[k]]
+        if diff:
+            raise ConfigError(
+                f"sft.data_dir={data_dir} holds a {dataset} dataset generated with other datagen settings "
+                f"({', '.join(f'{k}: {old.get(k)!r} there, {settings[k]!r} now' for k in diff)}); set sft.data_dir "
+                "to another directory or remove that one"
+            )
+        damage = manifest_mismatch(ds_dir, old.get("files") or {})
+        if damage is None:
+            return ds_dir
+        # generated here from its settings, so it can be generated again, byte for byte
+        log.warning("sft: the cached %s dataset in %s is damaged (%s): generating it again", dataset, ds_dir, damage)
+        move_aside(ds_dir, "damaged")
+    log.info(
+        "sft: dataset %s missing under %s; generating it (games %s, seed %s)",
+        dataset,
+        data_dir,
+        settings["games"],
+        dc.seed,
+    )
+    splits = generate_dataset(
+        dataset,
+        [load_game_cfg(g) for g in settings["games"]],
+        settings["seed"],
+        settings["valid_fraction"],
+        settings["per_game_cap"],
+        settings["episodes_per_opponent"],
+        settings["num_opponents"],
+    )
+    with directory_written_atomically(ds_dir) as tmp:  # another job that finishes first: its copy is used
+        files = write_dataset(tmp.parent, dataset, splits)  # writes <tmp.parent>/<dataset>/, i.e. tmp itself
+        info = {**settings, "files": files}
+        (tmp / "manifest.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return ds_dir
+
+
+def subsample(examples: list[dict[str, Any]], count: int | None, seed: int, tag: str) -> list[dict[str, Any]]:
+    """A seeded subsample of `count` examples in their file order (all of them when count is None)."""
+    if count is None or count >= len(examples):
+        return examples
+    rng = np.random.default_rng([int(seed), sum(map(ord, tag))])
+    keep = np.sort(rng.choice(len(examples), int(count), replace=False))
+    return [examples[i] for i in keep]
