@@ -9,7 +9,7 @@ is all the code needs to know about a term, and everything that names one loops 
 - the training rewards and their advantages (`sepo.training.objective`, `sepo.training.rollouts`);
 - the batch statistics and the levels `sepo.held_terms` holds (`sepo.training.rollouts`, `held_terms`);
 - the metrics of every results.json and their standard errors (`sepo.metrics`);
-- the config: `lambdas.{train,eval}.<key>` (`sepo.run.schema`), their ranges and `sepo.held_terms` (`sepo.run.config`);
+- the config: `lambdas.{train,eval}.<key>` (`sepo.run.schema`), their ranges and `sepo.held_terms` (`sepo.run.rules`);
 - the tables and summaries (`analysis`).
 
 A new term is one `register(PenaltyTerm(...))` in a module that is imported before the run's config is
