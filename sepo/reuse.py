@@ -20,6 +20,7 @@ sweep moved to another root is still the same sweep.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +99,20 @@ def read_record(path: Path) -> dict[str, Any]:
         raise DamagedRecord(f"{path} is damaged ({err.why})") from None
 
 
-def differences(out: Path, cfg: DictConfig) -> list[str] | None:
-    """`key=recorded (now asked)` for each differing setting; None when the run recorded none."""
+def differences(out: Path, cfg: DictConfig, shipped: Callable[[], dict[str, Any]] | None = None) -> list[str] | None:
+    """`key=recorded (now asked)` for each differing setting; None when the run recorded none.
+
+    A key the record lacks was added after the run, and a new key's shipped default keeps what runs did before
+    it (how every key is added here), so it differs only where it is now set otherwise: `shipped()` gives the
+    settings the shipped config alone would give this run (its group choices, no overrides)."""
     before = recorded_settings(out)
     if before is None:
         return None
     now = settings(cfg)
     differing = [k for k in set(before) | set(now) if not is_neutral(k) and before.get(k) != now.get(k)]
+    if shipped is not None and any(k not in before for k in differing):
+        defaults = shipped()
+        differing = [k for k in differing if k in before or k not in defaults or defaults[k] != now.get(k)]
     # the telling ones first: a config group's choice (`game.name`), then keys both runs have
     differing.sort(key=lambda k: (not k.endswith(".name"), not (k in before and k in now), k))
     return [f"{k}={before.get(k, '<absent>')!r} (now {now.get(k, '<absent>')!r})" for k in differing]

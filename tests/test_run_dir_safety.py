@@ -45,6 +45,25 @@ def test_an_unfinished_run_is_resumed_only_with_its_own_settings(cli, tmp_path):
     assert (run / "DONE").exists()
 
 
+def test_a_key_added_after_a_run_finished_counts_only_where_it_is_set_otherwise(cli, tmp_path):
+    """A finished run recorded before a key existed (here `eval.temperature`, cut from its record) is reused when
+    the key has its shipped default now (a new key's default keeps what runs did before it), and refused, in one
+    line naming the key, when the launch sets it otherwise."""
+    run = tmp_path / "run"
+    assert cli(*EVAL, f"hydra.run.dir={run}").returncode == 0
+    record = run / reuse.SETTINGS
+    record.write_text("".join(line for line in record.read_text().splitlines(True) if "eval.temperature" not in line))
+    finished = {name: (run / name).read_bytes() for name in ("DONE", "results.json")}
+    again = cli(*EVAL, f"hydra.run.dir={run}")
+    assert again.returncode == 0, again.stderr
+    assert "DONE marker present" in (run / "cli.log").read_text()  # skipped, not run again
+    assert {name: (run / name).read_bytes() for name in finished} == finished
+    other = cli(*EVAL, "eval.temperature=0.1", f"hydra.run.dir={run}")
+    assert other.returncode == 2
+    (line,) = error_lines(other)
+    assert "finished with other settings: eval.temperature='<absent>' (now 0.1)" in line
+
+
 def files_of(run) -> dict[str, tuple[bytes, int]]:
     """Every file of a run dir, its bytes and modification time; not the lock file, which any launch that
     takes the dir writes its name into and clears."""

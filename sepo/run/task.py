@@ -251,11 +251,43 @@ def _busy(out: Path, err: run_lock.RunDirBusy) -> None:
     return None
 
 
+#: config groups a launch takes from its machine (conf/local/, git-ignored), never a run's own choice
+PER_MACHINE = ("local",)
+
+
+def shipped_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The settings the shipped config gives a run of this launch's config groups (model, game, stage, lambdas,
+    a preset, ...) with no key overridden: what a key added since a run was recorded would have had."""
+    from sepo.run.compose import compose_config
+
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    groups = {"game", "lambdas", "model", "stage", "datagen", "sft", "eval", "sepo", "logger"}  # conf/config.yaml's
+    overrides = [
+        f"{'' if group in groups else '+'}{group}={choice}"
+        for group, choice in choices.items()
+        if choice is not None
+        and group not in PER_MACHINE
+        and not group.startswith("hydra")
+        and not set("/@") & set(group)
+    ]
+    from hydra.core.global_hydra import GlobalHydra
+
+    running = GlobalHydra.instance().hydra  # this launch's Hydra, which a second composition may not replace
+    GlobalHydra.instance().clear()
+    try:
+        return reuse.settings(compose_config(overrides or [f"model={cfg.model.name}", f"game={cfg.game.name}"]))
+    except Exception:  # noqa: BLE001 (a config that cannot be composed alone: every new key then counts)
+        return {}
+    finally:
+        if running is not None:
+            GlobalHydra.instance().initialize(running)
+
+
 def _own_run_dir(out: Path, cfg: DictConfig, died: str | None) -> dict | None:
     """Reuse, resume or start the run in `out`, which this launch now holds."""
     if cfg.resume == "auto":
         try:
-            differing = reuse.differences(out, cfg)
+            differing = reuse.differences(out, cfg, shipped=lambda: shipped_settings(cfg))
         except reuse.DamagedRecord as err:
             return _refuse(out, f"{err}; allowed: resume=never to start afresh, or another run dir (hydra.run.dir=...)")
         if (out / "DONE").exists():
