@@ -38,6 +38,7 @@ from sepo.config_rules import (
 )
 from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
+from sepo.paths import CONF_DIR
 from sepo.training.options import (
     ADV_NORMS,
     CREDITS,
@@ -47,7 +48,8 @@ from sepo.training.options import (
     PENALTY_MODES,
 )
 
-MODEL_KINDS = ("scripted", "tiny", "smollm2", "gemma4", "qwen")
+#: the models a run can name: one per conf/model/<model>.yaml (a new model is its YAML)
+MODEL_KINDS = tuple(sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml")))
 #: models built by the code itself; every other language model is loaded from `model.path`
 BUILT_MODELS = ("scripted", "tiny", "smollm2")
 #: stages that train the model (a scripted agent has nothing to train)
