@@ -12,9 +12,11 @@ import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from sepo import reuse
 from sepo.paths import CONF_DIR
 from sepo.run.schema import register as register_schemas
 
@@ -76,3 +78,34 @@ def refused_value(err: BaseException, overrides: Sequence[str]) -> tuple[str, ob
         if override.key_or_group.lstrip("+~") == key:
             return key, override.value()
     return key, getattr(cause, "value", None)
+
+
+#: config groups a launch takes from its machine (conf/local/, git-ignored), never a run's own choice
+PER_MACHINE = ("local",)
+
+
+def shipped_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The settings the shipped config gives a run of this launch's config groups (model, game, stage, lambdas,
+    a preset, ...) with no key overridden: what a key added since a run was recorded would have had."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    groups = {"game", "lambdas", "model", "stage", "datagen", "sft", "eval", "sepo", "logger"}  # conf/config.yaml's
+    overrides = [
+        f"{'' if group in groups else '+'}{group}={choice}"
+        for group, choice in choices.items()
+        if choice is not None
+        and group not in PER_MACHINE
+        and not group.startswith("hydra")
+        and not set("/@") & set(group)
+    ]
+    running = GlobalHydra.instance().hydra  # this launch's Hydra, which a second composition may not replace
+    GlobalHydra.instance().clear()
+    try:
+        return reuse.settings(compose_config(overrides or [f"model={cfg.model.name}", f"game={cfg.game.name}"]))
+    except Exception:  # noqa: BLE001 (a config that cannot be composed alone: every new key then counts)
+        return {}
+    finally:
+        if running is not None:
+            GlobalHydra.instance().initialize(running)

@@ -29,8 +29,10 @@ from sepo import distributed, reuse, run_lock, tracking
 from sepo.errors import ConfigError, OutOfMemory, RunError, one_line
 from sepo.files import write_text_atomically
 from sepo.run import snapshot, sweep
+from sepo.run.compose import shipped_settings
 from sepo.run.config import validate
 from sepo.run.sweep import record_status
+from sepo.run.tables import write_tables
 from sepo.run.threads import share_cores
 from sepo.stages import get_stage, pipeline
 
@@ -251,38 +253,6 @@ def _busy(out: Path, err: run_lock.RunDirBusy) -> None:
     return None
 
 
-#: config groups a launch takes from its machine (conf/local/, git-ignored), never a run's own choice
-PER_MACHINE = ("local",)
-
-
-def shipped_settings(cfg: DictConfig) -> dict[str, Any]:
-    """The settings the shipped config gives a run of this launch's config groups (model, game, stage, lambdas,
-    a preset, ...) with no key overridden: what a key added since a run was recorded would have had."""
-    from sepo.run.compose import compose_config
-
-    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-    groups = {"game", "lambdas", "model", "stage", "datagen", "sft", "eval", "sepo", "logger"}  # conf/config.yaml's
-    overrides = [
-        f"{'' if group in groups else '+'}{group}={choice}"
-        for group, choice in choices.items()
-        if choice is not None
-        and group not in PER_MACHINE
-        and not group.startswith("hydra")
-        and not set("/@") & set(group)
-    ]
-    from hydra.core.global_hydra import GlobalHydra
-
-    running = GlobalHydra.instance().hydra  # this launch's Hydra, which a second composition may not replace
-    GlobalHydra.instance().clear()
-    try:
-        return reuse.settings(compose_config(overrides or [f"model={cfg.model.name}", f"game={cfg.game.name}"]))
-    except Exception:  # noqa: BLE001 (a config that cannot be composed alone: every new key then counts)
-        return {}
-    finally:
-        if running is not None:
-            GlobalHydra.instance().initialize(running)
-
-
 def _own_run_dir(out: Path, cfg: DictConfig, died: str | None) -> dict | None:
     """Reuse, resume or start the run in `out`, which this launch now holds."""
     if cfg.resume == "auto":
@@ -390,17 +360,6 @@ def out_of_memory_advice(cfg: DictConfig, err: Exception) -> str:
         f"out of GPU memory in stage {cfg.stage.name} ({first_line[:160]}); lower {settings}, or set "
         "sepo.ref_4bit=true or sft.gradient_checkpointing=true; re-run the same command to resume"
     )
-
-
-def write_tables(out: Path) -> list[str]:
-    """The main job's tables (analysis.tables: LaTeX, CSV, figures) into `<run>/tables`, and its closing table
-    in the terminal; the pipeline calls it when its last phase is done (`pipeline.tables_hook`)."""
-    from analysis.tables import main as tables_main
-    from analysis.terminal import print_summary
-
-    tables_main([str(out), "--out", str(out / "tables")])
-    print_summary(out)
-    return [str(t) for t in sorted((out / "tables").glob("table_*.tex"))]
 
 
 pipeline.tables_hook = write_tables
