@@ -80,30 +80,19 @@ def refused_value(err: BaseException, overrides: Sequence[str]) -> tuple[str, ob
     return key, getattr(cause, "value", None)
 
 
-#: config groups a launch takes from its machine (conf/local/, git-ignored), never a run's own choice
-PER_MACHINE = ("local",)
-
-
 def shipped_settings(cfg: DictConfig) -> dict[str, Any]:
     """The settings the shipped config gives a run of this launch's config groups (model, game, stage, lambdas,
     a preset, ...) with no key overridden: what a key added since a run was recorded would have had."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-    groups = {"game", "lambdas", "model", "stage", "datagen", "sft", "eval", "sepo", "logger"}  # conf/config.yaml's
-    overrides = [
-        f"{'' if group in groups else '+'}{group}={choice}"
-        for group, choice in choices.items()
-        if choice is not None
-        and group not in PER_MACHINE
-        and not group.startswith("hydra")
-        and not set("/@") & set(group)
-    ]
+    given = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    # a config group's choice (`game=ipd`, `+experiment=...`) names a folder of conf/; every other override is a key
+    groups = [o for o in given if "=" in o and (CONF_DIR / o.split("=", 1)[0].lstrip("+~")).is_dir()]
     running = GlobalHydra.instance().hydra  # this launch's Hydra, which a second composition may not replace
     GlobalHydra.instance().clear()
     try:
-        return reuse.settings(compose_config(overrides or [f"model={cfg.model.name}", f"game={cfg.game.name}"]))
+        return reuse.settings(compose_config(groups if given else [f"model={cfg.model.name}", f"game={cfg.game.name}"]))
     except Exception:  # noqa: BLE001 (a config that cannot be composed alone: every new key then counts)
         return {}
     finally:

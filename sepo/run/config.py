@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from sepo.config_rules import (
     Rule,
     real,
 )
+from sepo.errors import ConfigError
 from sepo.games import GAME_CLASSES
 from sepo.metrics import POOLS
 from sepo.paths import CONF_DIR, can_hold_outputs
@@ -96,13 +98,12 @@ def check_rules(cfg: DictConfig) -> None:
     by the code with its default)."""
     for where, key, rule in rules():
         if applies(where, cfg):
-            parent, _, leaf = key.rpartition(".")
-            node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-            require(
-                not (isinstance(node, DictConfig) and leaf in node.keys() and OmegaConf.is_missing(node, leaf)),
-                f"{key} has no value; allowed: {rule.allowed} (give it in its YAML or as {key}=...)",
-            )
-            value = OmegaConf.select(cfg, key, default=_ABSENT)
+            try:
+                value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True)
+            except MissingMandatoryValue:
+                raise ConfigError(
+                    f"{key} has no value; allowed: {rule.allowed} (give it in its YAML or as {key}=...)"
+                ) from None
             if value is not _ABSENT:
                 check(key, OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value, rule)
 

@@ -83,10 +83,8 @@ def pooled_terms(
         raise ValueError(f"no SEPO reward for pool {pool!r}")
     f = {"u": scale * payoffs(records, AGENT)} if pool == penalties.TRAIN_POOL else {}
     for term in penalties.of_pool(pool):
-        coefficient = -(1.0 if hinge_on or not term.hinged else 0.0) * float(lambdas[term.key])
-        if term.payoff_units:
-            coefficient = coefficient * scale
-        f[term.key] = coefficient * term.rounds(game, records)
+        on = 1.0 if hinge_on or not term.hinged else 0.0
+        f[term.key] = -on * term.weight(lambdas, scale) * term.rounds(game, records)
     return f
 
 
@@ -114,7 +112,7 @@ def paper_terms(
     f = {"u": scale * payoffs(records, AGENT)}
     for term in penalties.terms():
         if term.pool == penalties.TRAIN_POOL:
-            own = np.array([term.level(game, {"own": [ep]}) for ep in records])
+            own = np.array([term.of_opponent(game, [ep]) for ep in records])
             values = own if mode == "per_rollout" else np.full(n, np.mean(own))
         else:
             values = np.array([term.level(game, a[term.pool]) for a in aux])
