@@ -341,3 +341,34 @@ def test_kuhn_can_keep_one_phrasing_per_case():
     assert one == {first}
     every = {reasoning_line("kuhn", "NashApprox", "BET", obs, rng, {"phrasings": 0}) for _ in range(40)}
     assert every == set(PHRASES["kuhn"]["K_open_BET"]) and len(every) > 1
+
+
+def test_a_models_own_game_settings_shape_its_data_and_its_prompts_alike(compose_cfg, tmp_path):
+    """conf/game/model_game/smollm2_ipd.yaml: smollm2's IPD prompts state the opponent's last move, in its runs and
+    in the SFT data it generates, which lives beside tiny's (no such settings) in a directory of its own; the other
+    games of `multi` keep their shipped configs."""
+    assert compose_cfg("model=smollm2", "game=ipd").game.state_last_move is True
+    assert compose_cfg("model=smollm2", "game=kuhn").game.name == "kuhn"
+    assert compose_cfg("model=tiny", "game=ipd").game.state_last_move is False
+    assert load_game_cfg("ipd", model="smollm2").state_last_move is True
+    assert load_game_cfg("ipd", model="tiny") == load_game_cfg("ipd")
+    assert load_game_cfg("auction", model="smollm2") == load_game_cfg("auction")
+    data = tmp_path / "data"
+    made = {
+        model: ensure_dataset(compose_cfg(f"model={model}", "datagen.episodes_per_opponent=3"), "multi", data)
+        for model in ("tiny", "smollm2")
+    }
+    assert (made["tiny"].name, made["smollm2"].name) == ("multi", "multi-smollm2")
+    prompts = {m: [ex for ex in lines(d / "train.jsonl") if ex["game"] == "ipd"] for m, d in made.items()}
+    later = [ex["messages"][1]["content"] for ex in prompts["smollm2"] if ex["round"] > 0]
+    assert later and all("The opponent's last move: " in p for p in later)
+    assert not any("The opponent's last move" in ex["messages"][1]["content"] for ex in prompts["tiny"])
+    auction = {m: [ex for ex in lines(d / "train.jsonl") if ex["game"] == "auction"] for m, d in made.items()}
+    assert auction["tiny"] == auction["smollm2"]
+    # generated again, each model finds its own copy (the manifest records the settings that shaped it)
+    manifest = json.loads((made["smollm2"] / "manifest.json").read_text())
+    assert manifest["model_game_settings"] == {"ipd": {"state_last_move": True}}
+    assert (
+        ensure_dataset(compose_cfg("model=smollm2", "datagen.episodes_per_opponent=3"), "multi", data)
+        == made["smollm2"]
+    )

@@ -73,7 +73,7 @@ def play_every_game(cfg: DictConfig) -> tuple[dict[str, list[dict[str, Any]]], d
         for game in dc.dataset_games[dataset]:
             if game in game_examples:
                 continue
-            game_cfg = load_game_cfg(game, cfg.game)
+            game_cfg = load_game_cfg(game, cfg.game, cfg.model.get("name"))
             t0 = time.perf_counter()
             examples = generate_game_examples(game_cfg, int(dc.seed), dc.episodes_per_opponent, int(dc.num_opponents))
             seconds = time.perf_counter() - t0

@@ -277,7 +277,7 @@ def measure_agreement(
     for ex in data.train_all + data.valid_all:
         seen.setdefault(ex["game"], set()).add(str(ex["action"]))
     actions_by_game = {g: sorted(a) for g, a in seen.items()}
-    games = {g: make_game(load_game_cfg(g, cfg.game)) for g in actions_by_game}
+    games = {g: make_game(load_game_cfg(g, cfg.game, cfg.model.get("name"))) for g in actions_by_game}
     share = bool(s.prefix_sharing) and check_prefix_sharing(model, training=False) is None
     return action_agreement(
         model,

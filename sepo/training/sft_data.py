@@ -51,9 +51,10 @@ SPLITS = ("train", "valid")
 
 
 # ------------------------------------------------------------------------------ configuration
-def load_game_cfg(name: str, current: DictConfig | None = None) -> DictConfig:
+def load_game_cfg(name: str, current: DictConfig | None = None, model: str | None = None) -> DictConfig:
     """The config of game `name`: the run's own `game` node when it is that game (so command-line
-    overrides apply), else `conf/game/<name>.yaml` as shipped."""
+    overrides apply), else `conf/game/<name>.yaml` as shipped, with `model`'s own settings for that game
+    (`conf/game/model_game/<model>_<name>.yaml`) merged over it where they exist, as the run's composition does."""
     if current is not None and current.name == name:
         return current
     from sepo.paths import CONF_DIR
@@ -61,7 +62,16 @@ def load_game_cfg(name: str, current: DictConfig | None = None) -> DictConfig:
     path = CONF_DIR / "game" / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"datagen: no config for game {name!r} ({path} is missing)")
-    return OmegaConf.load(path)
+    own = model_game_settings(name, model)
+    return OmegaConf.merge(OmegaConf.load(path), own) if own else OmegaConf.load(path)
+
+
+def model_game_settings(name: str, model: str | None) -> dict[str, Any]:
+    """`model`'s own settings for game `name` (`conf/game/model_game/<model>_<name>.yaml`), {} where it has none."""
+    from sepo.paths import CONF_DIR
+
+    path = CONF_DIR / "game" / "model_game" / f"{model}_{name}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)) if model and path.exists() else {}
 
 
 def datagen_opponents(game_cfg: DictConfig, count: int) -> list[str]:

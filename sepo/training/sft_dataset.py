@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from sepo.errors import ConfigError
 from sepo.files import directory_written_atomically, move_aside
-from sepo.training.sft_data import SPLITS, generate_dataset, load_game_cfg
+from sepo.training.sft_data import SPLITS, generate_dataset, load_game_cfg, model_game_settings
 
 log = logging.getLogger(__name__)
 
@@ -110,36 +110,51 @@ def _complete(ds_dir: Path) -> bool:
     return (ds_dir / "train.jsonl").exists() and (ds_dir / "valid.jsonl").exists()
 
 
-def datagen_settings(dc: DictConfig, dataset: str) -> dict[str, Any]:
-    """What a generated dataset is made from (the `datagen` node's values for it), as its manifest records them."""
+def datagen_settings(dc: DictConfig, dataset: str, model: str | None = None) -> dict[str, Any]:
+    """What a generated dataset is made from (the `datagen` node's values for it, and the model's own settings of
+    its games, `conf/game/model_game/`, where it has any), as its manifest records them."""
+    games = list(dc.dataset_games[dataset])
+    own = {g: settings for g in games if (settings := model_game_settings(g, model))}
     return {
         "dataset": dataset,
-        "games": list(dc.dataset_games[dataset]),
+        "games": games,
         "seed": int(dc.seed),
         "valid_fraction": float(dc.valid_fraction),
         "per_game_cap": (dc.get("per_game_cap") or {}).get(dataset),
         "episodes_per_opponent": dc.episodes_per_opponent,
         "num_opponents": int(dc.num_opponents),
+        **({"model": model, "model_game_settings": own} if own else {}),
     }
+
+
+def dataset_dir(data_dir: Path, settings: dict[str, Any]) -> Path:
+    """`<data_dir>/<dataset>`, or `<data_dir>/<dataset>-<model>` for data a model's own game settings shape, so
+    that models sharing a cache never share a dataset that differs between them."""
+    return data_dir / (f"{settings['dataset']}-{settings['model']}" if "model" in settings else settings["dataset"])
 
 
 def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     """`<data_dir>/<dataset>/`, generated when missing (atomically: temp dir, then rename).
 
-    Generation uses the shipped game configs (`conf/game/*.yaml`), so a shared cache never holds data
-    shaped by one run's game overrides; to train on other data, run `stage=datagen` and point
+    Generation uses the shipped game configs (`conf/game/*.yaml`) with the model's own settings of each game
+    (`conf/game/model_game/`) merged over them, as every run of that model composes them, so a shared cache never
+    holds data shaped by one run's game overrides, and a model whose own settings shape the data has its own
+    directory (`dataset_dir`); to train on other data, run `stage=datagen` and point
     `sft.data_dir` at its `out_dir`. Data this stage generated records its datagen settings in
     `<dataset>/manifest.json`; reusing it under other settings (say, a smoke run's few episodes) is
     an error rather than a silent mix-up.
     """
     data_dir = Path(data_dir)
-    ds_dir = data_dir / dataset
     dc = cfg.datagen
     if dataset not in dc.dataset_games:
         raise ConfigError(f"sft.dataset={dataset} is not a datagen dataset; allowed: {', '.join(dc.dataset_games)}")
-    settings = datagen_settings(dc, dataset)
+    written_by_datagen = data_dir / dataset  # `stage=datagen` writes no manifest into it: data the user chose
+    if _complete(written_by_datagen) and not (written_by_datagen / "manifest.json").exists():
+        return written_by_datagen
+    settings = datagen_settings(dc, dataset, cfg.model.get("name"))
+    ds_dir = dataset_dir(data_dir, settings)
     if _complete(ds_dir):
-        made = ds_dir / "manifest.json"  # written when this stage generated the data (stage datagen writes none here)
+        made = ds_dir / "manifest.json"  # written when this stage generated the data
         if not made.exists():
             return ds_dir
         old = json.loads(made.read_text())
@@ -165,7 +180,7 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     )
     splits = generate_dataset(
         dataset,
-        [load_game_cfg(g) for g in settings["games"]],
+        [load_game_cfg(g, model=settings.get("model")) for g in settings["games"]],
         settings["seed"],
         settings["valid_fraction"],
         settings["per_game_cap"],
@@ -173,7 +188,7 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
         settings["num_opponents"],
     )
     with directory_written_atomically(ds_dir) as tmp:  # another job that finishes first: its copy is used
-        files = write_dataset(tmp.parent, dataset, splits)  # writes <tmp.parent>/<dataset>/, i.e. tmp itself
+        files = write_dataset(tmp.parent, tmp.name, splits)  # writes <tmp.parent>/<tmp.name>/, i.e. tmp itself
         info = {**settings, "files": files}
         (tmp / "manifest.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return ds_dir
