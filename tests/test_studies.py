@@ -101,6 +101,44 @@ def test_the_ipd_coupling_study_reads_which_move_a_line_names_and_draws_historie
     assert sorted(len(h) for h in drawn["pC"]) == [2, 4, 6] and sorted(len(h) for h in drawn["pD"]) == [1, 3, 5, 7]
 
 
+def test_the_last_moves_read_tells_an_answer_to_the_opponent_from_a_repeat_of_ones_own_move():
+    """benchmarks/studies/ipd_coupling.py --last-moves: TFT answers the opponent's last move alone (effect 1 on
+    P(COOPERATE), its own move 0), AlwaysD neither; a rule that repeats its own last move reads the other way."""
+    from omegaconf import OmegaConf
+
+    from benchmarks.studies.ipd_coupling import last_moves_histories, read_last_moves
+    from sepo.games import make_game
+    from sepo.policies.base import Decision
+    from sepo.policies.scripted import ScriptedPolicy
+    from sepo.strategies.base import make_strategy
+
+    game = make_game(OmegaConf.load("conf/game/ipd.yaml"))
+    assert [len(h) for h in last_moves_histories(2).values()] == [3, 3, 3, 3]
+    tft = read_last_moves(game, ScriptedPolicy(make_strategy(game.cfg, "TFT")), samples=2)
+    assert (
+        tft["round 2"]["effect_on_p_cooperate"]
+        == tft["round 4"]["effect_on_p_cooperate"]
+        == {"opponent": 1.0, "own": 0.0}
+    )
+    assert tft["round 4"]["p_cooperate"] == {
+        "own C opp C": 1.0,
+        "own C opp D": 0.0,
+        "own D opp C": 1.0,
+        "own D opp D": 0.0,
+    }
+    always_d = read_last_moves(game, ScriptedPolicy(make_strategy(game.cfg, "AlwaysD")), samples=2)
+    assert always_d["round 2"]["effect_on_p_cooperate"] == {"opponent": 0.0, "own": 0.0}
+
+    class RepeatsItself:
+        def act_batch(self, requests):
+            return [Decision(action=r.observation["history"][-1]["own"]) for r in requests]
+
+    assert read_last_moves(game, RepeatsItself(), samples=2)["round 2"]["effect_on_p_cooperate"] == {
+        "opponent": 0.0,
+        "own": 1.0,
+    }
+
+
 def test_the_natural_direction_solves_the_damped_fisher_system_through_its_small_side():
     """benchmarks/studies/ipd_coupling.py: Woodbury's N x N solve gives the same (F + d I)^-1 g as the P x P one,
     with F = G^T G / N and d a tenth of F's mean non-zero eigenvalue, and the quadratic KL d^T F d / 2."""

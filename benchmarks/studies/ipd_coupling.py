@@ -16,6 +16,10 @@ and whose line misreads the history, plays the features as one however its steps
 
     python -m benchmarks.studies.ipd_coupling --sft-run <ipd sft run> --results <its test results.json>
         [--push pD:down pC:up] [--steps 6] [--histories 8] [--samples 16] [overrides ...]
+    python -m benchmarks.studies.ipd_coupling --sft-run <ipd sft run> --last-moves [--samples 48] [overrides ...]
+
+`--last-moves` reads instead which last move the model answers: P(COOPERATE) after each pair (own move, the
+opponent's move) of a last round, in round 2 and after two rounds of mutual cooperation (`read_last_moves`).
 
 The last line is a JSON object {"sft_run", "steps", "lr", "histories", "samples", "before", "pushes"}.
 """
@@ -86,6 +90,43 @@ def feature_requests(game, drawn: dict, name: str, per_history: int, stream: int
     answers = per_history * max(len(h) for h in drawn.values())
     each = -(-answers // max(len(drawn[name]), 1))
     return [r for h, history in enumerate(drawn[name]) for r in requests_at(game, history, each, stream + h)]
+
+
+def last_moves_histories(opening: int) -> dict[str, list[tuple[str, str]]]:
+    """The four last rounds (own move, the opponent's move) after `opening` rounds of mutual cooperation: the
+    histories that tell a model that answers the opponent (TFT: cooperate exactly where the opponent did) from one
+    that repeats its own last move (the demonstrators' mixture read as a persona: AlwaysD keeps defecting)."""
+    from sepo.games.ipd import COOPERATE, DEFECT
+
+    cooperated = [(COOPERATE, COOPERATE)] * opening
+    return {
+        f"own {own[0]} opp {opp[0]}": [*cooperated, (own, opp)]
+        for own in (COOPERATE, DEFECT)
+        for opp in (COOPERATE, DEFECT)
+    }
+
+
+def read_last_moves(game, policy, samples: int, openings: tuple[int, ...] = (0, 2)) -> dict:
+    """P(COOPERATE) at each history of `last_moves_histories`, `samples` answers each, and how far the opponent's
+    last move and the model's own move each move it (the mean difference over the other move's two values)."""
+    from sepo.games.ipd import COOPERATE
+
+    out = {}
+    for opening in openings:
+        table = {}
+        for h, (name, history) in enumerate(last_moves_histories(opening).items()):
+            decisions = policy.act_batch(requests_at(game, history, samples, stream=50_000 + 100 * opening + h))
+            table[name] = round(float(np.mean([d.action == COOPERATE for d in decisions])), 4)
+        effect = {
+            "opponent": round(
+                (table["own C opp C"] + table["own D opp C"] - table["own C opp D"] - table["own D opp D"]) / 2, 4
+            ),
+            "own": round(
+                (table["own C opp C"] + table["own C opp D"] - table["own D opp C"] - table["own D opp D"]) / 2, 4
+            ),
+        }
+        out[f"round {opening + 2}"] = {"p_cooperate": table, "effect_on_p_cooperate": effect}
+    return out
 
 
 def read(game, policy, drawn: dict, samples: int) -> dict:
@@ -236,7 +277,7 @@ def show(before: dict, after: dict | None = None, pushed: str = "") -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sft-run", type=Path, required=True, help="an IPD (multi) SFT run with merged/")
-    parser.add_argument("--results", type=Path, required=True, help="an IPD results.json whose histories to use")
+    parser.add_argument("--results", type=Path, help="an IPD results.json whose histories to use (not --last-moves)")
     parser.add_argument("--push", nargs="+", default=["pD:down", "pC:up"], help="FEATURE:up|down (toward COOPERATE)")
     parser.add_argument("--steps", type=int, default=6, help="policy-gradient steps per push")
     parser.add_argument("--batch", type=int, default=32, help="sampled answers per step")
@@ -252,6 +293,11 @@ def main() -> None:
     )
     parser.add_argument("--step-kl", type=float, default=0.05, help="gradient, natural: KL per answer of a step")
     parser.add_argument("--fisher-answers", type=int, default=4, help="gradient, natural: answers per history, Fisher")
+    parser.add_argument(
+        "--last-moves",
+        action="store_true",
+        help="read P(COOPERATE) after each pair of last moves (own, opponent) and stop: which one the model answers",
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. sepo.lr=5e-4")
     args = parser.parse_args()
@@ -261,7 +307,7 @@ def main() -> None:
             parser.error(f"--push {item}: give FEATURE:up or FEATURE:down; allowed features: {', '.join(FEATURES)}")
     if not (args.sft_run / "merged").is_dir():
         parser.error(f"--sft-run {args.sft_run}: no merged/ checkpoint there (run stage=sft game=ipd)")
-    if not args.results.is_file():
+    if not args.last_moves and (args.results is None or not args.results.is_file()):
         parser.error(f"--results {args.results}: no such file")
 
     import torch
@@ -273,6 +319,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = compose(args.sft_run, args.overrides)
+    if args.last_moves:
+        start = build_learner(cfg, sepo_settings(cfg))
+        table = read_last_moves(make_game(cfg.game), start.policy, args.samples)
+        for round_name, row in table.items():
+            print(f"{round_name}: P(COOPERATE) {row['p_cooperate']}; effect {row['effect_on_p_cooperate']}", flush=True)
+        print(json.dumps({"sft_run": str(args.sft_run), "samples": args.samples, "overrides": args.overrides, **table}))
+        return
     drawn = histories(args.results, args.histories, int(cfg.game.rounds))
     start = build_learner(cfg, sepo_settings(cfg))
     before = read(make_game(cfg.game), start.policy, drawn, args.samples)
