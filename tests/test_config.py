@@ -121,7 +121,16 @@ def test_game_and_model_defaults_of_stage_settings_and_command_line_precedence(c
         0.03,
         40,
     )
-    assert (ipd.sepo.estimator, ipd.sepo.optimizer, ipd.sepo.lr, ipd.sepo.steps) == ("rollouts", "adamw", 2e-4, 8)
+    assert (ipd.sepo.estimator, ipd.sepo.optimizer, ipd.sepo.lr, ipd.sepo.steps) == ("rollouts", "sgd", 0.5, 12)
+    assert (list(ipd.sepo.held_terms), ipd.sepo.rollouts_by_pool.collusive) == (["c"], 16)
+    assert (ipd.eval.episodes_per_opponent, kuhn.eval.episodes_per_opponent) == (20, 6)  # conf/eval/model_game/
+    auction = compose_cfg("game=auction", "model=smollm2")
+    assert (auction.sepo.optimizer, auction.sepo.lr, auction.sepo.steps, auction.eval.episodes_per_opponent) == (
+        "adamw",
+        2e-4,
+        8,
+        6,
+    )
     assert compose_cfg("game=kuhn", "model=smollm2", "sepo.steps=3").sepo.steps == 3
 
 
