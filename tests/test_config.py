@@ -156,7 +156,8 @@ PAPER_SETTINGS = {
     "tiny_paper": (40, "constant", 5, 20),
     "tiny_paper_ipd": (80, "cosine", 5, 20),
     "tiny_paper_kuhn": (40, "constant", 1, 20),
-    "smollm2_paper": (8, "cosine", 1, 6),  # smollm2's own defaults: the pipeline's (conf/sepo/model/smollm2.yaml)
+    # smollm2's own defaults at the preset's game, IPD: the pipeline's (conf/{sepo,eval}/model_game/smollm2_ipd.yaml)
+    "smollm2_paper": (12, "cosine", 1, 20),
     "gemma4_paper": (100, "constant", 5, 20),  # the paper's sizes: the stages' defaults
     "qwen_paper": (100, "constant", 5, 20),
     "sepo_safety": (60, "cosine", 1, 20),  # the main job's settings (the launcher's --steps sets every arm's)
