@@ -401,9 +401,9 @@ def test_lora_sft_on_real_architectures_saves_adapter_and_reloadable_merged_mode
     # beside the CPU's rate, measured in the run; no order between them is asserted: where the CPU emulates
     # bfloat16, its 2048-square product can run slower than the model's small ones (seen: 0.139 vs 0.299)
     assert speed["matmul_gflops"] > 0 and speed["machine_matmul_gflops"] > 0
-    assert speed["matmul_share"] == pytest.approx(
-        speed["matmul_gflops"] / speed["machine_matmul_gflops"], rel=5e-3
-    )  # of three-figure reads
+    # all three are rounded to three figures, each off by at most 0.5% (a leading 1.00), so the share and the ratio
+    # of the two rates differ by at most 1.005 * 1.005 / 0.995 - 1 = 1.52%
+    assert speed["matmul_share"] == pytest.approx(speed["matmul_gflops"] / speed["machine_matmul_gflops"], rel=2e-2)
 
     # the Trainer's logs reach the project's tracker at their optimizer step
     assert [step for values, step in tracker.logs if "sft/loss" in values] == [1, 2]
