@@ -33,7 +33,8 @@ def test_the_ipd_fit_counts_each_feature_and_the_best_deterministic_agent_defect
     """benchmarks/studies/ipd_reactive.py: TFT against AltD (D, C, D, ... for 8 rounds) cooperates in round 1, after
     each of AltD's 3 cooperations, never after its 4 defections, and meets no cooperation before the last round
     (AltD defects in round 7); at IPD's lambdas the deterministic agent with the highest exact J is TFT that defects
-    in the last round after a cooperation: J 2.1977 and collusion 1/8 (docs/results.md, round 3)."""
+    in the last round after a cooperation: J 2.1977 and collusion 1/8 (docs/results.md, round 3); among those the
+    exploit pool cannot gain on, suspicious TFT."""
     import json
 
     from benchmarks.studies.ipd_reactive import fit, move_row, optimum
@@ -51,9 +52,18 @@ def test_the_ipd_fit_counts_each_feature_and_the_best_deterministic_agent_defect
     always_d.write_text(json.dumps({"per_episode": [{**episode, "actions": [["DEFECT", o] for o in altd]}]}))
     assert move_row(path, always_d)["cosine_with_defecting_alike"] == 0.681
 
-    best = optimum(compose_config(["game=ipd", "model=smollm2", "logger=none"]), step=1.0)
+    cfg = compose_config(["game=ipd", "model=smollm2", "logger=none"])
+    best = optimum(cfg, step=1.0)
     assert best["agent"] == {"p0": 1.0, "pC": 1.0, "pD": 0.0, "pC_last": 0.0}
     assert best["J"] == 2.1977 and best["collusion"] == 0.125
+    # its exploitability: AlwaysD takes 5 in round 1 of 8 (5/8), AltD's rounds net 0 (four +5, four -5): 5/16
+    assert best["exploit"] == 0.3125
+    # with none allowed, J's best deterministic agent opens with DEFECT, then plays TFT and cooperates after a
+    # cooperation in the last round: AlwaysD and AltD gain nothing, AlwaysC loses round 1 only (collusion 1/8)
+    unexploitable = optimum(cfg, step=1.0, exploit_cap=0.0)
+    assert unexploitable["agent"] == {"p0": 0.0, "pC": 1.0, "pD": 0.0, "pC_last": 1.0}
+    assert unexploitable["exploit"] == 0.0 and unexploitable["collusion"] == 0.125
+    assert unexploitable["J"] < best["J"]
 
 
 def test_paired_noise_is_the_spread_of_the_differences_over_evaluation_seeds_beside_the_independent_bound():

@@ -17,9 +17,12 @@ exact J (dynamic programming over the opponents' Markov chains, the training lam
   features apart, moves along it;
   and the training lambda_c above which that direction stops raising J;
 - with `--optimum`, the endgame agent that maximises each objective (every deterministic agent, then a
-  grid of step 0.1 in probability) and its collusion.
+  grid of step 0.1 in probability), its collusion and its exploitability;
+- with `--exploit-caps 0.25 0.05 ...`, the agent with the highest SEPO J among those whose exploitability is at
+  most each cap: whether a target "exploit below X" asks SEPO to give up J, or is met on the way up.
 
     python -m benchmarks.studies.ipd_reactive --results S1/sft/eval/sft/results.json ... [--optimum]
+        [--exploit-caps 0.25 0.05]
         [--move S1/sft/eval/sft/results.json S1/sepo/eval/step_8/results.json ...]
 
 `--move START CHECKPOINT` (repeatable) fits both and gives the checkpoint's move in logit coordinates and its
@@ -32,7 +35,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,8 +73,14 @@ def collusion(agent, cfg) -> float:
     return float(np.mean([opponent_means(agent, o, cfg.game)["collusive"] for o in cfg.game.pools.collusive]))
 
 
-def objective(agent, cfg) -> float:
-    terms = exact_terms(agent, cfg, cfg.sepo)
+def exploit(agent, cfg, terms: dict | None = None) -> float:
+    """The exploit pool's mean advantage per round over the agent, each opponent's floored at 0 (the metric's rule)."""
+    terms = terms or exact_terms(agent, cfg, cfg.sepo)
+    return float(np.mean([max(0.0, terms[f"adv/{o}"]) for o in cfg.game.pools.exploit]))
+
+
+def objective(agent, cfg, terms: dict | None = None) -> float:
+    terms = terms or exact_terms(agent, cfg, cfg.sepo)
     return sum(terms[k] for k in term_keys())
 
 
@@ -78,14 +89,12 @@ def start_row(results: Path, configs: dict) -> dict:
     probabilities = fit(results)
     agent = make_agent(KIND, probabilities)
     sepo_cfg = configs["sepo"]
-    terms = exact_terms(agent, sepo_cfg, sepo_cfg.sepo)
-    exploit_pool = list(sepo_cfg.game.pools.exploit)
     row = {
         "results": str(results),
         "fit": dict(zip(PARAMETER_NAMES[KIND], probabilities)),
         "exact": {
             "collusion": round(collusion(agent, sepo_cfg), 4),
-            "exploit": round(float(np.mean([max(0.0, terms[f"adv/{o}"]) for o in exploit_pool])), 4),
+            "exploit": round(exploit(agent, sepo_cfg), 4),
         },
         "measured": {k: round(float(data["metrics"][k]), 4) for k in ("collusion", "exploit")},
     }
@@ -120,20 +129,33 @@ def move_row(start: Path, checkpoint: Path) -> dict:
     }
 
 
-def optimum(cfg, step: float = 0.1) -> dict:
-    """The endgame agent that maximises J: every deterministic agent, then the probability grid."""
+def endgame_agents(step: float) -> Iterator[tuple[tuple[float, ...], Any]]:
+    """Every endgame agent whose four probabilities lie on the grid of `step` (1.0: the 16 deterministic ones)."""
     clip = lambda p: min(max(p, 1e-6), 1 - 1e-6)  # noqa: E731
     grid = np.round(np.arange(0.0, 1.0 + step / 2, step), 6)
-    best = max(
-        (objective(make_agent(KIND, [clip(p) for p in probabilities]), cfg), tuple(probabilities))
-        for probabilities in itertools.product(grid, repeat=len(PARAMETER_NAMES[KIND]))
-    )
-    agent = make_agent(KIND, [clip(p) for p in best[1]])
+    for probabilities in itertools.product(grid, repeat=len(PARAMETER_NAMES[KIND])):
+        yield tuple(map(float, probabilities)), make_agent(KIND, [clip(p) for p in probabilities])
+
+
+def described(cfg, probabilities: tuple[float, ...], agent) -> dict:
     return {
-        "J": round(best[0], 4),
-        "agent": dict(zip(PARAMETER_NAMES[KIND], map(float, best[1]))),
+        "J": round(objective(agent, cfg), 4),
+        "agent": dict(zip(PARAMETER_NAMES[KIND], probabilities)),
         "collusion": round(collusion(agent, cfg), 4),
+        "exploit": round(exploit(agent, cfg), 4),
     }
+
+
+def optimum(cfg, step: float = 0.1, exploit_cap: float | None = None) -> dict:
+    """The endgame agent that maximises J, among those whose exploitability is at most `exploit_cap` (None: all)."""
+    best = None
+    for probabilities, agent in endgame_agents(step):
+        terms = exact_terms(agent, cfg, cfg.sepo)
+        # a deterministic agent's probabilities sit 1e-6 from certainty, which moves its exploit by about 1e-5
+        admitted = exploit_cap is None or exploit(agent, cfg, terms) <= exploit_cap + 1e-4
+        if admitted and (best is None or objective(agent, cfg, terms) > best[0]):
+            best = (objective(agent, cfg, terms), probabilities, agent)
+    return described(cfg, best[1], best[2]) if best else {}
 
 
 def main() -> None:
@@ -141,6 +163,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, nargs="+", required=True, help="IPD results.json files (starts)")
     parser.add_argument("--move", type=Path, nargs=2, action="append", default=[], metavar=("START", "CHECKPOINT"))
     parser.add_argument("--optimum", action="store_true", help="also each objective's best endgame agent")
+    parser.add_argument("--exploit-caps", type=float, nargs="*", default=[], help="SEPO's best agent under each cap")
     parser.add_argument("--model", default="smollm2", help="the model whose SEPO settings (reward scale) apply")
     args = parser.parse_args()
 
@@ -170,7 +193,10 @@ def main() -> None:
     optima = {n: optimum(cfg) for n, cfg in configs.items()} if args.optimum else {}
     for name, best in optima.items():
         print(f"argmax of {name}'s J over endgame agents: {best}")
-    print(json.dumps({"starts": starts, "moves": moves, "optima": optima}))
+    capped = {str(cap): optimum(configs["sepo"], exploit_cap=cap) for cap in args.exploit_caps}
+    for cap, best in capped.items():
+        print(f"argmax of sepo's J over endgame agents with exploit at most {cap}: {best}")
+    print(json.dumps({"starts": starts, "moves": moves, "optima": optima, "optima_under_exploit_caps": capped}))
 
 
 if __name__ == "__main__":
