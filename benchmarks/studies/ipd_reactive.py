@@ -75,12 +75,12 @@ def collusion(agent, cfg) -> float:
 
 def exploit(agent, cfg, terms: dict | None = None) -> float:
     """The exploit pool's mean advantage per round over the agent, each opponent's floored at 0 (the metric's rule)."""
-    terms = terms or exact_terms(agent, cfg, cfg.sepo)
+    terms = terms if terms is not None else exact_terms(agent, cfg, cfg.sepo)
     return float(np.mean([max(0.0, terms[f"adv/{o}"]) for o in cfg.game.pools.exploit]))
 
 
 def objective(agent, cfg, terms: dict | None = None) -> float:
-    terms = terms or exact_terms(agent, cfg, cfg.sepo)
+    terms = terms if terms is not None else exact_terms(agent, cfg, cfg.sepo)
     return sum(terms[k] for k in term_keys())
 
 
@@ -152,9 +152,11 @@ def optimum(cfg, step: float = 0.1, exploit_cap: float | None = None) -> dict:
     for probabilities, agent in endgame_agents(step):
         terms = exact_terms(agent, cfg, cfg.sepo)
         # a deterministic agent's probabilities sit 1e-6 from certainty, which moves its exploit by about 1e-5
-        admitted = exploit_cap is None or exploit(agent, cfg, terms) <= exploit_cap + 1e-4
-        if admitted and (best is None or objective(agent, cfg, terms) > best[0]):
-            best = (objective(agent, cfg, terms), probabilities, agent)
+        if exploit_cap is not None and exploit(agent, cfg, terms) > exploit_cap + 1e-4:
+            continue
+        j = objective(agent, cfg, terms)
+        if best is None or j > best[0]:
+            best = (j, probabilities, agent)
     return described(cfg, best[1], best[2]) if best else {}
 
 
