@@ -558,6 +558,43 @@ def test_sgd_steps_along_the_gradient_itself(setup):
         torch.testing.assert_close(p.detach(), p0 - lr * g, rtol=1e-4, atol=1e-7)
 
 
+def test_the_line_search_stops_scoring_a_step_once_its_kl_is_past_the_limit(setup, monkeypatch):
+    """`policy_change(kl_limit=)`: a limit above the step's KL reads the whole batch, exactly as without one; a limit
+    below it stops after fewer passes with a KL still past the limit (each token's KL term is non-negative), so the
+    line search's verdict is the same and only its cost changes."""
+    from sepo.training import update as update_module
+
+    cfg, s, game, model, policy = setup("sepo.micro_batch=2")
+    batch = collect(cfg, s, game, policy)
+    ref = reference_logprobs(model, policy, batch, s)
+    before: list[torch.Tensor] = []
+    accumulate_gradients(model, policy, batch, ref, s, before)
+    with torch.no_grad():  # a step of the adapter, as the optimizer's would be
+        for name, p in model.named_parameters():
+            if "lora_A" in name:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)) * 0.05)
+    scored = []
+    passes = update_module.scored_passes
+
+    def counted_passes(*args, **kwargs):
+        for scored_pass in passes(*args, **kwargs):
+            scored.append(scored_pass[0])
+            yield scored_pass
+
+    monkeypatch.setattr(update_module, "scored_passes", counted_passes)
+
+    def change(limit):
+        scored.clear()
+        out = update_module.policy_change(model, policy, batch, s, before, batch.advantages, kl_limit=limit)
+        return out, len(scored)
+
+    (kl, gain), whole = change(float("inf"))
+    assert whole == -(-len(batch.decisions) // 2) and kl > 0
+    assert change(2 * kl) == ((kl, gain), whole)
+    (kl_cut, _), cut = change(kl / 4)
+    assert cut < whole and kl / 4 < kl_cut <= kl
+
+
 @pytest.mark.parametrize("limit", [1e9, 1e-12])
 def test_the_trust_region_keeps_a_step_within_its_kl_or_undoes_it(setup, limit):
     """With a limit no step reaches, the step is the optimizer's whole step; with one every step passes, it is

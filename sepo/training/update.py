@@ -170,6 +170,7 @@ def policy_change(
     s: DictConfig,
     before: list[torch.Tensor],
     advantages: np.ndarray,
+    kl_limit: float = math.inf,
 ) -> tuple[float, float]:
     """(KL(pi_theta || pi_before) per decision, the surrogate's gain) on the batch, the parameters as they are now
     against the log-probs the update scored before its step (`before`, in the update's own passes, so that no
@@ -179,9 +180,16 @@ def policy_change(
     decisions, TRPO's mean KL over states: a mean over tokens would dilute the one token that says the action
     in the templated reasoning around it. The gain is the importance-weighted estimate of what the step adds
     to the objective whose advantages A are `advantages` (J's, `batch.advantages`, or a recovery step's lowered
-    terms'): sum_d A_d * mean_t (ratio_t - 1), as the loss weighs each decision's tokens (`sepo.length_norm`)."""
+    terms'): sum_d A_d * mean_t (ratio_t - 1), as the loss weighs each decision's tokens (`sepo.length_norm`).
+
+    `kl_limit`, the KL per decision past which the caller rejects the step whatever its gain: the passes stop as
+    soon as the KL summed so far, over the whole batch's decisions, is past it. Every token's KL term is
+    non-negative, so the decisions not yet scored could only add to it: the verdict is the whole batch's, and
+    a step the line search halves costs a fraction of a pass (a full pass is a third of a SmolLM2 IPD step's
+    line search, docs/speed.md)."""
     divisor = answer_divisor(s)
-    kl, gain, decisions = 0.0, 0.0, 0
+    decisions = max(distributed.sum_floats(len(batch.decisions))[0], 1)
+    kl, gain = 0.0, 0.0
     with torch.no_grad(), section("trust_region"):
         for part, lp, mask in scored_passes(model, policy, batch.decisions, s, like_update=True):
             real = mask.bool()
@@ -193,9 +201,10 @@ def policy_change(
             )
             adv = torch.tensor([float(advantages[i]) for i in part], dtype=per_answer.dtype)
             gain += float((adv * per_answer.cpu()).sum())
-            decisions += len(part)
-    kl, gain, decisions = distributed.sum_floats(kl, gain, decisions)
-    return kl / max(decisions, 1), gain
+            if kl / decisions > kl_limit:  # this process's share alone is past the limit: so is the batch's
+                break
+    kl, gain = distributed.sum_floats(kl, gain)
+    return kl / decisions, gain
 
 
 @dataclass
@@ -231,7 +240,7 @@ def trust_region(
     full = [p.detach().clone() for p in params]
     fraction = 1.0
     for _ in range(int(s.line_search_steps) + 1):
-        kl, gain = policy_change(model, policy, batch, s, before, advantages)
+        kl, gain = policy_change(model, policy, batch, s, before, advantages, kl_limit=float(s.trust_region_kl))
         if kl <= float(s.trust_region_kl) and gain >= 0.0:
             moved = math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in zip(params, start.params)))
             return {"step_fraction": fraction, "kl_step": kl, "surrogate_gain": gain, "step_norm": moved}
