@@ -10,7 +10,7 @@ of an equal-weight average of K opponents is sqrt(sum SE_o^2)/K (independent epi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -19,7 +19,7 @@ import numpy as np
 from sepo import penalties
 from sepo.arena import EpisodeRecord
 from sepo.errors import RunError
-from sepo.games.base import AGENT, OPPONENT, Game
+from sepo.games.base import AGENT, OPPONENT, Game, Round
 
 POOLS = ("train", "exploit", "collusive", "robust")
 
@@ -122,20 +122,26 @@ def require_finite(game: Game, name: str, records: list[EpisodeRecord]) -> None:
                 )
 
 
+def unit_means(records: list[EpisodeRecord], value: Callable[[Round], float]) -> list[float]:
+    """Per sampling unit, the mean over its episodes of each episode's mean of `value` per round."""
+    return [float(np.mean([np.mean([value(r) for r in ep.rounds]) for ep in unit])) for unit in sampling_units(records)]
+
+
 def summarise_opponent(game: Game, pool: str, name: str, records: list[EpisodeRecord]) -> OpponentSummary:
     """Per-opponent means over episodes; SEs over sampling units (a mirrored pair's mean is one value)."""
     require_finite(game, name, records)
-    units = sampling_units(records)
-
-    def per_unit(value) -> list[float]:
-        return [float(np.mean([np.mean([value(r) for r in ep.rounds]) for ep in unit])) for unit in units]
-
-    (pay, pay_se), (opp, _) = (_over_units(per_unit(lambda r, p=p: r.payoffs[p])) for p in (AGENT, OPPONENT))
+    (pay, pay_se), (opp, _) = (_over_units(unit_means(records, lambda r, p=p: r.payoffs[p])) for p in (AGENT, OPPONENT))
     terms = {
-        term.opponent_field: _over_units(per_unit(lambda r, term=term: term.per_round(game, r)))
+        term.opponent_field: _over_units(unit_means(records, lambda r, term=term: term.per_round(game, r)))
         for term in penalties.terms()
     }
     return OpponentSummary(pool, name, pay, opp, terms, len(records), pay_se)
+
+
+def hinge(term: penalties.PenaltyTerm, value: tuple[float, float]) -> tuple[float, float]:
+    """An opponent's (mean, SE) of `term`, hinged where the term is: one the agent beats adds 0, with an SE of 0."""
+    mean, se = value
+    return (max(0.0, mean), se if mean > 0 else 0.0) if term.hinged else (mean, se)
 
 
 def _pool_average(values: list[tuple[float, float]]) -> tuple[float, float]:
@@ -143,6 +149,19 @@ def _pool_average(values: list[tuple[float, float]]) -> tuple[float, float]:
         return 0.0, 0.0
     means, ses = zip(*values)
     return float(np.mean(means)), float(math.sqrt(sum(s * s for s in ses)) / len(ses))
+
+
+def term_level_se(
+    game: Game, term: penalties.PenaltyTerm, records_by_opponent: dict[str, list[EpisodeRecord]]
+) -> float:
+    """The standard error of a term's level over a set of episodes (`PenaltyTerm.level`), as results.json reads
+    it: per opponent over its sampling units, hinged, then pooled over the opponents."""
+    return _pool_average(
+        [
+            hinge(term, _over_units(unit_means(eps, lambda r: term.per_round(game, r))))
+            for eps in records_by_opponent.values()
+        ]
+    )[1]
 
 
 def nra_for(records: list[EpisodeRecord]) -> tuple[float, float]:
@@ -186,9 +205,7 @@ def compute_metrics(
     metrics, se = {"pay": u}, {"pay": u_se}
     safety, safety_var = u, u_se**2
     for term in penalties.terms():
-        values = [s.terms[term.opponent_field] for s in summaries[term.pool]]
-        if term.hinged:  # max(0, v): an opponent the agent beats adds 0, with an SE of 0
-            values = [(max(0.0, v), v_se if v > 0 else 0.0) for v, v_se in values]
+        values = [hinge(term, s.terms[term.opponent_field]) for s in summaries[term.pool]]
         metrics[term.metric], se[term.metric] = _pool_average(values)
         if term.worst_metric:
             metrics[term.worst_metric], se[term.worst_metric] = max(values, default=(0.0, 0.0))

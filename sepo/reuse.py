@@ -6,7 +6,8 @@ other settings (`hydra.run.dir=D` and a different game, a changed default in con
 after a crash), and skipping or resuming it then would report old results, or a half of each, under
 new settings. So a run records its resolved settings when it starts (`run_settings.yaml`), and a
 later launch of the same dir, finished or not, goes ahead only when its settings equal them, up to
-the keys that cannot change results (`RESULT_NEUTRAL_KEYS`); otherwise it is refused with one line
+the keys that cannot change results (`RESULT_NEUTRAL_KEYS`, and SEPO's settings in a stage that trains no
+SEPO: `read_by`); otherwise it is refused with one line
 naming the differing keys. A record that cannot be read (damaged, or not a mapping) stops the launch
 too, in one line naming the file: what ran there is unknown. A run also keeps a copy of Hydra's own
 record (`.hydra_finished/`, a name from when only finished runs kept one), taken when it starts: Hydra
@@ -52,6 +53,10 @@ RESULT_NEUTRAL_KEYS = (
     "sepo.debug_detect_anomaly",
     "sweep_name",
 )
+#: the stages that train with SEPO. Every other stage (datagen, sft, eval) reads nothing under `sepo` but
+#: `sepo.seed`, which an evaluation writes into its results as the training seed; so retuning SEPO on one game
+#: leaves the SFT models and evaluations it starts from reusable, instead of training them again
+SEPO_STAGES = ("sepo", "pipeline")
 SETTINGS = "run_settings.yaml"  # written when a run starts
 HYDRA_COPY = ".hydra_finished"
 ROOT_TOKEN = "${paths.root_dir}"
@@ -61,12 +66,18 @@ def is_neutral(key: str) -> bool:
     return any(key == n or key.startswith(n + ".") for n in RESULT_NEUTRAL_KEYS)
 
 
+def read_by(key: str, stage: str) -> bool:
+    """Whether a run of `stage` can read `key`: SEPO's settings only matter to a stage that trains with SEPO."""
+    return stage in SEPO_STAGES or not key.startswith("sepo.") or key == "sepo.seed"
+
+
 def settings(cfg: DictConfig) -> dict[str, Any]:
-    """The run's resolved settings, flattened, without the result-neutral keys; a path under the output
-    root is written relative to it."""
+    """The run's resolved settings, flattened, without the result-neutral keys and those its stage does not
+    read; a path under the output root is written relative to it."""
     tree = OmegaConf.to_container(cfg, resolve=True)
     root = str(Path(tree.get("paths", {}).get("root_dir") or ".").absolute())
-    return {k: relative_to_root(v, root) for k, v in leaves(tree).items() if not is_neutral(k)}
+    stage = str(cfg.stage.name)
+    return {k: relative_to_root(v, root) for k, v in leaves(tree).items() if not is_neutral(k) and read_by(k, stage)}
 
 
 def relative_to_root(value: Any, root: str) -> Any:
@@ -104,11 +115,15 @@ def differences(out: Path, cfg: DictConfig, shipped: Callable[[], dict[str, Any]
 
     A key the record lacks was added after the run, and a new key's shipped default keeps what runs did before
     it (how every key is added here), so it differs only where it is now set otherwise: `shipped()` gives the
-    settings the shipped config alone would give this run (its group choices, no overrides)."""
+    settings the shipped config alone would give this run (its group choices, no overrides). A key the run's
+    stage does not read is left out of both sides (a record written before `read_by` holds SEPO's settings
+    for every stage)."""
     before = recorded_settings(out)
     if before is None:
         return None
     now = settings(cfg)
+    stage = str(cfg.stage.name)
+    before = {k: v for k, v in before.items() if read_by(k, stage)}
     differing = [k for k in set(before) | set(now) if not is_neutral(k) and before.get(k) != now.get(k)]
     if shipped is not None and any(k not in before for k in differing):
         defaults = shipped()

@@ -193,6 +193,24 @@ def test_the_first_batch_sets_the_level_and_a_batch_above_it_recovers():
     assert above == []  # a term with no gradient on the batch cannot be lowered; e is held to first order only
 
 
+def test_a_rise_within_the_two_reads_noise_is_no_recovery():
+    """At `held_level_z` 2 a read counts as above the first batch's level only past 2 SE of the difference of the
+    two reads, sqrt(0.03² + 0.04²) = 0.05 here; at 0 any rise does; a resumed run keeps the first read's SE."""
+    h = {"c": [torch.tensor([1.0, 0.0])]}
+    state = HeldState(keep=0.0, z=2.0)
+    state.above_budget({"collusive/c": 0.30, "collusive/c_se": 0.03}, h, ["c"])
+    above, stats = state.above_budget({"collusive/c": 0.39, "collusive/c_se": 0.04}, h, ["c"])
+    assert above == [] and stats["held/c/margin"] == pytest.approx(0.10) and stats["held/recovery"] == 0.0
+    resumed = HeldState(keep=0.0, z=2.0)
+    resumed.load_state_dict(state.state_dict())
+    for run in (state, resumed):
+        above, _ = run.above_budget({"collusive/c": 0.41, "collusive/c_se": 0.04}, h, ["c"])
+        assert above == ["c"]
+    at_zero = HeldState(keep=0.0)
+    at_zero.above_budget({"collusive/c": 0.30, "collusive/c_se": 0.03}, h, ["c"])
+    assert at_zero.above_budget({"collusive/c": 0.31, "collusive/c_se": 0.04}, h, ["c"])[0] == ["c"]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_recovery_step_keeps_the_length_and_lowers_every_term_above_its_level(seed):
     """One term: exactly its steepest descent at the step's length; two: −(u1 + u2) lowers both (u·(u1 + u2) =

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from sepo import penalties
 from sepo.arena import EpisodeRecord
 from sepo.games import Round, make_game
-from sepo.metrics import NonFiniteMetric, compute_metrics, mean_se, nra_for
+from sepo.metrics import NonFiniteMetric, compute_metrics, mean_se, nra_for, term_level_se
 
 GAME = make_game(OmegaConf.load("conf/game/ipd.yaml"))
 L = {"e": 2.4, "c": 1.0, "x": 1.8}
@@ -39,6 +40,18 @@ def test_exploit_is_per_opponent_then_averaged_with_se():
     by_name = {(o["pool"], o["name"]): o for o in r["per_opponent"]}
     assert by_name[("exploit", "A")]["adv"] == pytest.approx(3.0)
     assert by_name[("exploit", "A")]["episodes"] == 2
+
+
+def test_a_terms_level_se_is_the_one_results_json_reports():
+    """What `sepo.held_level_z` weighs a batch's read with is the SE results.json gives the same episodes: the
+    exploit term hinged per opponent (B, beaten, adds an SE of 0), then pooled: sqrt(1² + 0²) / 2."""
+    records = {"A": [ep("A", [(0, 2)]), ep("A", [(0, 4)], 1)], "B": [ep("B", [(1, 0)]), ep("B", [(1, 0)], 1)]}
+    r = compute_metrics(GAME, {"train": [], "exploit": ["A", "B"]}, records, L)
+    assert term_level_se(GAME, penalties.term("e"), records) == pytest.approx(r["se"]["exploit"]) == pytest.approx(0.5)
+    collusive = {"C": [ep("C", [(5, 0), (3, 3)]), ep("C", [(3, 3), (3, 3)], 1), ep("C", [(5, 0), (5, 0)], 2)]}
+    r = compute_metrics(GAME, {"train": [], "collusive": ["C"]}, collusive, L)
+    assert term_level_se(GAME, penalties.term("c"), collusive) == pytest.approx(r["se"]["collusion"])
+    assert r["se"]["collusion"] > 0
 
 
 def test_train_opponents_are_weighted_equally_not_by_episode_count():

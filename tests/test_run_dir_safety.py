@@ -64,6 +64,28 @@ def test_a_key_added_after_a_run_finished_counts_only_where_it_is_set_otherwise(
     assert "finished with other settings: eval.temperature='<absent>' (now 0.1)" in line
 
 
+def test_a_stage_that_trains_no_sepo_is_reused_whatever_sepos_settings(cli, compose_cfg, tmp_path):
+    """An evaluation (like an SFT) reads nothing under `sepo` but the seed it labels results with, so SEPO retuned
+    (`sepo.lr`) reuses it, also from a record written while every stage still recorded SEPO's settings; the
+    stages that train with SEPO record them all."""
+    run = tmp_path / "run"
+    assert cli(*EVAL, f"hydra.run.dir={run}").returncode == 0
+    record = run / reuse.SETTINGS
+    kept = record.read_text()
+    seed = reuse.settings(compose_cfg(*EVAL))["sepo.seed"]
+    assert "sepo.lr:" not in kept and f"sepo.seed: {seed}" in kept
+    record.write_text(kept + "sepo.lr: 123.0\n")  # as an older record holds it
+    again = cli(*EVAL, "sepo.lr=0.5", f"hydra.run.dir={run}")
+    assert again.returncode == 0, again.stderr
+    assert "DONE marker present" in (run / "cli.log").read_text()  # skipped, not run again
+    other = cli(*EVAL, f"sepo.seed={seed + 1}", f"hydra.run.dir={run}")
+    assert other.returncode == 2
+    (line,) = error_lines(other)
+    assert f"finished with other settings: sepo.seed={seed} (now {seed + 1})" in line
+    for stage in reuse.SEPO_STAGES:
+        assert "sepo.lr" in reuse.settings(compose_cfg(f"stage={stage}"))
+
+
 def files_of(run) -> dict[str, tuple[bytes, int]]:
     """Every file of a run dir, its bytes and modification time; not the lock file, which any launch that
     takes the dir writes its name into and clears."""

@@ -270,6 +270,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (SEPO, "sepo.trust_region_kl", real(0.0)),
     (SEPO, "sepo.line_search_steps", integer(0)),
     (SEPO, "sepo.held_average", real(0.0, high=1.0)),
+    (SEPO, "sepo.held_level_z", real(0.0)),
     (SEPO, "sepo.micro_batch", integer(1)),
     (SEPO, "sepo.micro_batch_tokens", integer(0)),
     (SEPO, "sepo.no_grad_micro_batch_tokens", integer(0)),

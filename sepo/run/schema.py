@@ -74,6 +74,7 @@ class SepoSchema:
     line_search_steps: int = MISSING
     held_terms: list[str] = MISSING
     held_average: float = MISSING
+    held_level_z: float = MISSING
     held_at_start: list[str] = MISSING
     micro_batch: int = MISSING
     micro_batch_tokens: int = MISSING

@@ -158,7 +158,7 @@ def build_learner(cfg: DictConfig, s: DictConfig) -> Learner:
     ref_model = quantized_reference(model) if s.ref_4bit else None
     policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
     best_response = best_response_schedule(builder, s)
-    held = HeldState(keep=float(s.held_average))
+    held = HeldState(keep=float(s.held_average), z=float(s.held_level_z))
     return Learner(model, ref_model, tokenizer, policy, optimizer, estimator, builder, best_response, held)
 
 

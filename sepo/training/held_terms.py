@@ -29,7 +29,10 @@ the first batch, the policy training starts from (`HeldState.budgets`), and a ba
 that level takes CPO's recovery step instead of the projected one: the optimizer's step length along the
 held terms' descent, −Σ h_k/|h_k| over the terms above their level (`recovery_step`), projected onto the
 cone of the other held terms so that it raises none of them to first order. The trust region then checks
-the step's surrogate gain on the lowered terms' advantages (`recovery_advantages`), not J's.
+the step's surrogate gain on the lowered terms' advantages (`recovery_advantages`), not J's. The level and
+each batch's read of it are both one batch's estimate, so `sepo.held_level_z` counts a read as above the level
+only past that many standard errors of their difference: at 0, a term that has not moved sends about every
+other step to the recovery (on SmolLM2's IPD, 17 of 30 steps over three seeds, docs/results.md).
 
 On a model that plays a game's situations as one, lowering collusion alone teaches cooperation everywhere
 and hands the exploit pool what the last steps took from it; holding `e` to first order as well
@@ -49,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sepo.training.rollouts import RolloutBatch, term_level_stat
+from sepo.training.rollouts import RolloutBatch, term_level_se_stat, term_level_stat
 
 #: a held term counts as raised when h_k · d exceeds this share of the largest |h_j · d|: floating-point
 #: slack, so the projection's own rounding never reads as a rise
@@ -113,6 +116,8 @@ class HeldState:
     keep: float
     means: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     budgets: dict[str, float] = field(default_factory=dict)
+    z: float = 0.0  # `sepo.held_level_z`: standard errors a read must rise by before it counts as above its level
+    budget_ses: dict[str, float] = field(default_factory=dict)  # the first batch's SE of each level it set
 
     def update(
         self, gradients: dict[str, list[torch.Tensor]]
@@ -132,15 +137,24 @@ class HeldState:
         self, levels: dict[str, float], gradients: dict[str, list[torch.Tensor]], terms: Sequence[str]
     ) -> tuple[list[str], dict[str, float]]:
         """Of `terms` (`sepo.held_at_start`), those whose level on this batch (`levels`: the batch's statistics)
-        is above the level they are held at, which the first batch sets, and that this batch can lower (a term
-        whose decisions all agree has no gradient); and `held/<k>/level`, `held/<k>/budget` for the log."""
+        is above the level they are held at, which the first batch sets, by more than `z` standard errors of
+        the difference of the two reads, and that this batch can lower (a term whose decisions all agree has no
+        gradient); and `held/<k>/level`, `held/<k>/budget`, `held/<k>/margin` (the rise that counts) for the log.
+
+        Both reads are one batch's, so at z = 0 a term that has not moved reads above its level on about every
+        other batch, and each such batch spends its step on the recovery alone. A level the estimator reads
+        exactly (Kuhn's exact values) has no SE statistic and counts as exact."""
         above, stats = [], {}
         for term in terms:
             h = gradients[term]
             level = float(levels[term_level_stat(term)])
+            se = float(levels.get(term_level_se_stat(term), 0.0))
             budget = self.budgets.setdefault(term, level)
+            budget_se = self.budget_ses.setdefault(term, se)
+            margin = self.z * math.hypot(se, budget_se)
             stats[f"held/{term}/level"], stats[f"held/{term}/budget"] = level, budget
-            if level > budget and _dot(h, h) > 0:
+            stats[f"held/{term}/margin"] = margin
+            if level > budget + margin and _dot(h, h) > 0:
                 above.append(term)
         stats["held/recovery"] = float(bool(above))
         return above, stats
@@ -149,11 +163,13 @@ class HeldState:
         return {
             "means": {term: [m.cpu() for m in means] for term, means in self.means.items()},
             "budgets": dict(self.budgets),
+            "budget_ses": dict(self.budget_ses),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.means = {term: list(means) for term, means in state["means"].items()}
         self.budgets = dict(state["budgets"])
+        self.budget_ses = dict(state.get("budget_ses", {}))  # none in a checkpoint written without `held_level_z`
 
 
 def cone_weights(gram: np.ndarray, rises: np.ndarray) -> np.ndarray:

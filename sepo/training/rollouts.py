@@ -28,7 +28,7 @@ from sepo import distributed, penalties
 from sepo.arena import EpisodeRecord, Match, episode_seed, play_matches
 from sepo.games import Game
 from sepo.games.base import AGENT
-from sepo.metrics import pools_of
+from sepo.metrics import pools_of, term_level_se
 from sepo.policies.base import Decision, Policy
 from sepo.strategies import make_strategy
 from sepo.training.objective import (
@@ -257,6 +257,12 @@ def term_level_stat(key: str) -> str:
     return f"{penalties.term(key).pool}/{key}"
 
 
+def term_level_se_stat(key: str) -> str:
+    """The batch statistic that holds the standard error of that read (`<pool>/<key>_se`), over the episodes that
+    measured it: what `sepo.held_level_z` weighs a rise above the held level against."""
+    return term_level_stat(key) + "_se"
+
+
 def batch_stats(
     game: Game,
     plan: BatchPlan,
@@ -278,12 +284,13 @@ def batch_stats(
                 for q, idx in by_opp.items():
                     by_pool[p].setdefault(q, []).extend(records[i] for i in idx)
     u = float(payoffs(train, AGENT).mean())
-    levels = {
-        term.key: term.of_opponent(game, train)
-        if term.pool == penalties.TRAIN_POOL
-        else term.level(game, by_pool[term.pool])
+    # a term of the train pool over all its episodes as one group, as u is; any other per opponent
+    measured_on = {
+        term.key: {penalties.TRAIN_POOL: train} if term.pool == penalties.TRAIN_POOL else by_pool[term.pool]
         for term in penalties.terms()
     }
+    levels = {term.key: term.level(game, measured_on[term.key]) for term in penalties.terms()}
+    ses = {term.key: term_level_se(game, term, measured_on[term.key]) for term in penalties.terms()}
     objective = reward_scale * u
     for term in penalties.terms():
         objective -= term.weight(lambdas, reward_scale) * levels[term.key]
@@ -292,6 +299,7 @@ def batch_stats(
         "objective": objective,
         "train/u": u,
         **{term_level_stat(k): level for k, level in levels.items()},
+        **{term_level_se_stat(k): se for k, se in ses.items()},
         "parse_rate": sum(ep.parsed for ep in records) / max(decisions, 1),
         "episodes": float(len(records)),
         "decisions": float(sum(ep.decisions for g in groups for ep in g.records)),
