@@ -1,4 +1,4 @@
-"""`python -m analysis.report <summary.json> [--doc docs/results.md] [--section five-games|five-seeds|stability|pretrained|kuhn-heldout|ipd-heldout|ipd-z1-heldout]`.
+"""`python -m analysis.report <summary.json> [--doc docs/results.md] [--section <name>]` (`--help` lists the names).
 
 Renders `summary.json` (written by `analysis.summary`, e.g. by `launch/tiny_paper.sh` or
 `launch/stability.py`) as Markdown tables and puts them between the `<!-- <section>:begin -->` and
@@ -243,7 +243,7 @@ SECTIONS = {
     "pretrained": pretrained_section,
     # the same tables for the held-out seeds of one game's pipeline (docs/smollm2_<game>_heldout_summary.json;
     # ipd-z1: IPD's at its default held_level_z=1, docs/smollm2_ipd_z1_heldout_summary.json)
-    **{f"{game}-heldout": partial(pretrained_section, name=f"{game}-heldout") for game in ("kuhn", "ipd", "ipd-z1")},
+    **{f"{study}-heldout": partial(pretrained_section, name=f"{study}-heldout") for study in ("kuhn", "ipd", "ipd-z1")},
 }
 
 
