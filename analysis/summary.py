@@ -31,6 +31,8 @@ drift), `levels`: exploit (Kuhn: exact) and safety of Base, SFT, SEPO and payoff
 the paper's SFT-degradation table), and `stability`: SEPO's safety at the chosen and at the final checkpoints (mean and SE over
 seeds), their per-seed difference final - chosen (mean and SE), and `final_holds_chosen`: the final
 checkpoint is not below the chosen one by more than one SE of that difference (late drift would be).
+Where the payoff-only runs differ in more than their seeds and none of them matches SEPO's settings,
+`unpaired_payoff_only` lists their variants and the payoff-only keys have n = 0.
 Where SFT was trained once per seed (`launch/tiny_paper.sh`), each SEPO seed is compared with the SFT model it
 started from, so the SE of SEPO - SFT holds SFT's training noise too; where there is one SFT model, evaluated on
 the same test episodes, its own noise is common to every seed and is not in the SE. Either way the SE is the
@@ -275,9 +277,8 @@ def game_summary(
     sepo = runs_by_seed(df, game, "sepo", choose, variant)
     if sft is None or not sepo:
         return None
-    payoff_only = runs_by_seed(
-        df, game, PAYOFF_ONLY, choose, collect.matching_variant(c, game, model, PAYOFF_ONLY, variant)
-    )
+    payoff_only_variant = collect.matching_variant(c, game, model, PAYOFF_ONLY, variant)
+    payoff_only = runs_by_seed(df, game, PAYOFF_ONLY, choose, payoff_only_variant)
     base = collect.start_of(c, game, model, "base", variant)
     sft_runs = sft_runs_of(df, c, game, model, variant)
     starts = sft_of_each(root, sepo, sft_runs, sft)
@@ -296,6 +297,7 @@ def game_summary(
         "chosen_on": choose,
         **({"variant": variant} if variant else {}),
         **failed_runs(df, game),
+        **unpaired_payoff_only(c, game, model, payoff_only_variant),
     }
 
 
@@ -305,6 +307,14 @@ def failed_runs(df: pd.DataFrame, game: str) -> dict[str, dict[str, str]]:
     sel = df[(df["game"] == game) & (df["status"] != "done")].drop_duplicates("run_dir")
     named = {str(r): str(e or s) for r, s, e in sel[["run_dir", "status", "error"]].itertuples(index=False)}
     return {"failed_runs": named} if named else {}
+
+
+def unpaired_payoff_only(c: pd.DataFrame, game: str, model: str, matched: str | None) -> dict[str, list[str]]:
+    """`unpaired_payoff_only`: the payoff-only variants, where none of them is SEPO's (its runs differ in more than
+    their seeds, e.g. each started from a checkpoint outside the run root, identified by its path), so the missing
+    comparison with payoff-only says why instead of reading n = 0."""
+    labels = collect.variants_of(c, game, model, PAYOFF_ONLY)
+    return {"unpaired_payoff_only": labels} if labels and matched is None else {}
 
 
 def summarise(root: Path, choose: str = "validation") -> dict[str, Any]:
@@ -360,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         for run_dir, why in s.get("failed_runs", {}).items():
             print(f"  not counted: {run_dir}: {why}")
+        if "unpaired_payoff_only" in s:
+            print(
+                f"  payoff-only not compared: its runs differ in more than their seeds ({'; '.join(s['unpaired_payoff_only'])})"
+            )
     print(f"wrote {out}")
     return 0
 

@@ -269,3 +269,21 @@ def test_without_a_base_row_the_base_keys_are_empty(tmp_path):
     ipd = summarise(tmp_path)["ipd"]
     assert ipd["delta_safety_vs_base"]["n"] == 0
     assert "delta_exploit_sft_vs_base" not in ipd
+
+
+def test_payoff_only_runs_that_differ_in_more_than_seeds_are_named_not_silently_dropped(tmp_path, capsys):
+    """Two payoff-only runs with different learning rates are two variants, neither of them SEPO's: nothing is
+    paired with them, and the summary says why instead of reading n = 0."""
+    write(tmp_path / "sft" / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.5, 0.25, 0.2, 1.0), train_seed=0)
+    (tmp_path / "sft" / "DONE").write_text("{}\n")
+    zero = {"e": 0.0, "c": 0.0, "x": 0.0}
+    for seed in (0, 1):
+        sepo_run(tmp_path, f"sepo{seed}", seed, LAMBDAS_TRAIN, [(10, metrics(2.5, 0.25, 0.0, 0.1, 1.5), 1.0)])
+        sepo_run(tmp_path, f"po{seed}", seed, zero, [(10, metrics(3.0, 3.0, 0.0, 0.0, -2.0), -2.0)])
+        config = tmp_path / f"po{seed}" / ".hydra" / "config.yaml"
+        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "sepo": {"lr": 0.1 * (seed + 1)}}))
+    ipd = summarise(tmp_path)["ipd"]
+    assert ipd["delta_safety_vs_payoff_only"]["n"] == 0
+    assert len(ipd["unpaired_payoff_only"]) == 2 and all("sepo.lr" in v for v in ipd["unpaired_payoff_only"])
+    assert main([str(tmp_path), "--out", str(tmp_path / "summary.json")]) == 0
+    assert "payoff-only not compared: its runs differ in more than their seeds (sepo.lr" in capsys.readouterr().out
