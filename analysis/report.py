@@ -242,8 +242,12 @@ SECTIONS = {
     "stability": stability_section,
     "pretrained": pretrained_section,
     # the same tables for the held-out seeds of one game's pipeline (docs/smollm2_<game>_heldout_summary.json;
-    # ipd-z1: IPD's at its default held_level_z=1, docs/smollm2_ipd_z1_heldout_summary.json)
-    **{f"{study}-heldout": partial(pretrained_section, name=f"{study}-heldout") for study in ("kuhn", "ipd", "ipd-z1")},
+    # ipd-z1: IPD's at held_level_z=1, docs/smollm2_ipd_z1_heldout_summary.json; ipd-tr01: with the trust region
+    # at 0.1 as well, docs/smollm2_ipd_tr01_heldout_summary.json)
+    **{
+        f"{study}-heldout": partial(pretrained_section, name=f"{study}-heldout")
+        for study in ("kuhn", "ipd", "ipd-z1", "ipd-tr01")
+    },
 }
 
 
