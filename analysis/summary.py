@@ -31,8 +31,8 @@ drift), `levels`: exploit (Kuhn: exact) and safety of Base, SFT, SEPO and payoff
 the paper's SFT-degradation table), and `stability`: SEPO's safety at the chosen and at the final checkpoints (mean and SE over
 seeds), their per-seed difference final - chosen (mean and SE), and `final_holds_chosen`: the final
 checkpoint is not below the chosen one by more than one SE of that difference (late drift would be).
-Where the payoff-only runs differ in more than their seeds and none of them matches SEPO's settings,
-`unpaired_payoff_only` lists their variants and the payoff-only keys have n = 0.
+Where an arm SEPO is compared with (Base, payoff-only) has runs in several variants and none of them is SEPO's,
+`unpaired` lists them by arm, and that arm's keys have n = 0.
 Where SFT was trained once per seed (`launch/tiny_paper.sh`), each SEPO seed is compared with the SFT model it
 started from, so the SE of SEPO - SFT holds SFT's training noise too; where there is one SFT model, evaluated on
 the same test episodes, its own noise is common to every seed and is not in the SE. Either way the SE is the
@@ -277,8 +277,9 @@ def game_summary(
     sepo = runs_by_seed(df, game, "sepo", choose, variant)
     if sft is None or not sepo:
         return None
-    payoff_only_variant = collect.matching_variant(c, game, model, PAYOFF_ONLY, variant)
-    payoff_only = runs_by_seed(df, game, PAYOFF_ONLY, choose, payoff_only_variant)
+    payoff_only = runs_by_seed(
+        df, game, PAYOFF_ONLY, choose, collect.matching_variant(c, game, model, PAYOFF_ONLY, variant)
+    )
     base = collect.start_of(c, game, model, "base", variant)
     sft_runs = sft_runs_of(df, c, game, model, variant)
     starts = sft_of_each(root, sepo, sft_runs, sft)
@@ -297,7 +298,7 @@ def game_summary(
         "chosen_on": choose,
         **({"variant": variant} if variant else {}),
         **failed_runs(df, game),
-        **unpaired_payoff_only(c, game, model, payoff_only_variant),
+        **unpaired_arms(c, game, model, variant),
     }
 
 
@@ -309,12 +310,16 @@ def failed_runs(df: pd.DataFrame, game: str) -> dict[str, dict[str, str]]:
     return {"failed_runs": named} if named else {}
 
 
-def unpaired_payoff_only(c: pd.DataFrame, game: str, model: str, matched: str | None) -> dict[str, list[str]]:
-    """`unpaired_payoff_only`: the payoff-only variants, where none of them is SEPO's (its runs differ in more than
-    their seeds, e.g. each started from a checkpoint outside the run root, identified by its path), so the missing
-    comparison with payoff-only says why instead of reading n = 0."""
-    labels = collect.variants_of(c, game, model, PAYOFF_ONLY)
-    return {"unpaired_payoff_only": labels} if labels and matched is None else {}
+def unpaired_arms(c: pd.DataFrame, game: str, model: str, variant: str) -> dict[str, dict[str, list[str]]]:
+    """`unpaired`: arm -> its variants, for each arm SEPO is compared with whose runs `collect.matching_variant`
+    cannot pair with SEPO's (they differ in more than their seeds, e.g. each started from a checkpoint outside the
+    run root, identified by its path), so a comparison missing from the summary says why instead of reading n = 0."""
+    unpaired = {}
+    for arm in ("base", PAYOFF_ONLY):
+        labels = collect.variants_of(c, game, model, arm)
+        if labels and collect.matching_variant(c, game, model, arm, variant) is None:
+            unpaired[arm] = labels
+    return {"unpaired": unpaired} if unpaired else {}
 
 
 def summarise(root: Path, choose: str = "validation") -> dict[str, Any]:
@@ -370,10 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         for run_dir, why in s.get("failed_runs", {}).items():
             print(f"  not counted: {run_dir}: {why}")
-        if "unpaired_payoff_only" in s:
-            print(
-                f"  payoff-only not compared: its runs differ in more than their seeds ({'; '.join(s['unpaired_payoff_only'])})"
-            )
+        for arm, labels in s.get("unpaired", {}).items():
+            print(f"  {arm} not compared: its runs differ in more than their seeds ({'; '.join(labels)})")
     print(f"wrote {out}")
     return 0
 

@@ -284,6 +284,7 @@ def test_payoff_only_runs_that_differ_in_more_than_seeds_are_named_not_silently_
         config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "sepo": {"lr": 0.1 * (seed + 1)}}))
     ipd = summarise(tmp_path)["ipd"]
     assert ipd["delta_safety_vs_payoff_only"]["n"] == 0
-    assert len(ipd["unpaired_payoff_only"]) == 2 and all("sepo.lr" in v for v in ipd["unpaired_payoff_only"])
+    assert list(ipd["unpaired"]) == ["payoff_only"]
+    assert len(ipd["unpaired"]["payoff_only"]) == 2 and all("sepo.lr" in v for v in ipd["unpaired"]["payoff_only"])
     assert main([str(tmp_path), "--out", str(tmp_path / "summary.json")]) == 0
-    assert "payoff-only not compared: its runs differ in more than their seeds (sepo.lr" in capsys.readouterr().out
+    assert "payoff_only not compared: its runs differ in more than their seeds (sepo.lr" in capsys.readouterr().out
