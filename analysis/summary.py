@@ -322,19 +322,34 @@ def unpaired_arms(c: pd.DataFrame, game: str, model: str, variant: str) -> dict[
     return {"unpaired": unpaired} if unpaired else {}
 
 
-def summarise(root: Path, choose: str = "validation") -> dict[str, Any]:
+def summarise(root: Path, choose: str = "validation", skipped: dict[str, str] | None = None) -> dict[str, Any]:
     """Per game (per game and SEPO variant, `"<game> (<variant>)"`, where SEPO runs differ in more than
-    their seeds): the deltas above."""
+    their seeds): the deltas above. `skipped`, where given, receives why each game (and variant) with SEPO
+    runs has no summary, so that a game missing from the file is named where the summary is printed."""
     df = collect.collect_dir(root)
     c = collect.cells(df)
     out = {}
     for game in ordered(df["game"].dropna().unique(), GAMES):
         model = next(iter(collect.trained_models(df[df["game"] == game])), None)
         for variant in (collect.variants_of(c, game, model, "sepo") if model else []) or [""]:
+            name = f"{game} ({variant})" if variant else game
             summary = game_summary(df, c, game, root, choose, variant)
             if summary is not None:
-                out[f"{game} ({variant})" if variant else game] = summary
+                out[name] = summary
+            elif skipped is not None and model:
+                skipped[name] = why_not_summarised(df, c, game, model, variant)
     return out
+
+
+def why_not_summarised(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, variant: str) -> str:
+    """Why `game_summary` gave None for a game with trained runs: no SFT cell to compare with, or no SEPO run
+    with figures (a failed or unfinished run has none)."""
+    if collect.start_of(c, game, model, "sft", variant) is None:
+        labels = collect.variants_of(c, game, model, "sft")
+        if not labels:
+            return "no SFT run of this game and model"
+        return f"its SFT runs differ in more than their seeds ({'; '.join(labels)}) and none matches SEPO's settings"
+    return "no SEPO run of it has finished with figures"
 
 
 def check_paths(sweep_dir: Path, out: Path) -> str | None:
@@ -357,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    skipped: dict[str, str] = {}
     try:
-        summary = summarise(args.sweep_dir, args.choose)
+        summary = summarise(args.sweep_dir, args.choose, skipped)
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -377,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  not counted: {run_dir}: {why}")
         for arm, labels in s.get("unpaired", {}).items():
             print(f"  {arm} not compared: its runs differ in more than their seeds ({'; '.join(labels)})")
+    for game, why in skipped.items():
+        print(f"{game}: not summarised: {why}")
     print(f"wrote {out}")
     return 0
 

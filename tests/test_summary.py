@@ -288,3 +288,20 @@ def test_payoff_only_runs_that_differ_in_more_than_seeds_are_named_not_silently_
     assert len(ipd["unpaired"]["payoff_only"]) == 2 and all("sepo.lr" in v for v in ipd["unpaired"]["payoff_only"])
     assert main([str(tmp_path), "--out", str(tmp_path / "summary.json")]) == 0
     assert "payoff_only not compared: its runs differ in more than their seeds (sepo.lr" in capsys.readouterr().out
+
+
+def test_a_game_whose_sft_runs_cannot_be_paired_is_named_not_silently_left_out(tmp_path, capsys):
+    """Two SFT runs that differ in their learning rate, and SEPO runs whose settings match neither: there is no
+    SFT row to compare with, so the game has no summary, and the printed summary says why."""
+    for lr in (1e-3, 2e-3):
+        sft = tmp_path / f"sft_{lr}"
+        write(sft / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.5, 0.25, 0.2, 1.0), train_seed=0)
+        (sft / ".hydra").mkdir(parents=True)
+        (sft / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"sft": {"lr": lr}}))
+        (sft / "DONE").write_text("{}\n")
+    sepo_run(tmp_path, "sepo0", 0, LAMBDAS_TRAIN, [(10, metrics(2.5, 0.25, 0.0, 0.1, 1.5), 1.0)])
+    skipped = {}
+    assert summarise(tmp_path, skipped=skipped) == {}
+    assert list(skipped) == ["ipd"] and "its SFT runs differ in more than their seeds (sft.lr" in skipped["ipd"]
+    assert main([str(tmp_path), "--out", str(tmp_path / "summary.json")]) == 0
+    assert "ipd: not summarised: its SFT runs differ in more than their seeds (sft.lr" in capsys.readouterr().out
