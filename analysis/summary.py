@@ -336,15 +336,20 @@ def summarise(root: Path, choose: str = "validation", skipped: dict[str, str] | 
             summary = game_summary(df, c, game, root, choose, variant)
             if summary is not None:
                 out[name] = summary
-            elif skipped is not None and model:
-                skipped[name] = why_not_summarised(df, c, game, model, variant)
+            elif skipped is not None and has_sepo_runs(df, game):
+                skipped[name] = why_not_summarised(c, game, model, variant)
     return out
 
 
-def why_not_summarised(df: pd.DataFrame, c: pd.DataFrame, game: str, model: str, variant: str) -> str:
-    """Why `game_summary` gave None for a game with trained runs: no SFT cell to compare with, or no SEPO run
+def has_sepo_runs(df: pd.DataFrame, game: str) -> bool:
+    """Whether any SEPO run of the game (SEPO's or payoff-only's, finished or not) is under the root."""
+    return bool(((df["game"] == game) & df["phase"].isin(["sepo", PAYOFF_ONLY])).any())
+
+
+def why_not_summarised(c: pd.DataFrame, game: str, model: str | None, variant: str) -> str:
+    """Why `game_summary` gave None for a game with SEPO runs: no SFT cell to compare with, or no SEPO run
     with figures (a failed or unfinished run has none)."""
-    if collect.start_of(c, game, model, "sft", variant) is None:
+    if model is None or collect.start_of(c, game, model, "sft", variant) is None:
         labels = collect.variants_of(c, game, model, "sft")
         if not labels:
             return "no SFT run of this game and model"
