@@ -140,8 +140,9 @@ def degradation_rows(game: str, s: dict, model: str) -> list[str]:
     levels = s.get("levels", {})
     if "base" in levels:
         exploit = {arm: levels[arm]["exploit"] for arm in ("base", "sft", "sepo")}
+        runs = f"{len(s['seeds'])} seeds" if s["seeds"] else f"SFT over {levels['sft']['models']} seeds, no SEPO run"
         rows.append(
-            f"| {game} | **{model}** ({len(s['seeds'])} seeds) | {cell(exploit['base'], False)} | "
+            f"| {game} | **{model}** ({runs}) | {cell(exploit['base'], False)} | "
             f"{cell(exploit['sft'], False)} | {cell(exploit['sepo'], False)} | "
             f"{cell(s.get('delta_exploit_sft_vs_base', {}))} | {cell(sepo_minus_base_exploit(s))} |"
         )

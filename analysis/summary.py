@@ -272,15 +272,18 @@ def sft_seed_of_start(root: Path, run_dir: str) -> int | None:
 def game_summary(
     df: pd.DataFrame, c: pd.DataFrame, game: str, root: Path, choose: str, variant: str = ""
 ) -> dict[str, Any] | None:
+    """The deltas of one game (and SEPO variant); None without an SFT row, or without SEPO runs and a Base row. A
+    game whose SEPO runs have not finished still gets its SFT-degradation row (`delta_exploit_sft_vs_base`, levels
+    of Base and SFT), with every SEPO key at n = 0, so the paper's SFT table covers every game SFT has reached."""
     model = next(iter(collect.trained_models(df[df["game"] == game])), None)
     sft = collect.start_of(c, game, model, "sft", variant) if model else None
     sepo = runs_by_seed(df, game, "sepo", choose, variant)
-    if sft is None or not sepo:
+    base = collect.start_of(c, game, model, "base", variant) if model else None
+    if sft is None or not (sepo or base is not None):
         return None
     payoff_only = runs_by_seed(
         df, game, PAYOFF_ONLY, choose, collect.matching_variant(c, game, model, PAYOFF_ONLY, variant)
     )
-    base = collect.start_of(c, game, model, "base", variant)
     sft_runs = sft_runs_of(df, c, game, model, variant)
     starts = sft_of_each(root, sepo, sft_runs, sft)
     best = deltas(sepo, payoff_only, starts, base, root, "best")
@@ -390,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{game}: "
             + ", ".join(
                 f"{k.removeprefix('delta_')} {s[k]['mean']:+.3f} ± {s[k]['se'] if s[k]['se'] is not None else float('nan'):.3f}"
-                for k in KEYS
-                if s[k]["mean"] is not None
+                for k in (*KEYS, "delta_exploit_sft_vs_base")
+                if s.get(k, {}).get("mean") is not None
             )
         )
         for run_dir, why in s.get("failed_runs", {}).items():

@@ -305,3 +305,28 @@ def test_a_game_whose_sft_runs_cannot_be_paired_is_named_not_silently_left_out(t
     assert list(skipped) == ["ipd"] and "its SFT runs differ in more than their seeds (sft.lr" in skipped["ipd"]
     assert main([str(tmp_path), "--out", str(tmp_path / "summary.json")]) == 0
     assert "ipd: not summarised: its SFT runs differ in more than their seeds (sft.lr" in capsys.readouterr().out
+
+
+def test_a_game_sft_has_reached_but_sepo_has_not_keeps_its_sft_degradation_row(tmp_path):
+    """Base and two SFT draws of a game, no SEPO run yet: the summary holds SFT - Base over the two draws and the
+    two levels, every SEPO key at n = 0, and the paper table prints the row with no SEPO cell."""
+    from analysis.report import degradation_rows
+
+    write(tmp_path / "base" / "results.json", "eval", metrics(1.0, 0.5, 0.2, 0.3, 0.25), checkpoint=None)
+    (tmp_path / "base" / "DONE").write_text("{}\n")
+    for seed, exploit in ((0, 0.9), (1, 0.3)):
+        sft = tmp_path / "sft" / f"sft_seed_{seed}"
+        write(sft / "eval" / "sft" / "results.json", "sft", metrics(2.0, exploit, 0.25, 0.2, 1.0), train_seed=seed)
+        (sft / "DONE").write_text("{}\n")
+    ipd = summarise(tmp_path)["ipd"]
+    assert ipd["delta_exploit_sft_vs_base"] == {"mean": 0.1, "se": 0.3, "n": 2, "se_from": "runs"}  # +0.4, -0.2
+    assert ipd["levels"]["sft"]["models"] == 2 and ipd["levels"]["base"]["exploit"]["mean"] == 0.5
+    assert ipd["seeds"] == [] and ipd["delta_exploit_vs_sft"]["n"] == 0 and ipd["levels"]["sepo"]["exploit"]["n"] == 0
+    row = degradation_rows("ipd", ipd, "tiny")[-1]
+    assert row.startswith("| ipd | **tiny** (SFT over 2 seeds, no SEPO run) | +0.500") and row.endswith("| -- |")
+
+
+def test_sft_alone_without_base_or_sepo_is_no_summary(tmp_path):
+    write(tmp_path / "sft" / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.5, 0.25, 0.2, 1.0), train_seed=0)
+    (tmp_path / "sft" / "DONE").write_text("{}\n")
+    assert summarise(tmp_path) == {}
