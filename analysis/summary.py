@@ -317,12 +317,16 @@ def unpaired_arms(c: pd.DataFrame, game: str, model: str, variant: str) -> dict[
     """`unpaired`: arm -> its variants, for each arm SEPO is compared with whose runs `collect.matching_variant`
     cannot pair with SEPO's (they differ in more than their seeds, e.g. each started from a checkpoint outside the
     run root, identified by its path), so a comparison missing from the summary says why instead of reading n = 0."""
-    unpaired = {}
-    for arm in ("base", PAYOFF_ONLY):
-        labels = collect.variants_of(c, game, model, arm)
-        if labels and collect.matching_variant(c, game, model, arm, variant) is None:
-            unpaired[arm] = labels
+    unpaired = {
+        arm: labels for arm in ("base", PAYOFF_ONLY) if (labels := unpaired_variants(c, game, model, arm, variant))
+    }
     return {"unpaired": unpaired} if unpaired else {}
+
+
+def unpaired_variants(c: pd.DataFrame, game: str, model: str, arm: str, variant: str) -> list[str]:
+    """The arm's variants where `collect.matching_variant` pairs none of them with SEPO's `variant`, else []."""
+    labels = collect.variants_of(c, game, model, arm)
+    return labels if labels and collect.matching_variant(c, game, model, arm, variant) is None else []
 
 
 def summarise(root: Path, choose: str = "validation", skipped: dict[str, str] | None = None) -> dict[str, Any]:
@@ -352,10 +356,9 @@ def has_sepo_runs(df: pd.DataFrame, game: str) -> bool:
 def why_not_summarised(c: pd.DataFrame, game: str, model: str | None, variant: str) -> str:
     """Why `game_summary` gave None for a game with SEPO runs: no SFT cell to compare with, or no SEPO run
     with figures (a failed or unfinished run has none)."""
-    if model is None or collect.start_of(c, game, model, "sft", variant) is None:
-        labels = collect.variants_of(c, game, model, "sft")
-        if not labels:
-            return "no SFT run of this game and model"
+    if model is None or not collect.variants_of(c, game, model, "sft"):
+        return "no SFT run of this game and model"
+    if labels := unpaired_variants(c, game, model, "sft", variant):
         return f"its SFT runs differ in more than their seeds ({'; '.join(labels)}) and none matches SEPO's settings"
     return "no SEPO run of it has finished with figures"
 
