@@ -23,7 +23,8 @@ from typing import Any
 import pandas as pd
 
 from analysis import variants
-from sepo import penalties, run_lock
+from analysis.paper import SFT_DEGRADATION
+from sepo import games, penalties, run_lock
 from sepo.files import DamagedFile, why_unreadable
 from sepo.trees import leaves
 
@@ -67,13 +68,16 @@ WANDB_STATES = {"finished": "done", "failed": "failed", "crashed": "failed", "ki
 
 #: display names, in table order (a name not listed follows alphabetically)
 MODELS = {"gemma4": "Gemma 4 E4B-it", "qwen": "Qwen 3.5-4B", "tiny": "tiny"}
-GAMES = {"ipd": "IPD", "auction": "Auction", "neg_v1": r"Neg.\ v1", "neg_v2": r"Neg.\ v2", "kuhn": "Kuhn"}
 
 
 def ordered(names, order: dict[str, str]) -> list[str]:
     """Known names in the display dict's order, then the rest alphabetically."""
     names = set(names)
     return [n for n in order if n in names] + sorted(names - set(order))
+
+
+#: every game's table label (sepo/games/<game>/): the paper's games in its order, then the others alphabetically
+GAMES = {name: games.entry(name).label for name in ordered(games.names(), SFT_DEGRADATION)}
 
 
 def trained_models(df: pd.DataFrame) -> list[str]:

@@ -21,8 +21,8 @@ import numpy as np
 
 from sepo.forked import forked_map, split_round_robin
 from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round
+from sepo.games.strategy import Strategy
 from sepo.policies.base import Decision, DecisionRequest, Policy
-from sepo.strategies import Strategy
 
 
 @dataclass

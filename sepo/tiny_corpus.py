@@ -6,24 +6,23 @@ episodes of every available game, plus answers shaped like the ones SFT teaches 
 line, then the action alone on the last line). Merges then cover the game vocabulary, prompts stay
 short in tokens, and the build needs nothing from outside.
 
-A game counts as available when its module and its `conf/game/<name>.yaml` both exist; games still
-being written are skipped, and the corpus (hence the tokenizer's cache key) changes once they land.
+The games it covers are listed (`model.corpus.games`), so a new game leaves tiny's tokenizer, and every
+result of tiny, as they were until it is added there: its text is then encoded in shorter pieces.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from sepo.arena import play
-from sepo.games import GAME_CLASSES, Game, make_game
+from sepo.games import Game, make_game
+from sepo.games.strategy import get_strategy, known_strategies, responds_to_agent
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.scripted import ScriptedPolicy
-from sepo.strategies import get_strategy, known_strategies, responds_to_agent
 
 #: Fallback reasoning lines, filled with the action, for when `sepo.training.reasoning` (the SFT data's own
 #: reasoning lines) is not there; the tokenizer only needs the words answers are made of.
@@ -65,22 +64,9 @@ class _Recorder:
         return decisions
 
 
-def available_games(conf_dir) -> dict[str, DictConfig]:
-    """Game name -> its config from `conf/game/`, for every game whose module and config exist."""
-    games = {}
-    for name, target in GAME_CLASSES.items():
-        path = conf_dir / "game" / f"{name}.yaml"
-        module = target.split(":")[0]
-        if not path.exists():
-            continue
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:  # a game another helper has not written yet
-            if err.name != module:
-                raise
-            continue
-        games[name] = OmegaConf.load(path)
-    return games
+def game_configs(names, conf_dir) -> list[DictConfig]:
+    """The configs (`conf/game/<name>.yaml`) of the games the corpus covers, in the corpus's order."""
+    return [OmegaConf.load(conf_dir / "game" / f"{name}.yaml") for name in names]
 
 
 def _strategies(game_cfg: DictConfig) -> list[str]:
@@ -108,7 +94,7 @@ def game_texts(game: Game, game_cfg: DictConfig, episodes: int, seed: int) -> li
 def build_corpus(corpus_cfg: Any, conf_dir) -> list[str]:
     """The tokenizer's training texts: unique, in a fixed order, so training is deterministic."""
     texts: list[str] = []
-    for game_cfg in available_games(conf_dir).values():
+    for game_cfg in game_configs(corpus_cfg.games, conf_dir):
         texts += game_texts(make_game(game_cfg), game_cfg, int(corpus_cfg.episodes_per_opponent), int(corpus_cfg.seed))
     return list(dict.fromkeys(texts))
 

@@ -6,8 +6,8 @@ from omegaconf import OmegaConf
 
 from sepo.arena import play
 from sepo.games import make_game
+from sepo.games.strategy import get_strategy
 from sepo.policies import ScriptedPolicy
-from sepo.strategies import get_strategy
 
 GAME = make_game(OmegaConf.load("conf/game/ipd.yaml"))
 

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from sepo.games import kuhn_exact as K
-from sepo.games.kuhn_exact import INFOSETS
+from sepo.games.kuhn import exact as K
+from sepo.games.kuhn.exact import INFOSETS
 
 from .conftest import run_dirs
 

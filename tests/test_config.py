@@ -84,7 +84,7 @@ def test_cli_errors_are_one_line_without_traceback(cli, args, key, allowed):
 
 
 def test_strategy_params_come_from_the_game_config(compose_cfg):
-    from sepo.strategies import make_strategy
+    from sepo.games.strategy import make_strategy
 
     cfg = compose_cfg("game=neg_v1", "game.strategy_params.Hard.demand=9")
     assert make_strategy(cfg.game, "Hard").act({"round": 0, "history": []}, [str(d) for d in range(1, 10)], None) == "9"

@@ -313,14 +313,14 @@ def test_ipd_can_open_every_line_with_the_opponents_last_move():
 def test_kuhn_can_name_a_bet_after_ones_own_check():
     """game.reasoning.name_the_check: facing a bet after one's own check (1pb) gets lines of its own, each
     opening with "I checked", which no other spot's line does; off, it shares the opening bet's lines."""
-    from sepo.training.reasoning import PHRASES
+    from sepo.games import entry
 
     obs = {"card": "Q", "betting": ["PASS", "BET"]}
     assert reasoning_case("kuhn", "NashApprox", "CALL", obs) == "Q_facing_CALL"
     assert reasoning_case("kuhn", "NashApprox", "CALL", obs, {"name_the_check": True}) == "Q_checkbet_CALL"
     opening = {"card": "Q", "betting": ["BET"]}
     assert reasoning_case("kuhn", "NashApprox", "CALL", opening, {"name_the_check": True}) == "Q_facing_CALL"
-    kuhn = PHRASES["kuhn"]
+    kuhn = entry("kuhn").reasoning.phrases
     for case, lines in kuhn.items():
         assert all(line.startswith("I checked") == ("checkbet" in case) for line in lines), case
     assert {c.replace("checkbet", "facing") for c in kuhn if "checkbet" in c} == {c for c in kuhn if "facing" in c}
@@ -329,10 +329,10 @@ def test_kuhn_can_name_a_bet_after_ones_own_check():
 def test_kuhn_can_keep_one_phrasing_per_case():
     """game.reasoning.phrasings=k keeps each case's first k lines (SEPO then trains on answers whose wording says
     less); 0 keeps them all."""
-    from sepo.training.reasoning import PHRASES
+    from sepo.games import entry
 
     obs = {"card": "K", "betting": []}
-    first = PHRASES["kuhn"]["K_open_BET"][0]
+    first = entry("kuhn").reasoning.phrases["K_open_BET"][0]
     rng = np.random.default_rng(0)
     one = {
         reasoning_line("kuhn", "NashApprox", "BET", obs, rng, {"phrasings": 1, "name_the_check": False})
@@ -340,7 +340,7 @@ def test_kuhn_can_keep_one_phrasing_per_case():
     }
     assert one == {first}
     every = {reasoning_line("kuhn", "NashApprox", "BET", obs, rng, {"phrasings": 0}) for _ in range(40)}
-    assert every == set(PHRASES["kuhn"]["K_open_BET"]) and len(every) > 1
+    assert every == set(entry("kuhn").reasoning.phrases["K_open_BET"]) and len(every) > 1
 
 
 def test_a_models_own_game_settings_shape_its_data_and_its_prompts_alike(compose_cfg, tmp_path):

@@ -3,7 +3,7 @@
 A table agent (P(bet or call) = sigmoid(theta_I) at each of the 12 information sets, no language model) answers
 through `ExactValueBuilder.collect`; each decision carries its score d log pi(a | I) / d theta, so a batch's update
 is sum_d A_d * score_d. Its mean over batches is compared with the central finite-difference gradient of J,
-computed by `sepo.games.kuhn_exact` (itself checked against OpenSpiel in tests/test_kuhn_exact.py).
+computed by `sepo.games.kuhn.exact` (itself checked against OpenSpiel in tests/test_kuhn.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 
 from sepo.errors import ConfigError
 from sepo.games import make_game
-from sepo.games.kuhn import ACTION_INDEX, CARDS, node_of
-from sepo.games.kuhn_exact import INFOSETS, best_response_table, exploitability
+from sepo.games.kuhn.exact import INFOSETS, best_response_table, exploitability
+from sepo.games.kuhn.rules import ACTION_INDEX, CARDS, node_of
 from sepo.policies.base import Decision
 from sepo.run.compose import compose_config
 from sepo.run.config import validate

@@ -19,8 +19,8 @@ from sepo.arena import play
 from sepo.errors import RunError
 from sepo.forked import WorkerDied, forked_map, split_round_robin, worker_count
 from sepo.games import make_game
+from sepo.games.strategy import get_strategy
 from sepo.policies import ScriptedPolicy
-from sepo.strategies import get_strategy
 
 from .conftest import CONF, ROOT
 

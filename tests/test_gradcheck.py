@@ -24,7 +24,7 @@ from benchmarks.estimator.finite_differences import (
 )
 from sepo.arena import play
 from sepo.games import make_game
-from sepo.strategies import make_strategy
+from sepo.games.strategy import make_strategy
 from sepo.training.objective import sepo_settings, term_keys
 
 from .conftest import ROOT
@@ -198,7 +198,7 @@ def test_kuhn_with_the_best_responder_the_batch_update_follows_grad_j_and_j_desc
     exploitability, more so than without the best responder (0.72 against 0.51 here)."""
     import json
 
-    from sepo.games import kuhn_exact as K
+    from sepo.games.kuhn import exact as K
 
     rng = np.random.default_rng(1)
     point = {k: float(rng.uniform(0.15, 0.85)) for k in K.INFOSETS}
@@ -241,7 +241,7 @@ def test_kuhn_descent_lowers_exploitability_through_the_batch_code(tmp_path):
     default pool 40 batches raise the exact J of every seed."""
     import json
 
-    from sepo.games import kuhn_exact as K
+    from sepo.games.kuhn import exact as K
 
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"played_table": {"bet_or_call": dict(zip(K.INFOSETS, SFT_LIKE_TABLE))}}))

@@ -7,12 +7,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from sepo.games import make_game
-from sepo.games.ipd import COOPERATE as C
-from sepo.games.ipd import DEFECT as D
+from sepo.games.ipd.rules import COOPERATE as C
+from sepo.games.ipd.rules import DEFECT as D
+from sepo.games.strategy import Strategy, get_strategy
 from sepo.policies import ScriptedPolicy
 from sepo.stages.evaluate import evaluate_policy
-from sepo.strategies import get_strategy
-from sepo.strategies.base import Strategy
 
 IPD_CFG = OmegaConf.load("conf/game/ipd.yaml")
 LAMBDAS = dict(OmegaConf.load("conf/lambdas/ipd.yaml").eval)

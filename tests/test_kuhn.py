@@ -13,13 +13,13 @@ from omegaconf import OmegaConf
 
 from sepo.arena import play
 from sepo.games import AGENT, OPPONENT, make_game
-from sepo.games import kuhn_exact as K
-from sepo.games.kuhn import BET, CALL, CARDS, FOLD, PASS, KuhnPoker
+from sepo.games.kuhn import exact as K
+from sepo.games.kuhn.rules import BET, CALL, CARDS, FOLD, PASS, KuhnPoker
+from sepo.games.strategy import get_strategy, known_strategies
 from sepo.policies import ScriptedPolicy
 from sepo.policies.played import exact_estimate
 from sepo.policies.played_table import exact_exploitability, infoset_requests, policy_table
 from sepo.stages.evaluate import evaluate_policy
-from sepo.strategies import get_strategy, known_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 GAME_CFG = OmegaConf.load(ROOT / "conf/game/kuhn.yaml")

@@ -109,7 +109,7 @@ def test_the_sepo_loop_has_a_name_that_says_what_it_is():
     modules = project_modules()
     assert "sepo.sepo" not in modules
     assert "sepo.stages.sepo_loop" in modules
-    assert {"sepo.training.objective", "sepo.games.kuhn_exact", "sepo.stages.sft"} <= set(modules)
+    assert {"sepo.training.objective", "sepo.games.kuhn.exact", "sepo.stages.sft"} <= set(modules)
 
 
 def test_nothing_but_the_tools_imports_the_benchmarks():

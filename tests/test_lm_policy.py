@@ -421,7 +421,7 @@ def test_reusing_each_episodes_encoded_prompt_changes_nothing(taught, temperatur
     encoding and encodes only the new history. Same games, answers and log-probs as encoding every
     prompt in full, and the reuse really happens."""
     from sepo.arena import Match, play_matches
-    from sepo.strategies import make_strategy
+    from sepo.games.strategy import make_strategy
 
     model, tokenizer, cfg = taught
     matches = [Match(name, make_strategy(IPD.cfg, name), k) for name in ("TFT", "AlwaysD", "Random") for k in range(2)]
@@ -455,8 +455,8 @@ def test_the_encoded_prompts_do_not_outlive_their_episodes(taught):
     """Each reused encoding is dropped once copied into the new cache, and the arena's `episodes_over`
     drops the last ones: nothing per episode is held through what runs after a `play` (SEPO's update)."""
     from sepo.arena import Match, play_matches
+    from sepo.games.strategy import make_strategy
     from sepo.policies.recording import RecordingPolicy
-    from sepo.strategies import make_strategy
 
     model, tokenizer, cfg = taught
     agent = LMPolicy(model, tokenizer, OmegaConf.merge(cfg, {"prefix_cache": True, "static_cache": True}), 1.0, 24, 0)

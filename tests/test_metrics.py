@@ -89,9 +89,9 @@ def test_parse_rate_counts_fallback_decisions():
 def test_kuhn_standard_errors_are_over_mirrored_pairs():
     """A mirrored pair deals the same cards with the seats swapped: its mean is one independent value."""
     from sepo.arena import play
+    from sepo.games.strategy import get_strategy, make_strategy
     from sepo.metrics import sampling_units, summarise_opponent
     from sepo.policies import ScriptedPolicy
-    from sepo.strategies import get_strategy, make_strategy
 
     cfg = OmegaConf.load("conf/game/kuhn.yaml")
     game = make_game(cfg)

@@ -14,12 +14,12 @@ from omegaconf import OmegaConf
 
 from sepo.arena import play
 from sepo.games import make_game
-from sepo.games.neg_v1 import NegotiationV1
+from sepo.games.neg_v1.rules import NegotiationV1
+from sepo.games.strategy import get_strategy, known_strategies
 from sepo.policies import ScriptedPolicy
 from sepo.run.compose import compose_config
 from sepo.run.config import PoolOverlapWarning, validate
 from sepo.stages.evaluate import evaluate_policy
-from sepo.strategies import get_strategy, known_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"

@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 
 from sepo.arena import episode_seed, play
 from sepo.games import AGENT, OPPONENT, make_game
-from sepo.games.neg_v2 import NegState, format_demand, value_vectors
+from sepo.games.neg_v2.rules import NegState, format_demand, value_vectors
+from sepo.games.strategy import get_strategy, known_strategies
 from sepo.policies import ScriptedPolicy
 from sepo.stages.evaluate import evaluate_policy
-from sepo.strategies import get_strategy, known_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 GAME_CFG = OmegaConf.load(ROOT / "conf/game/neg_v2.yaml")

@@ -13,10 +13,10 @@ from sepo import penalties
 from sepo.arena import play
 from sepo.errors import ConfigError
 from sepo.games import AGENT, make_game
+from sepo.games.strategy import get_strategy, make_strategy
 from sepo.metrics import compute_metrics, pools_of
 from sepo.penalties import PenaltyTerm
 from sepo.policies import ScriptedPolicy
-from sepo.strategies import get_strategy, make_strategy
 from sepo.training.objective import pooled_terms, term_keys
 
 from .conftest import SMALL, LogTracker

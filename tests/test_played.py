@@ -13,12 +13,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from sepo.arena import play
-from sepo.games import kuhn_exact as K
 from sepo.games import make_game
-from sepo.games.kuhn import ACTION_INDEX, node_of
+from sepo.games.kuhn import exact as K
+from sepo.games.kuhn.rules import ACTION_INDEX, node_of
+from sepo.games.strategy import get_strategy
 from sepo.policies.lm import LMPolicy
 from sepo.policies.played_table import infoset_requests, played_table
-from sepo.strategies import get_strategy
 
 from .conftest import CONF, teach
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sepo.games import make_game
+from sepo.games.strategy import make_strategy
 from sepo.policies import ScriptedPolicy
-from sepo.strategies import make_strategy
 from sepo.training.objective import EstimatorState, sepo_settings
 from sepo.training.rollouts import BatchBuilder
 
@@ -115,7 +115,7 @@ def test_the_best_responders_episodes_are_an_exploit_group_with_the_exploit_term
     import numpy as np
 
     from sepo import penalties
-    from sepo.games import kuhn_exact as K
+    from sepo.games.kuhn import exact as K
     from sepo.stages.sepo_loop import best_response_schedule
 
     cfg, builder, g = build(

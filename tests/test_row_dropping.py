@@ -180,7 +180,7 @@ def test_whole_episodes_reuse_their_prompts_after_rows_left(taught, temperature)
     """Whole IPD episodes in lockstep: each episode's encoding is kept before any row leaves, so its next
     decision reuses it; the games are generate's."""
     from sepo.arena import Match, play_matches
-    from sepo.strategies import make_strategy
+    from sepo.games.strategy import make_strategy
 
     model, tokenizer, cfg = taught
     matches = [Match(name, make_strategy(IPD.cfg, name), k) for name in ("TFT", "AlwaysD", "Random") for k in range(2)]

@@ -24,10 +24,10 @@ from sepo.builders import smollm2 as smollm2_builder
 from sepo.builders.cache import BUILD_INFO
 from sepo.builders.smollm2 import REINSTALL, build_smollm2, gguf_path
 from sepo.errors import ModelLoadError
-from sepo.games import GAME_CLASSES, make_game
+from sepo.games import make_game, names
+from sepo.games.strategy import make_strategy
 from sepo.policies.lm import LMPolicy
 from sepo.policies.recording import RecordingPolicy
-from sepo.strategies import make_strategy
 
 from .conftest import CONF, model_cfg
 
@@ -73,7 +73,7 @@ def test_chatml_prompt_and_stop_at_the_end_of_the_turn(smollm2):
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in policy.eos_ids
 
 
-@pytest.mark.parametrize("name", sorted(GAME_CLASSES))
+@pytest.mark.parametrize("name", names())
 def test_it_plays_every_game_and_a_rambling_answer_takes_the_fallback(smollm2, name):
     """One episode (two rounds) against the game's first train opponent, sampled, 16-token answers: every
     action legal (the arena checks), every decision counted, the unparsed ones decided by the fallback."""

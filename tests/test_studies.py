@@ -93,11 +93,11 @@ def test_the_ipd_coupling_study_reads_which_move_a_line_names_and_draws_historie
     import json
 
     from benchmarks.studies.ipd_coupling import histories, named_last_move
-    from sepo.training.reasoning import PHRASES
+    from sepo.games import entry
 
     names = {"reciprocate": "COOPERATE", "trust": "COOPERATE", "retaliate": "DEFECT", "forgive": "DEFECT",
              "punish": "DEFECT"}  # fmt: skip
-    for case, phrases in PHRASES["ipd"].items():
+    for case, phrases in entry("ipd").reasoning.phrases.items():
         for phrase in phrases:
             assert named_last_move(phrase.format(action="DEFECT", r=3, first=2) + "\nDEFECT") == names.get(case), phrase
     assert named_last_move("They cooperated, then defected.\nDEFECT") is None and named_last_move(None) is None
@@ -118,9 +118,9 @@ def test_the_last_moves_read_tells_an_answer_to_the_opponent_from_a_repeat_of_on
 
     from benchmarks.studies.ipd_coupling import last_moves_histories, read_last_moves
     from sepo.games import make_game
+    from sepo.games.strategy import make_strategy
     from sepo.policies.base import Decision
     from sepo.policies.scripted import ScriptedPolicy
-    from sepo.strategies.base import make_strategy
 
     game = make_game(OmegaConf.load("conf/game/ipd.yaml"))
     assert [len(h) for h in last_moves_histories(2).values()] == [3, 3, 3, 3]

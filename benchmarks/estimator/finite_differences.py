@@ -30,7 +30,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from sepo.games import make_game
-from sepo.games.ipd import COOPERATE, DEFECT
+from sepo.games.ipd.rules import COOPERATE, DEFECT
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.training.objective import EstimatorState, term_keys
 from sepo.training.rollouts import BatchBuilder

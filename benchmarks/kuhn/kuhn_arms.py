@@ -50,7 +50,7 @@ OBJECTIVES = {"sepo": [], "payoff_only": ["lambdas=zero"]}
 
 
 def without_dominated(q: np.ndarray) -> np.ndarray:
-    from sepo.games.kuhn_exact import INFOSETS
+    from sepo.games.kuhn.exact import INFOSETS
 
     out = q.copy()
     for infoset, p in DOMINANT.items():

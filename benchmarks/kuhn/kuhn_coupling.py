@@ -48,7 +48,7 @@ def push(cfg, key: str, sign: float, steps: int, samples: int, batch: int) -> di
     import torch
 
     from sepo.games import make_game
-    from sepo.games.kuhn import ACTION_INDEX
+    from sepo.games.kuhn.rules import ACTION_INDEX
     from sepo.policies.played_table import infoset_requests
     from sepo.stages.sepo_loop import build_learner
     from sepo.training.objective import sepo_settings
@@ -88,7 +88,7 @@ def main() -> None:
 
     import torch
 
-    from sepo.games.kuhn_exact import INFOSETS
+    from sepo.games.kuhn.exact import INFOSETS
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -5,7 +5,7 @@ A table agent (P(BET or CALL) = sigmoid(theta_i) at each of the 12 information s
 every hand) plays through the training batch code (`BatchBuilder`: pooled groups with shared deals,
 credit, leave-one-out baseline, weights, lagged exploit switch), against Kuhn's pools, with the
 best responder answering the agent's table. Its mean update over many batches is compared with the
-exact gradient of J (expected values and the best response from `sepo.games.kuhn_exact`, central
+exact gradient of J (expected values and the best response from `sepo.games.kuhn.exact`, central
 differences in theta, the best response held at the point's, as training holds it between two reads;
 where it is unique that is also the gradient with the response re-solved), and with the exact
 gradient of the exploitability. Then the noise: how many batches must be averaged before the update's direction
@@ -44,15 +44,15 @@ class TableAgent:
         self.theta = np.asarray(theta, dtype=float)
 
     def table(self):
-        from sepo.games.kuhn_exact import INFOSETS
+        from sepo.games.kuhn.exact import INFOSETS
 
         q = 1.0 / (1.0 + np.exp(-self.theta))
         return {k: np.array([1.0 - p, p]) for k, p in zip(INFOSETS, q)}
 
     def act_batch(self, requests):
         from benchmarks.estimator.finite_differences import ScoredDecision
-        from sepo.games.kuhn import ACTION_INDEX, node_of
-        from sepo.games.kuhn_exact import INFOSETS
+        from sepo.games.kuhn.exact import INFOSETS
+        from sepo.games.kuhn.rules import ACTION_INDEX, node_of
 
         out = []
         for request in requests:
@@ -68,8 +68,8 @@ class TableAgent:
 
 
 def played(results: Path) -> np.ndarray:
-    """A Kuhn results.json's played table: P(BET or CALL) at each information set, in `kuhn_exact.INFOSETS` order."""
-    from sepo.games.kuhn_exact import INFOSETS
+    """A Kuhn results.json's played table: P(BET or CALL) at each information set, in `sepo.games.kuhn.exact.INFOSETS` order."""
+    from sepo.games.kuhn.exact import INFOSETS
 
     table = json.loads(Path(results).read_text())["played_table"]["bet_or_call"]
     return np.array([table[k] for k in INFOSETS])
@@ -90,11 +90,11 @@ def exact_objective(table, cfg, response=None) -> tuple[float, float]:
     gradient (Danskin); where it is not, the exploitability has a kink and only the fixed one is
     what the estimator follows.
     """
-    from sepo.games import kuhn_exact as K
     from sepo.games import make_game
+    from sepo.games.kuhn import exact as K
+    from sepo.games.strategy import make_strategy
     from sepo.policies import ScriptedPolicy
     from sepo.policies.played_table import policy_table
-    from sepo.strategies import make_strategy
 
     game = make_game(cfg.game)
 
@@ -114,7 +114,7 @@ def exact_objective(table, cfg, response=None) -> tuple[float, float]:
 def exact_gradients(theta: np.ndarray, cfg, h: float = 1e-4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Central differences in theta: of J with the point's best response held fixed, of J with it
     re-solved at every point, and of the exploitability."""
-    from sepo.games.kuhn_exact import best_response_table
+    from sepo.games.kuhn.exact import best_response_table
 
     response = best_response_table(TableAgent(theta).table())
     g_fixed, g_solved, g_x = (np.zeros(len(theta)) for _ in range(3))
@@ -130,7 +130,7 @@ def exact_gradients(theta: np.ndarray, cfg, h: float = 1e-4) -> tuple[np.ndarray
 
 
 def table_of(q: np.ndarray):
-    from sepo.games.kuhn_exact import INFOSETS
+    from sepo.games.kuhn.exact import INFOSETS
 
     return {k: np.array([1.0 - x, x]) for k, x in zip(INFOSETS, q)}
 
@@ -271,7 +271,7 @@ def parse_args() -> argparse.Namespace:
 
 def exact_at_point(theta: np.ndarray, q: np.ndarray, cfg: Any) -> tuple[dict, np.ndarray]:
     """The point's J, exploitability and exact gradients (the output's head), and the exact grad J."""
-    from sepo.games.kuhn_exact import INFOSETS
+    from sepo.games.kuhn.exact import INFOSETS
 
     g_j, g_solved, g_x = exact_gradients(theta, cfg)
     j, x = exact_objective(TableAgent(theta).table(), cfg)

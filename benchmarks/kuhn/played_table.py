@@ -35,7 +35,7 @@ def main() -> None:
 
     from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
-    from sepo.games.kuhn_exact import exploitability
+    from sepo.games.kuhn.exact import exploitability
     from sepo.policies.lm import LMPolicy
     from sepo.policies.played_table import infoset_requests, table_from_probs
 
@@ -108,7 +108,7 @@ def three_estimates(policy: Any, game: Any, requests: list, per_state: int) -> t
 def compare(keyed: list, first: list, played: Any, decisions: list, per_state: int) -> tuple[dict, float, dict]:
     """Per state: the three estimates of the aggressive action's probability and the z of played against
     the frequency; the largest z; the frequency table."""
-    from sepo.games.kuhn import ACTION_INDEX
+    from sepo.games.kuhn.rules import ACTION_INDEX
 
     states, z_max = {}, 0.0
     frequency_probs = {}

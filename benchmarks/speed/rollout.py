@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> dict:
     from sepo.arena import Match, play_matches
     from sepo.builders import load_model_and_tokenizer
     from sepo.games import make_game
+    from sepo.games.strategy import make_strategy
     from sepo.policies.lm import LMPolicy
-    from sepo.strategies import make_strategy
 
     cfg = compose([f"model={args.model}", f"game={args.game}", "logger=none"])
     if args.threads:

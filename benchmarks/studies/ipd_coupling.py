@@ -96,7 +96,7 @@ def last_moves_histories(opening: int) -> dict[str, list[tuple[str, str]]]:
     """The four last rounds (own move, the opponent's move) after `opening` rounds of mutual cooperation: the
     histories that tell a model that answers the opponent (TFT: cooperate exactly where the opponent did) from one
     that repeats its own last move (the demonstrators' mixture read as a persona: AlwaysD keeps defecting)."""
-    from sepo.games.ipd import COOPERATE, DEFECT
+    from sepo.games.ipd.rules import COOPERATE, DEFECT
 
     cooperated = [(COOPERATE, COOPERATE)] * opening
     return {
@@ -109,7 +109,7 @@ def last_moves_histories(opening: int) -> dict[str, list[tuple[str, str]]]:
 def read_last_moves(game, policy, samples: int, openings: tuple[int, ...] = (0, 2)) -> dict:
     """P(COOPERATE) at each history of `last_moves_histories`, `samples` answers each, and how far the opponent's
     last move and the model's own move each move it (the mean difference over the other move's two values)."""
-    from sepo.games.ipd import COOPERATE
+    from sepo.games.ipd.rules import COOPERATE
 
     out = {}
     for opening in openings:
@@ -132,7 +132,7 @@ def read_last_moves(game, policy, samples: int, openings: tuple[int, ...] = (0, 
 def read(game, policy, drawn: dict, samples: int) -> dict:
     """Per feature: P(COOPERATE) over its histories' sampled answers; the share of answers whose line names the
     opponent's last move rightly, wrongly or not at all; and P(COOPERATE) among the right and the wrong ones."""
-    from sepo.games.ipd import COOPERATE
+    from sepo.games.ipd.rules import COOPERATE
 
     out = {}
     for f, name in enumerate(FEATURES):
@@ -163,7 +163,7 @@ def push(cfg, feature: str, sign: float, drawn: dict, args: argparse.Namespace) 
     import torch
 
     from sepo.games import make_game
-    from sepo.games.ipd import COOPERATE
+    from sepo.games.ipd.rules import COOPERATE
     from sepo.stages.sepo_loop import build_learner
     from sepo.training.objective import sepo_settings
     from sepo.training.rollouts import RolloutBatch

@@ -48,7 +48,7 @@ from benchmarks.estimator.finite_differences import (
     make_agent,
     opponent_means,
 )
-from sepo.games.ipd import COOPERATE
+from sepo.games.ipd.rules import COOPERATE
 from sepo.training.objective import term_keys
 
 OBJECTIVES = {"sepo": [], "payoff_only": ["lambdas=zero"]}

@@ -1,29 +1,37 @@
-"""Games by config name. `make_game(cfg.game)` builds the one a run asks for."""
+"""The games, one package each (`sepo/games/<game>/`), found by looking: a package here whose `GAME` is a
+`GameEntry` is a game, named on the command line as `game=<name>`.
+
+A game's package is imported when a run asks for it, so a broken game blocks only its own runs.
+"""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
+from functools import cache
 from typing import Any
 
 from sepo.errors import ConfigError
 from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round
+from sepo.games.entry import GameEntry
 
-#: config name -> "module:Class"; modules are imported lazily so one broken game cannot block others.
-GAME_CLASSES = {
-    "ipd": "sepo.games.ipd:IPD",
-    "auction": "sepo.games.auction:Auction",
-    "neg_v1": "sepo.games.neg_v1:NegotiationV1",
-    "neg_v2": "sepo.games.neg_v2:NegotiationV2",
-    "kuhn": "sepo.games.kuhn:KuhnPoker",
-}
+
+@cache
+def names() -> tuple[str, ...]:
+    """Every game's config name: the packages of this folder, alphabetically."""
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg))
+
+
+def entry(name: str) -> GameEntry:
+    """What game `name` registers; an unknown name is one error line."""
+    if name not in names():
+        raise ConfigError(f"game.name={name!r} is not a known game; allowed: {', '.join(names())}")
+    return importlib.import_module(f"{__name__}.{name}").GAME
 
 
 def make_game(game_cfg: Any) -> Game:
-    name = game_cfg.name
-    if name not in GAME_CLASSES:
-        raise ConfigError(f"game.name={name!r} is not a known game; allowed: {', '.join(sorted(GAME_CLASSES))}")
-    module, cls = GAME_CLASSES[name].split(":")
-    return getattr(importlib.import_module(module), cls)(game_cfg)
+    """The game a `game` config node describes."""
+    return entry(game_cfg.name).rules(game_cfg)
 
 
-__all__ = ["AGENT", "OPPONENT", "Game", "GameState", "Round", "make_game", "GAME_CLASSES"]
+__all__ = ["AGENT", "OPPONENT", "Game", "GameEntry", "GameState", "Round", "entry", "make_game", "names"]

@@ -1,6 +1,6 @@
 """A Kuhn poker policy read at the game's 12 information sets, as it plays (docs/spec.md §6).
 
-The table is what Kuhn's exact exploitability is computed from (`sepo.games.kuhn_exact`): one request per
+The table is what Kuhn's exact exploitability is computed from (`sepo.games.kuhn.exact`): one request per
 information set, `samples` answers each (`policy.action_probabilities`, Rao-Blackwellised for a language
 model, exact for a scripted one), so the exploitability reported is that of the policy that plays.
 """
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from sepo.games.base import AGENT, Game
-from sepo.games.kuhn import ACTION_INDEX, BET, PASS, KuhnPoker
-from sepo.games.kuhn_exact import INFOSETS, Table, check_table, exploitability, exploitability_se, seat_to_move
+from sepo.games.kuhn.exact import INFOSETS, Table, check_table, exploitability, exploitability_se, seat_to_move
+from sepo.games.kuhn.rules import ACTION_INDEX, BET, PASS, KuhnPoker
 from sepo.policies.base import DecisionRequest
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from sepo.games.strategy import Strategy
 from sepo.policies.base import Decision, DecisionRequest
 from sepo.policies.played import ActionEstimate, exact_estimate
-from sepo.strategies import Strategy
 
 
 class ScriptedPolicy:

@@ -23,12 +23,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from sepo import games
 from sepo.config_rules import (
     Rule,
     real,
 )
 from sepo.errors import ConfigError
-from sepo.games import GAME_CLASSES
+from sepo.games.strategy import known_strategies, make_strategy, responds_to_agent
 from sepo.metrics import POOLS
 from sepo.paths import CONF_DIR, can_hold_outputs
 from sepo.run.compose import STAGE_NODES
@@ -36,7 +37,6 @@ from sepo.run.model_fit import check_model_fit, check_sizes, in_hub_cache
 from sepo.run.relations import check_model, check_relations
 from sepo.run.rules import BUILT_MODELS, MODEL_KINDS, SFT, applies, require, rules
 from sepo.stages import STAGES
-from sepo.strategies import known_strategies, make_strategy, responds_to_agent
 from sepo.trees import dotted_keys
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def check_settings(cfg: DictConfig, overrides: Sequence[str] | None = None) -> N
         cfg.stage.name in STAGES, f"stage={cfg.stage.name} is not a known stage; allowed: {', '.join(sorted(STAGES))}"
     )
     game = cfg.game.name
-    require(game in GAME_CLASSES, f"game={game} is not a known game; allowed: {', '.join(sorted(GAME_CLASSES))}")
+    require(game in games.names(), f"game={game} is not a known game; allowed: {', '.join(games.names())}")
     require(
         cfg.model.name in MODEL_KINDS, f"model={cfg.model.name} is not a known model; allowed: {', '.join(MODEL_KINDS)}"
     )
@@ -228,20 +228,10 @@ def check_stage_keys(cfg: DictConfig) -> None:
 
 
 def check_game(cfg: DictConfig) -> None:
-    """Rules between a game's own keys (each key's range is in RULES)."""
+    """The rules between a game's own keys (its package's `check`; each key's range is a rule of its own)."""
     game = cfg.game
-    if game.name == "neg_v1":
-        require(
-            game.min_demand <= game.max_demand,
-            f"game.min_demand={game.min_demand} and game.max_demand={game.max_demand}: no demand is legal; "
-            f"allowed: game.min_demand <= game.max_demand",
-        )
-    if game.name == "neg_v2":
-        require(
-            game.pool_min <= game.pool_max,
-            f"game.pool_min={game.pool_min} and game.pool_max={game.pool_max}: no pool size can be drawn; "
-            "allowed: game.pool_min <= game.pool_max",
-        )
+    problem = games.entry(game.name).check(game)
+    require(problem is None, problem or "")
     known = known_strategies(game.name)
     for name in game.get("strategy_params") or {}:
         require(

@@ -10,8 +10,8 @@ import logging
 from omegaconf import DictConfig
 
 from sepo.builders.smollm2 import gguf_path
+from sepo.games.strategy import known_strategies
 from sepo.run.rules import BUILT_MODELS, MODEL_KINDS, SEPO, SFT, TRAINING_STAGES, applies, require
-from sepo.strategies import known_strategies
 from sepo.training.options import EXACT_VALUE_GAMES
 
 log = logging.getLogger(__name__)

@@ -9,22 +9,18 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig
 
-from sepo import penalties
+from sepo import games, penalties
 from sepo.config_rules import (
     Rule,
     boolean,
-    distinct_amounts,
-    distinct_names,
     distinct_names_of,
     even_integer,
-    finite,
     integer,
     mapping,
     named_integers,
     named_lists,
     names_of,
     non_empty_name,
-    numbers,
     one_of,
     optional_integers_of,
     optional_name,
@@ -37,7 +33,6 @@ from sepo.config_rules import (
     temperature,
 )
 from sepo.errors import ConfigError
-from sepo.games import GAME_CLASSES
 from sepo.paths import CONF_DIR
 from sepo.training.options import (
     ADV_NORMS,
@@ -124,28 +119,10 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     ("all", "game.max_payoff", real(0.0, strict=True)),
     ("all", "eval.phase", one_of(None, "sft")),
     ("all", "datagen.valid_fraction", real(0.0, strict=True, high=1.0)),
-    # ---- the game (each game's own rules: sepo/games/<game>.py)
+    # ---- the game (each game's own keys: `game_rules`)
     ("all", "game.sft_dataset", non_empty_name()),
     ("all", "game.mirrored", boolean()),
     ("all", "game.datagen.episodes_per_opponent", integer(1)),
-    *[(_game("ipd"), f"game.payoffs.{k}", finite()) for k in ("reward", "punishment", "temptation", "sucker")],
-    (_game("ipd"), "game.state_last_move", boolean()),
-    (_game("ipd"), "game.reasoning.name_the_last_move", boolean()),
-    (_game("auction"), "game.bids", distinct_amounts(0)),
-    (_game("auction"), "game.private_values", numbers(0.0)),
-    (_game("neg_v1"), "game.pie", integer(1)),
-    (_game("neg_v1"), "game.min_demand", integer(0)),
-    (_game("neg_v1"), "game.max_demand", integer(1)),
-    (_game("neg_v2"), "game.item_names", distinct_names()),
-    (_game("neg_v2"), "game.pool_min", integer(0)),
-    (_game("neg_v2"), "game.pool_max", integer(1)),
-    (_game("neg_v2"), "game.value_total", integer(1)),
-    (_game("kuhn"), "game.ante", integer(1)),
-    (_game("kuhn"), "game.bet", integer(1)),
-    (_game("kuhn"), "game.reasoning.name_the_check", boolean()),
-    (_game("kuhn"), "game.reasoning.phrasings", integer(0)),
-    (_game("kuhn"), "game.training.lr", real(0.0, strict=True)),
-    (_game("kuhn"), "game.training.beta", real(0.0)),
     # ---- the model
     (_language_model, "model.dtype", one_of(*TORCH_DTYPES)),
     (_language_model, "model.model_class", non_empty_name()),
@@ -168,6 +145,7 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (_model("tiny"), "model.architecture.tie_word_embeddings", boolean()),
     (_model("tiny"), "model.tokenizer.vocab_size", integer(TINY_MIN_VOCAB, why="256 byte tokens and 5 special ones")),
     (_model("tiny"), "model.tokenizer.min_frequency", integer(1)),
+    (_model("tiny"), "model.corpus.games", names_of(games.names(), "games")),
     (_model("tiny"), "model.corpus.seed", SEED),
     (_model("tiny"), "model.corpus.episodes_per_opponent", integer(1)),
     (_wandb, "logger.mode", one_of(*LOGGER_MODES)),
@@ -188,8 +166,8 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
     (DATA, "datagen.multi_per_game", integer(1)),
     (DATA, "datagen.episodes_per_opponent", integer(1, optional=True)),
     (DATA, "datagen.datasets", strings()),  # each one a key of datagen.dataset_games (checked when building)
-    (DATA, "datagen.multi_games", names_of(tuple(GAME_CLASSES), "games")),
-    (DATA, "datagen.dataset_games", named_lists(tuple(GAME_CLASSES), "games")),
+    (DATA, "datagen.multi_games", names_of(games.names(), "games")),
+    (DATA, "datagen.dataset_games", named_lists(games.names(), "games")),
     (DATA, "datagen.per_game_cap", named_integers(1)),
     (
         SFT,
@@ -291,6 +269,15 @@ RULES: list[tuple[str | Callable[[DictConfig], bool], str, Rule]] = [
 ]
 
 
+def game_rules() -> list[tuple[Callable[[DictConfig], bool], str, Rule]]:
+    """The rules of each game's own keys (`key_rules` of sepo/games/<game>/), where that game is played."""
+    return [
+        (_game(name), f"game.{key}", rule)
+        for name in games.names()
+        for key, rule in games.entry(name).key_rules.items()
+    ]
+
+
 def penalty_rules() -> list[tuple[str, str, Rule]]:
     """The rules that name the penalty terms (sepo/penalties.py), built from the terms registered now."""
     keys, pools = penalties.keys(), penalties.trained_pools()
@@ -303,8 +290,8 @@ def penalty_rules() -> list[tuple[str, str, Rule]]:
 
 
 def rules() -> list[tuple[str | Callable[[DictConfig], bool], str, Rule]]:
-    """Every rule: the table above and those of the penalty terms."""
-    return [*RULES, *penalty_rules()]
+    """Every rule: the table above, the games' own and those of the penalty terms."""
+    return [*RULES, *game_rules(), *penalty_rules()]
 
 
 #: the stage nodes' leaves with no rule: output directories derived from `paths.*` (which `check_paths` checks),

@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from sepo import penalties
+from sepo import games, penalties
 
 
 @dataclass
@@ -249,6 +249,7 @@ class TinyTokenizerSchema:
 
 @dataclass
 class TinyCorpusSchema:
+    games: list[str] = MISSING
     seed: int = MISSING
     episodes_per_opponent: int = MISSING
 
@@ -273,110 +274,6 @@ MODEL_SCHEMAS = {
 }
 
 
-# ------------------------------------------------------------------------------ games
-@dataclass
-class PoolsSchema:
-    train: list[str] = MISSING
-    exploit: list[str] = MISSING
-    collusive: list[str] = MISSING
-    robust: list[str] = MISSING
-
-
-@dataclass
-class GameDatagenSchema:
-    episodes_per_opponent: int = MISSING
-    opponents: list[str] | None = MISSING
-    random_strategy: str = MISSING
-
-
-@dataclass
-class GameSchema:
-    """The keys every game's YAML has; each game adds its rules' own (conf/game/<game>.yaml)."""
-
-    name: str = MISSING
-    sft_dataset: str = MISSING
-    rounds: int = MISSING
-    max_payoff: float = MISSING
-    mirrored: bool = MISSING
-    reference_strategy: str = MISSING
-    strategy_params: dict[str, Any] = field(default_factory=dict)  # each strategy checks its own (sepo.strategies)
-    pools: PoolsSchema = field(default_factory=PoolsSchema)
-    demonstrators: dict[str, float] = MISSING
-    datagen: GameDatagenSchema = field(default_factory=GameDatagenSchema)
-
-
-@dataclass
-class IpdPayoffsSchema:
-    reward: float = MISSING
-    punishment: float = MISSING
-    temptation: float = MISSING
-    sucker: float = MISSING
-
-
-@dataclass
-class IpdReasoningSchema:
-    name_the_last_move: bool = MISSING
-
-
-@dataclass
-class IpdSchema(GameSchema):
-    payoffs: IpdPayoffsSchema = field(default_factory=IpdPayoffsSchema)
-    state_last_move: bool = MISSING
-    reasoning: IpdReasoningSchema = field(default_factory=IpdReasoningSchema)
-
-
-@dataclass
-class AuctionSchema(GameSchema):
-    bids: dict[str, int] = MISSING
-    private_values: list[int] = MISSING
-
-
-@dataclass
-class NegV1Schema(GameSchema):
-    pie: int = MISSING
-    min_demand: int = MISSING
-    max_demand: int = MISSING
-
-
-@dataclass
-class NegV2Schema(GameSchema):
-    item_names: list[str] = MISSING
-    pool_min: int = MISSING
-    pool_max: int = MISSING
-    value_total: int = MISSING
-
-
-@dataclass
-class KuhnReasoningSchema:
-    name_the_check: bool = MISSING
-    phrasings: int = MISSING
-
-
-@dataclass
-class GameTrainingSchema:
-    """A game's own SEPO settings, which win over the stage's defaults (conf/sepo/default.yaml)."""
-
-    lr: float = MISSING
-    beta: float = MISSING
-
-
-@dataclass
-class KuhnSchema(GameSchema):
-    ante: int = MISSING
-    bet: int = MISSING
-    reasoning: KuhnReasoningSchema = field(default_factory=KuhnReasoningSchema)
-    training: GameTrainingSchema = field(default_factory=GameTrainingSchema)
-
-
-#: game (conf/game/<game>.yaml) -> its schema, registered as `game/schema_<game>`
-GAME_SCHEMAS = {
-    "ipd": IpdSchema,
-    "auction": AuctionSchema,
-    "neg_v1": NegV1Schema,
-    "neg_v2": NegV2Schema,
-    "kuhn": KuhnSchema,
-}
-
 #: the schema of each stage node, registered as `<stage>/schema` (conf/<stage>/default.yaml names it)
 SCHEMAS = {"sepo": SepoSchema, "sft": SftSchema, "eval": EvalSchema, "datagen": DatagenSchema}
 
@@ -389,6 +286,7 @@ def register() -> None:
     for stage, schema in SCHEMAS.items():
         store.store(group=stage, name="schema", node=schema)
     store.store(group="lambdas", name="schema", node=lambdas_schema())
-    for group, schemas in (("model", MODEL_SCHEMAS), ("game", GAME_SCHEMAS)):
-        for name, schema in schemas.items():
-            store.store(group=group, name=f"schema_{name}", node=schema)
+    for name, schema in MODEL_SCHEMAS.items():
+        store.store(group="model", name=f"schema_{name}", node=schema)
+    for name in games.names():
+        store.store(group="game", name=f"schema_{name}", node=games.entry(name).schema)

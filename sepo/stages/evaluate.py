@@ -20,10 +20,10 @@ from sepo.arena import EpisodeRecord, play
 from sepo.errors import ConfigError
 from sepo.files import write_text_atomically
 from sepo.games import Game, make_game
+from sepo.games.strategy import make_strategy
 from sepo.metrics import POOLS, compute_metrics, pools_of
 from sepo.policies import Policy, ScriptedPolicy
 from sepo.policies.played_table import played_table, reads_a_table
-from sepo.strategies import make_strategy
 from sepo.tracking import NO_TRACKING, NullTracker, flatten
 
 log = logging.getLogger(__name__)

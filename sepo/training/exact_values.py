@@ -44,13 +44,13 @@ import numpy as np
 from omegaconf import DictConfig
 
 from sepo.games.base import Game
-from sepo.games.kuhn import ACTION_INDEX
-from sepo.games.kuhn_exact import INFOSETS, Table, best_response_table, seat_values
+from sepo.games.kuhn.exact import INFOSETS, Table, best_response_table, seat_values
+from sepo.games.kuhn.rules import ACTION_INDEX
+from sepo.games.strategy import make_strategy
 from sepo.metrics import pools_of
 from sepo.policies.base import Decision
 from sepo.policies.played import ActionEstimate, estimates_from_answers, sample_requests
 from sepo.policies.played_table import PlayedTable, infoset_requests, table_from_probs
-from sepo.strategies import make_strategy
 from sepo.training.objective import EstimatorState
 from sepo.training.rollouts import RolloutBatch, batch_seed
 

@@ -28,9 +28,9 @@ from sepo import distributed, penalties
 from sepo.arena import EpisodeRecord, Match, episode_seed, play_matches
 from sepo.games import Game
 from sepo.games.base import AGENT
+from sepo.games.strategy import make_strategy
 from sepo.metrics import pools_of, term_level_se
 from sepo.policies.base import Decision, Policy
-from sepo.strategies import make_strategy
 from sepo.training.objective import (
     EstimatorState,
     group_advantages,

@@ -41,8 +41,8 @@ from omegaconf import DictConfig, OmegaConf
 from sepo.arena import EpisodeRecord, play
 from sepo.errors import ConfigError
 from sepo.games import Game, make_game
+from sepo.games.strategy import make_strategy, responds_to_agent
 from sepo.policies.base import Decision, DecisionRequest, Demonstration
-from sepo.strategies.base import make_strategy, responds_to_agent
 from sepo.training.reasoning import reasoning_line
 
 log = logging.getLogger(__name__)

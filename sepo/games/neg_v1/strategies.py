@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sepo.config_rules import integer, integers
-from sepo.strategies.base import Strategy, register
+from sepo.games.strategy import Strategy, register
 
 
 def _clip(legal: list[str], demand: int) -> str:

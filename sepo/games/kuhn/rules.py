@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round
-from sepo.games.kuhn_exact import (
+from sepo.games.kuhn.exact import (
     first_seat_payoff,
 )
 

@@ -65,13 +65,11 @@ def register(game: str, *names: str):
 
 
 def _ensure_loaded(game: str) -> None:
-    import importlib
+    """Import the game's package, whose strategies register themselves (an unknown game has none)."""
+    from sepo import games
 
-    try:
-        importlib.import_module(f"sepo.strategies.{game}")
-    except ModuleNotFoundError as err:  # a game without strategies yet
-        if err.name != f"sepo.strategies.{game}":
-            raise
+    if game in games.names():
+        games.entry(game)
 
 
 def known_strategies(game: str) -> list[str]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from sepo.config_rules import Rule, one_of, probability
-from sepo.games.auction import OPP, OWN
-from sepo.strategies.base import Strategy, register
+from sepo.games.auction.rules import OPP, OWN
+from sepo.games.strategy import Strategy, register
 
 
 def _truthful(obs: dict[str, Any], legal: list[str]) -> str:

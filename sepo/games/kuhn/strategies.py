@@ -4,7 +4,7 @@ Every Kuhn strategy is a behaviour strategy given by one number per information 
 probability of the aggressive action (BET when not facing a bet, CALL when facing one) for each
 card at each of the four public histories ('' first player opens, 'p' second player after PASS,
 'b' second player facing a BET, 'pb' first player facing a BET after passing). Writing them as
-tables makes `probs` exact, which the exact exploitability computation (sepo/games/kuhn_exact.py) and
+tables makes `probs` exact, which the exact exploitability computation (sepo/games/kuhn/exact.py) and
 the scripted agent's `action_probabilities` rely on.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from sepo.games.kuhn import ACTION_INDEX, CARDS, node_of
-from sepo.games.kuhn_exact import Table, best_response_table
-from sepo.strategies.base import Strategy, register
+from sepo.games.kuhn.exact import Table, best_response_table
+from sepo.games.kuhn.rules import ACTION_INDEX, CARDS, node_of
+from sepo.games.strategy import Strategy, register
 
 HISTORIES = ("", "p", "b", "pb")
 FACING = ("b", "pb")  # histories where the player faces a bet (CALL/FOLD)
@@ -42,7 +42,7 @@ class KuhnTableStrategy(Strategy):
         return {a: (p if ACTION_INDEX[a] == 1 else 1.0 - p) for a in legal}
 
     def table(self) -> Table:
-        """The (pass/fold, bet/call) probabilities at the 12 information sets, in `sepo.games.kuhn_exact`'s layout."""
+        """The (pass/fold, bet/call) probabilities at the 12 information sets, in `sepo.games.kuhn.exact`'s layout."""
         return {
             f"{CARDS.index(card)}{history}": np.array([1.0 - p, p]) for (card, history), p in self.aggression.items()
         }

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from sepo.config_rules import probability
-from sepo.games.ipd import COOPERATE, DEFECT
-from sepo.strategies.base import Strategy, register
+from sepo.games.ipd.rules import COOPERATE, DEFECT
+from sepo.games.strategy import Strategy, register
 
 
 def _last_opp(obs: dict[str, Any]) -> str | None:

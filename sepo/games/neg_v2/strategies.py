@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sepo.games.neg_v2 import format_demand, top_items
-from sepo.strategies.base import Strategy, register
+from sepo.games.neg_v2.rules import format_demand, top_items
+from sepo.games.strategy import Strategy, register
 
 
 def _fair(pool) -> list[int]:

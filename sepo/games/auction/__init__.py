@@ -1,0 +1,7 @@
+"""The repeated sealed-bid auction (docs/spec.md §1), registered as one game: its rules (`rules`), strategies
+(`strategies`), demonstrators' reasoning lines (`reasoning`) and config keys (`config`)."""
+
+from sepo.games.auction.rules import Auction
+from sepo.games.entry import game_entry
+
+GAME = game_entry(__name__, label="Auction", rules=Auction)

@@ -1,0 +1,7 @@
+"""Kuhn poker (docs/spec.md §1), registered as one game: its rules (`rules`), strategies
+(`strategies`), demonstrators' reasoning lines (`reasoning`) and config keys (`config`)."""
+
+from sepo.games.entry import game_entry
+from sepo.games.kuhn.rules import KuhnPoker
+
+GAME = game_entry(__name__, label="Kuhn", rules=KuhnPoker)
