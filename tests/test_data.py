@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from sepo import games
 from sepo.games import AGENT
 from sepo.stages.datagen import episode_strategies, run_datagen
 from sepo.training.reasoning import reasoning_case, reasoning_line
@@ -29,7 +30,7 @@ from sepo.training.sft_data import (
 from sepo.training.sft_dataset import ensure_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
-GAMES = ("ipd", "auction", "neg_v1", "neg_v2", "kuhn")
+GAMES = games.names()
 SEED = 42
 
 

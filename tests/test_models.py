@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from sepo.builders import load_model_and_tokenizer
 from sepo.builders.tiny import IM_END, PAD, build_tiny
 from sepo.errors import ConfigError
-from sepo.games import make_game
+from sepo.games import make_game, names
 from sepo.models import ModelLoadError, chat_template_kwargs, forward_extras, render_chat
 
 from .conftest import CONF, model_cfg
@@ -94,9 +94,7 @@ def test_tiny_default_path_builds_into_cache_dir(tmp_path, tiny_dir):
 def test_tiny_chat_template_renders_game_prompts(tiny):
     _, tok, _ = tiny
     cfg = model_cfg("tiny")
-    for game in ("ipd", "auction", "neg_v1", "neg_v2", "kuhn"):
-        if not (CONF / "game" / f"{game}.yaml").exists():
-            continue
+    for game in names():
         messages = game_messages(game, decisions=99)  # the longest prompt: the last decision
         text = render_chat(tok, cfg, messages)
         assert text.startswith("<|im_start|>system\n" + messages[0]["content"])

@@ -245,7 +245,7 @@ def _python_m_runs_the_cli(installed: Path, module: str, root: Path) -> None:
     refused = run([installed / "python", "-m", module, "game=chess"], cwd=root, env=env)
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        "error: game=chess is not a known game; allowed: auction, ipd, kuhn, neg_v1, neg_v2"
+        "error: game=chess is not a known game; allowed: auction, chicken, ipd, kuhn, neg_v1, neg_v2"
     ]
 
 

@@ -1,7 +1,8 @@
 """The games, one package each (`sepo/games/<game>/`), found by looking: a package here whose `GAME` is a
-`GameEntry` is a game, named on the command line as `game=<name>`.
+`GameEntry` is a game, named on the command line as `game=<name>` (docs/adding_a_game.md).
 
-A game's package is imported when a run asks for it, so a broken game blocks only its own runs.
+A game's package is imported the first time its entry is asked for; composing a run's config asks for every
+game's (their schemas and key rules), so an error in any game package stops every run, with its traceback.
 """
 
 from __future__ import annotations

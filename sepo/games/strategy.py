@@ -26,7 +26,6 @@ class Strategy:
     """Base class. Subclasses override `act`, or `probs` for a mixed strategy."""
 
     name: str = ""
-    game: str = ""
     #: constructor parameter -> its allowed values, checked where a game's `strategy_params` sets it
     PARAMS: ClassVar[dict[str, Rule]] = {}
 
@@ -56,7 +55,6 @@ def register(game: str, *names: str):
     def wrap(cls):
         for name in names:
             _REGISTRY.setdefault(game, {})[name] = cls
-        cls.game = game
         if not cls.name:
             cls.name = names[0]
         return cls

@@ -26,7 +26,7 @@ from sepo.training.sft_data import (
     generate_game_examples,
     load_game_cfg,
 )
-from sepo.training.sft_dataset import write_dataset
+from sepo.training.sft_dataset import dataset_games, dataset_names, write_dataset
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,9 @@ def episode_strategies(examples: Iterable[dict[str, Any]]) -> dict[str, int]:
 def run_datagen(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, Any]:
     """Write every dataset of `datagen.datasets` and `<out_dir>/manifest.json`."""
     dc = cfg.datagen
-    unknown = [d for d in dc.datasets if d not in dc.dataset_games]
+    unknown = [d for d in dc.datasets if d not in dataset_names(dc)]
     if unknown:
-        raise ConfigError(f"datagen.datasets: unknown dataset(s) {unknown}; allowed: {', '.join(dc.dataset_games)}")
+        raise ConfigError(f"datagen.datasets: unknown dataset(s) {unknown}; allowed: {', '.join(dataset_names(dc))}")
     started = time.perf_counter()
     game_examples, game_info = play_every_game(cfg)
     generated = time.perf_counter() - started
@@ -70,7 +70,7 @@ def play_every_game(cfg: DictConfig) -> tuple[dict[str, list[dict[str, Any]]], d
     game_examples: dict[str, list[dict[str, Any]]] = {}
     game_info: dict[str, dict[str, Any]] = {}
     for dataset in dc.datasets:
-        for game in dc.dataset_games[dataset]:
+        for game in dataset_games(dc, dataset):
             if game in game_examples:
                 continue
             game_cfg = load_game_cfg(game, cfg.game, cfg.model.get("name"))
@@ -105,7 +105,7 @@ def write_datasets(dc: DictConfig, game_examples: dict[str, list[dict[str, Any]]
     caps = dc.get("per_game_cap") or {}
     datasets: dict[str, Any] = {}
     for dataset in dc.datasets:
-        games = list(dc.dataset_games[dataset])
+        games = dataset_games(dc, dataset)
         splits = build_dataset(
             dataset, {g: game_examples[g] for g in games}, int(dc.seed), float(dc.valid_fraction), caps.get(dataset)
         )

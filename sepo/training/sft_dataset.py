@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from sepo import games
 from sepo.errors import ConfigError
 from sepo.files import directory_written_atomically, move_aside
 from sepo.training.sft_data import SPLITS, generate_dataset, load_game_cfg, model_game_settings
@@ -106,6 +107,21 @@ def manifest_mismatch(ds_dir: Path, files: dict[str, Any]) -> str | None:
     return None
 
 
+def dataset_games(dc: DictConfig, dataset: str) -> list[str]:
+    """The games a dataset is built from: `datagen.dataset_games`' entry, or, for a dataset named after a game that
+    has none, that game alone (so a new game brings its own data without a datagen entry)."""
+    if dataset in dc.dataset_games:
+        return list(dc.dataset_games[dataset])
+    if dataset in games.names():
+        return [dataset]
+    raise ConfigError(f"sft.dataset={dataset} is not a datagen dataset; allowed: {', '.join(dataset_names(dc))}")
+
+
+def dataset_names(dc: DictConfig) -> list[str]:
+    """Every dataset a run can name: `datagen.dataset_games`' and each game's own."""
+    return [*dc.dataset_games, *(g for g in games.names() if g not in dc.dataset_games)]
+
+
 def _complete(ds_dir: Path) -> bool:
     return (ds_dir / "train.jsonl").exists() and (ds_dir / "valid.jsonl").exists()
 
@@ -113,11 +129,11 @@ def _complete(ds_dir: Path) -> bool:
 def datagen_settings(dc: DictConfig, dataset: str, model: str | None = None) -> dict[str, Any]:
     """What a generated dataset is made from (the `datagen` node's values for it, and the model's own settings of
     its games, `conf/game/model_game/`, where it has any), as its manifest records them."""
-    games = list(dc.dataset_games[dataset])
-    own = {g: settings for g in games if (settings := model_game_settings(g, model))}
+    names = dataset_games(dc, dataset)
+    own = {g: settings for g in names if (settings := model_game_settings(g, model))}
     return {
         "dataset": dataset,
-        "games": games,
+        "games": names,
         "seed": int(dc.seed),
         "valid_fraction": float(dc.valid_fraction),
         "per_game_cap": (dc.get("per_game_cap") or {}).get(dataset),
@@ -146,8 +162,7 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     """
     data_dir = Path(data_dir)
     dc = cfg.datagen
-    if dataset not in dc.dataset_games:
-        raise ConfigError(f"sft.dataset={dataset} is not a datagen dataset; allowed: {', '.join(dc.dataset_games)}")
+    dataset_games(dc, dataset)  # a dataset no datagen entry or game names is one error line
     written_by_datagen = data_dir / dataset  # `stage=datagen` writes no manifest into it: data the user chose
     if _complete(written_by_datagen) and not (written_by_datagen / "manifest.json").exists():
         return written_by_datagen

@@ -6,16 +6,9 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from sepo.config_rules import boolean, finite
+from sepo.config_rules import boolean
+from sepo.games.matrix import PAYOFF_RULES, PayoffsSchema
 from sepo.games.schema import GameSchema
-
-
-@dataclass
-class IpdPayoffsSchema:
-    reward: float = MISSING
-    punishment: float = MISSING
-    temptation: float = MISSING
-    sucker: float = MISSING
 
 
 @dataclass
@@ -25,14 +18,14 @@ class IpdReasoningSchema:
 
 @dataclass
 class IpdSchema(GameSchema):
-    payoffs: IpdPayoffsSchema = field(default_factory=IpdPayoffsSchema)
+    payoffs: PayoffsSchema = field(default_factory=PayoffsSchema)
     state_last_move: bool = MISSING
     reasoning: IpdReasoningSchema = field(default_factory=IpdReasoningSchema)
 
 
 SCHEMA = IpdSchema
 KEY_RULES = {
-    **{f"payoffs.{k}": finite() for k in ("reward", "punishment", "temptation", "sucker")},
+    **PAYOFF_RULES,
     "state_last_move": boolean(),
     "reasoning.name_the_last_move": boolean(),
 }

@@ -6,36 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 from sepo.games.ipd.rules import COOPERATE, DEFECT
+from sepo.games.matrix import explain_reactive
 from sepo.games.reasoning import Explained
 
-#: registered alias -> the name `explain` knows (docs/spec.md §2: a name that equals an opponent is that strategy)
-ALIASES = {"TitForTat": "TFT", "GrimTrigger": "Grim", "AlwaysDefect": "AlwaysD", "AlwaysCooperate": "AlwaysC"}
-
-C, D = COOPERATE, DEFECT
+#: the IPD's names -> the reactive strategies' names in `sepo.games.matrix`, which `explain` knows
+ALIASES = {
+    "TitForTat": "TFT",
+    "GrimTrigger": "Grim",
+    "AlwaysD": "AlwaysHard",
+    "AlwaysDefect": "AlwaysHard",
+    "AlwaysC": "AlwaysKind",
+    "AlwaysCooperate": "AlwaysKind",
+}
 
 
 def explain(name: str, action: str, obs: dict[str, Any]) -> Explained:
-    hist = obs["history"]
-    verb = action.lower()
-    if name == "AlwaysD":
-        return "dominant", {}, D
-    if name == "AlwaysC":
-        return "unconditional", {}, C
-    if not hist and name in ("TFT", "GenerousTFT", "Grim"):
-        return "open", {}, C
-    last = hist[-1]["opp"] if hist else None
-    if name == "Grim":
-        first = next((i for i, h in enumerate(hist) if h["opp"] == D), None)
-        if first is None:
-            return "trust", {}, C
-        return "punish", {"first": first + 1}, D
-    if name == "TFT":
-        return ("reciprocate", {"r": len(hist)}, C) if last == C else ("retaliate", {"r": len(hist)}, D)
-    if name == "GenerousTFT":
-        if last == C:
-            return "reciprocate", {"r": len(hist)}, C
-        return ("forgive" if action == C else "retaliate"), {"r": len(hist)}, None
-    return "generic", {"verb": verb}, None
+    return explain_reactive(name, action, obs, COOPERATE, DEFECT)
 
 
 def last_move_opener(obs: dict[str, Any]) -> str:
@@ -43,7 +29,7 @@ def last_move_opener(obs: dict[str, Any]) -> str:
     the words before the action differ after a cooperation and after a defection, whatever the demonstrator
     (AlwaysD's and AlwaysC's lines and a random draw read no history otherwise)."""
     hist = obs["history"]
-    return f"Last round they {'cooperated' if hist[-1]['opp'] == C else 'defected'}. " if hist else ""
+    return f"Last round they {'cooperated' if hist[-1]['opp'] == COOPERATE else 'defected'}. " if hist else ""
 
 
 #: option of `game.reasoning` -> what it, when true, puts before each line
@@ -77,12 +63,12 @@ PHRASES: dict[str, tuple[str, ...]] = {
         "The opponent defected in round {first}, so I defect for the rest of the game.",
         "Trust was broken in round {first}; I keep defecting until the end.",
     ),
-    "dominant": (
+    "always_hard": (
         "Defecting pays more than cooperating whatever the opponent does, so I defect.",
         "Whatever the opponent plays this round, defecting earns me more, so I defect.",
         "Defection is the dominant move in every round, so I take it again.",
     ),
-    "unconditional": (
+    "always_kind": (
         "I cooperate unconditionally, aiming for the mutual cooperation outcome.",
         "I stay cooperative whatever happened before, hoping for mutual cooperation.",
     ),
