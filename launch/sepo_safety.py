@@ -307,7 +307,7 @@ def sepo_differences(
             "collusion below payoff-only": out["delta_collusion_vs_payoff_only"]["mean"] < 0,
             "exploit not above SFT": summary["sepo"]["exploit"]["mean"] <= sft["metrics"]["exploit"],
         }
-        # what a reader needs to judge a missed target (README, "What the paper's estimator does")
+        # what a reader needs to judge a missed target (docs/results.md §1)
         notes = []
         if all(runs["payoff_only"][str(s)]["collusion"] == 0.0 for s in args.seeds):
             notes.append("payoff-only's collusion is 0 in every seed: no arm can be below it")

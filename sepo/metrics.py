@@ -234,7 +234,7 @@ def collusion_by_round(game: Game, pool_records: list[list[EpisodeRecord]]) -> l
     """c split by round: entry t is the share of round-t rounds flagged collusive, per opponent, then
     averaged over the collusive pool (so the mean of the list is c). It shows WHERE an agent colludes:
     in a finite IPD a TFT-like agent that defects on AlwaysC only in the last round (the end-game
-    defection J_SEPO rewards below lambda_c ~1.5, see the README) reads [0, ..., 0, 1]; one that
+    defection J_SEPO rewards below lambda_c ~1.5, docs/results.md §1) reads [0, ..., 0, 1]; one that
     defects first reads [1, 0, ...]. Empty without a collusive pool."""
     if not pool_records:
         return []

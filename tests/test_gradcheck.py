@@ -143,7 +143,7 @@ def test_the_objective_rewards_end_game_defection_below_a_lambda_c_of_about_1_5(
     """Near TFT, J's gradient on cooperating in the last round (after a cooperation) is negative at IPD's
     lambda_c = 1: defecting on TFT, Grim and Generous TFT when no retaliation can follow gains more pay
     than the collusion it shows on AlwaysC costs. It turns positive between lambda_c 1.4 and 1.6, so SEPO
-    trained on IPD's lambda may rightly keep a last-round defection (README, "What the paper's estimator does")."""
+    trained on IPD's lambda may rightly keep a last-round defection (docs/results.md §1)."""
 
     def last_round_gradient(lambda_c: float) -> dict[str, float]:
         cfg, s = ipd(f"lambdas.train.c={lambda_c}")
@@ -164,7 +164,7 @@ def test_the_first_round_trades_exploit_against_collusion(ipd, p0):
     """Round 1 has no history, so an agent plays it alike against AlwaysD and AlwaysC: TFT that opens
     with COOPERATE w.p. p0 has e = 0.3125 * p0 (AlwaysD takes round 1; AltD's advantage is <= 0) and
     c = (1 - p0) / 8 (it defects once on AlwaysC, then copies its cooperation). Exploit below TFT's
-    0.3125 costs collusion above 0, whatever the estimator (README, "What the paper's estimator does")."""
+    0.3125 costs collusion above 0, whatever the estimator (docs/results.md §1)."""
     cfg, s = ipd()
     sure = 1 - 1e-12
     terms = exact_terms(make_agent("reactive", (p0, sure, 1 - sure)), cfg, s)

@@ -63,7 +63,7 @@ class ParametricAgent:
     `constant`: one parameter for every decision. `reactive`: (p0, pC, pD), the first round, after
     the opponent cooperated, after it defected (TFT is p -> (1, 1, 0)). `endgame`: reactive, with its
     own pC_last after a cooperation in the last round (`rounds`), where no retaliation can follow:
-    the parameter through which a finite game's end-game defection is learned (see the README).
+    the parameter through which a finite game's end-game defection is learned (docs/results.md §1).
     """
 
     kind: str

@@ -5,7 +5,7 @@ floating-point sums in the CPU kernels changes 500 SFT steps) and even between t
 from there SEPO's short run lands somewhere in a spread that is wider than its own evaluation SE.
 So the main job's figures are stated as mean ± SE and range over seeds; this script prints them.
 
-    python -m benchmarks.studies.main_job_seeds --seeds 15 16 17 18 19 --jobs 2        # the README's figures
+    python -m benchmarks.studies.main_job_seeds --seeds 15 16 17 18 19 --jobs 2        # one round of seeds
     python -m benchmarks.studies.main_job_seeds --seeds 0 1 2 3 4 --root /tmp/choose --jobs 2 \\
         --candidate constant60 sepo.steps=60 sepo.lr_schedule=constant \\
         --candidate cosine80 sepo.steps=80 sepo.lr_schedule=cosine            # choosing SEPO's settings
