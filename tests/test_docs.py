@@ -201,3 +201,34 @@ def test_the_published_tables_are_the_ones_their_summary_files_give(tmp_path):
         copy.write_text(text)
         assert report.main([str(ROOT / source), "--doc", str(copy), "--section", name]) == 0
         assert copy.read_text().replace(str(ROOT / source), source) == text, f"{name} is not what {source} gives"
+
+
+#: the manuals whose `python main.py` lines a user copies (adding_a_game.md's name a game the reader adds first)
+MANUALS = ("README.md", "docs/getting_started.md", "docs/configuration.md", "docs/running_the_paper.md")
+
+
+def documented_runs() -> list[list[str]]:
+    """Each `python main.py ...` (or `torchrun ... main.py ...`) line of the manuals' code blocks, as overrides:
+    a sweep's first value of each list, without the `hydra.` keys, which only a launched run has."""
+    runs = []
+    for manual in MANUALS:
+        for line in (ROOT / manual).read_text().splitlines():
+            command = line.split("#")[0].replace("<sft run>", "/runs/sft").split()  # the reader's own run
+            if not command or command[0] not in ("python", "torchrun") or "main.py" not in command:
+                continue
+            args = [a for a in command[command.index("main.py") + 1 :] if a != "-m" and not a.startswith("hydra.")]
+            runs.append([a.split(",")[0] if "=" in a and not a.startswith("+") else a for a in args])
+    return runs
+
+
+def test_every_documented_run_composes_and_passes_the_checks():
+    """What the manuals tell a user to type is a run the config accepts: composed as `main.py` composes it and
+    through the checks a run makes before any work (paths and weights aside: `/ckpt/merged` is the reader's)."""
+    from sepo.run.compose import compose_config
+    from sepo.run.config import check_settings
+
+    runs = documented_runs()
+    assert [] in runs and ["game=kuhn"] in runs and len(runs) >= 10  # the main job and the rest were found
+    for overrides in runs:
+        cfg = compose_config(overrides)
+        check_settings(cfg, overrides)
