@@ -2,7 +2,7 @@
 
 Why: at full size a decode step of transformers' `generate` is bound by launching kernels, not by reading
 weights: Gemma 4 E4B's step took ~49 ms at every batch from 32 to 256 (4.5% of its bandwidth floor), and
-the static cache under generate's `torch.compile` reached only 7% (docs/speed.md §4, §4c), after minutes of
+the static cache under generate's `torch.compile` reached only 7% (docs/speed.md §4), after minutes of
 compiling. A step on a static cache has fixed shapes and fixed addresses, so it can be captured once as a
 CUDA graph (one launch per step) with no compiler at all: the capture costs one forward pass. This measures,
 per model at one batch, on the same prompt and the same cache:
