@@ -92,6 +92,25 @@ def read_results(root: Path) -> dict:
 
 
 # --------------------------------------------------------------------------- helpers
+#: the main job's pipeline on tiny, shrunk to seconds (3 rounds, 2 train opponents, 3 SFT and 2 SEPO steps)
+TINY_RUN = [
+    "game.rounds=3",
+    "game.pools.train=[TFT,Grim]",
+    "game.pools.robust=[Random]",
+    "sft.max_examples=24",
+    "sft.max_valid_examples=8",
+    "sft.epochs=1",
+    "sft.max_steps=3",
+    "sft.agreement_examples=6",
+    "eval.episodes_per_opponent=2",
+    "eval.max_new_tokens=6",
+    "eval.progress=false",
+    "sepo.steps=2",
+    "sepo.checkpoint_steps=[1]",
+    "sepo.max_new_tokens=6",
+    "datagen.episodes_per_opponent=4",
+]
+
 #: a small SEPO run of the tiny model on IPD (3 rounds, 2 train opponents, 4-token answers)
 SMALL = [
     "stage=sepo",

@@ -15,6 +15,8 @@ from sepo.games.strategy import get_strategy
 from sepo.policies import ScriptedPolicy
 from sepo.stages.evaluate import evaluate_policy
 
+from .conftest import TINY_RUN, run_dirs
+
 CFG = OmegaConf.load("conf/game/chicken.yaml")
 LAMBDAS = dict(OmegaConf.load("conf/lambdas/chicken.yaml").eval)
 ROUNDS = 8
@@ -102,9 +104,6 @@ def test_payoffs_out_of_chickens_order_are_one_line():
 
 def test_it_runs_through_every_stage_of_the_pipeline_on_tiny(cli, tmp_path):
     """datagen (its own dataset, named after it), SFT, SEPO and the tables, shrunk to seconds."""
-    from .conftest import run_dirs
-    from .test_pipeline import TINY_RUN
-
     proc = cli("logger=none", "game=chicken", *TINY_RUN)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p for p in run_dirs(tmp_path, "DONE") if (p / "sepo").is_dir()]

@@ -4,25 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .conftest import run_dirs
-
-TINY_RUN = [
-    "game.rounds=3",
-    "game.pools.train=[TFT,Grim]",
-    "game.pools.robust=[Random]",
-    "sft.max_examples=24",
-    "sft.max_valid_examples=8",
-    "sft.epochs=1",
-    "sft.max_steps=3",
-    "sft.agreement_examples=6",
-    "eval.episodes_per_opponent=2",
-    "eval.max_new_tokens=6",
-    "eval.progress=false",
-    "sepo.steps=2",
-    "sepo.checkpoint_steps=[1]",
-    "sepo.max_new_tokens=6",
-    "datagen.episodes_per_opponent=4",
-]
+from .conftest import TINY_RUN, run_dirs
 
 
 def test_pipeline_runs_every_phase_and_writes_the_tables(cli, tmp_path):
