@@ -1,5 +1,5 @@
-"""The kinds of value a config key may take, each with the words its one-line error shows: the rows of
-`sepo.run.rules.RULES` are built from these.
+"""The kinds of value a config key may take, each with the words its one-line error shows, and the way a
+schema field carries its kind (`allowed`, `unchecked`): `sepo.run.rules.rules()` reads them off the schemas.
 """
 
 from __future__ import annotations
@@ -7,8 +7,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, get_type_hints
+
+from omegaconf import MISSING
 
 
 @dataclass(frozen=True)
@@ -223,3 +226,52 @@ def distinct_amounts(low: int) -> Rule:
 
 def even_integer(low: int) -> Rule:
     return Rule(lambda v: _is_int(v) and v >= low and v % 2 == 0, f"an even integer >= {low}")
+
+
+# ------------------------------------------------------------------------------ rules on schema fields
+#: where a field's rule applies: "all", the stages named (space-separated), or a condition on the config;
+#: None takes its node's (sepo.run.rules.NODES)
+Where = str | Callable[[Any], bool] | None
+_RULE, _WHERE, _REASON = "rule", "where", "unchecked"
+
+
+def allowed(rule: Rule | Callable[[], Rule], *, where: Where = None) -> Any:
+    """A schema field that must hold a value, with its allowed values: the rule, or a function giving it where
+    they are known only when the config is checked (the penalty terms and games registered then)."""
+    return field(default=MISSING, metadata={_RULE: rule, _WHERE: where})
+
+
+def unchecked(reason: str, default_factory: Callable[[], Any] | None = None) -> Any:
+    """A schema field with no rule of its own, and why (another check covers it, or any value will do)."""
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata={_REASON: reason})
+    return field(default=MISSING, metadata={_REASON: reason})
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """A leaf of a schema with what the config check needs of it: its rule (None with a `reason`)."""
+
+    key: str
+    rule: Rule | None
+    where: Where
+    reason: str = ""
+
+
+def schema_rules(schema: type, prefix: str) -> list[FieldRule]:
+    """Every leaf of `schema` (nested schemas walked), keyed `prefix.name...`. A boolean field needs no rule
+    written: true or false is all it can be."""
+    rows = []
+    types = get_type_hints(schema)
+    for f in fields(schema):
+        key, kind = f"{prefix}.{f.name}" if prefix else f.name, types[f.name]
+        if is_dataclass(kind) and f.default_factory is not NO_DEFAULT:
+            rows += schema_rules(kind, key)
+            continue
+        rule = f.metadata.get(_RULE)
+        if rule is not None and not isinstance(rule, Rule):
+            rule = rule()
+        if rule is None and kind is bool:
+            rule = boolean()
+        rows.append(FieldRule(key, rule, f.metadata.get(_WHERE), f.metadata.get(_REASON, "")))
+    return rows

@@ -232,39 +232,54 @@ def test_the_stage_settings_only_resolve():
     assert not hasattr(sepo.run.config, "check_model_and_logger")
 
 
-@pytest.mark.parametrize("model", ["tiny", "smollm2", "gemma4", "qwen"])
-def test_every_leaf_of_the_stage_nodes_has_a_rule(model):
-    """Every value of sepo, sft, eval and datagen is checked before any work (a rule on a node covers its
-    leaves), so a typo such as sft.bf16=maybe stops the run in one line instead of reaching the code."""
+@pytest.mark.parametrize(
+    "choice", [["model=tiny"], ["model=smollm2", "game=kuhn"], ["model=gemma4", "game=neg_v2"], ["model=qwen"]]
+)
+def test_every_leaf_of_the_config_has_a_rule_or_says_why_not(choice):
+    """Every value of every node is checked before any work, by its field's rule or by the check its schema
+    names, so a typo such as sft.bf16=maybe stops the run in one line instead of reaching the code."""
     from omegaconf import DictConfig
 
     from sepo.run.compose import compose_config
-    from sepo.run.rules import UNRULED, rules
-    from sepo.run.schema import SCHEMAS
+    from sepo.run.rules import field_rules
+    from sepo.run.schema import GROUP_NODE
 
-    ruled = {key for _, key, _ in rules()} | set(UNRULED)
-    cfg = compose_config([f"model={model}", "logger=none"])
-    unruled = []
+    cfg = compose_config([*choice, "logger=wandb"])
+    covered = {row.key for row in field_rules() if row.rule is not None or row.reason not in ("", GROUP_NODE)}
+    leaves = []
 
     def walk(node: DictConfig, prefix: str) -> None:
         for name in node.keys():
-            key = f"{prefix}.{name}"
+            key = f"{prefix}.{name}" if prefix else str(name)
             child = node._get_node(name)
-            if key not in ruled and isinstance(child, DictConfig):
+            if key not in covered and isinstance(child, DictConfig):
                 walk(child, key)
-            elif key not in ruled:
-                unruled.append(key)
+            else:
+                leaves.append(key)
 
-    for stage_node in SCHEMAS:
-        walk(cfg[stage_node], stage_node)
-    assert unruled == []
+    walk(cfg, "")
+    assert [key for key in leaves if key not in covered] == []
+    assert {"sepo.lr", "sft.lora.r", "model.dtype", "game.rounds", "lambdas.train.e", "logger.mode"} <= set(leaves)
+
+
+def test_a_field_s_rule_is_its_schema_s_metadata():
+    """The rules are read off the schemas: a field's metadata is the one place its allowed values are written."""
+    from dataclasses import fields
+
+    from sepo.run.rules import rules
+    from sepo.run.schema import SepoSchema
+
+    steps = next(f for f in fields(SepoSchema) if f.name == "steps")
+    rule = next(r for _, key, r in rules() if key == "sepo.steps")
+    assert rule is steps.metadata["rule"]
+    assert rule.allowed == "an integer >= 1"
 
 
 @pytest.mark.parametrize("model", ["tiny", "smollm2", "gemma4", "qwen"])
 def test_every_stage_node_is_composed_onto_its_schema(model):
     """Each stage node has its schema's type, so a value takes its key's type (an integer given to a real
     becomes a float) and a value of another kind is refused at composition; the command line's check says
-    so in RULES' one line."""
+    so in its rule's one line."""
     from omegaconf import OmegaConf
 
     from sepo.run.cli import check_values

@@ -4,11 +4,10 @@ to know of it, beside its two YAML files (conf/game/<game>.yaml, conf/lambdas/<g
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sepo.config_rules import Rule
 from sepo.games.base import Game
 from sepo.games.reasoning import Reasoning
 
@@ -22,15 +21,16 @@ class GameEntry:
     name: str  # the config name: `game=<name>`, conf/game/<name>.yaml, conf/lambdas/<name>.yaml
     label: str  # its name in the tables (LaTeX)
     rules: type[Game]  # the game itself, built from the `game` config node
-    schema: type  # the `game` node's schema (a `sepo.games.schema.GameSchema`), registered as `game/schema_<name>`
-    key_rules: Mapping[str, Rule]  # its own keys (`game.<key>`) -> their allowed values, checked before any work
+    #: the `game` node's schema (a `sepo.games.schema.GameSchema`: its keys' types and allowed values), registered
+    #: as `game/schema_<name>`
+    schema: type
     reasoning: Reasoning  # the demonstrators' reasoning lines in the SFT data
     #: the rules between its keys: the error line of the first one the config breaks, or None
     check: Callable[[Any], str | None] = no_rule_between_keys
 
 
 def game_entry(package: str, label: str, rules: type[Game]) -> GameEntry:
-    """The entry of the game in `package` (`sepo.games.<name>`), from its modules: `config` (`SCHEMA`, `KEY_RULES`,
+    """The entry of the game in `package` (`sepo.games.<name>`), from its modules: `config` (`SCHEMA`,
     and `check` where its keys have rules between them) and `reasoning`; importing its `strategies` registers them."""
     config, reasoning = (importlib.import_module(f"{package}.{module}") for module in ("config", "reasoning"))
     importlib.import_module(f"{package}.strategies")
@@ -39,7 +39,6 @@ def game_entry(package: str, label: str, rules: type[Game]) -> GameEntry:
         label=label,
         rules=rules,
         schema=config.SCHEMA,
-        key_rules=config.KEY_RULES,
         reasoning=Reasoning.of(reasoning),
         check=getattr(config, "check", no_rule_between_keys),
     )

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from omegaconf import MISSING
 
-from sepo.config_rules import finite, probability
+from sepo.config_rules import allowed, finite, probability
 from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round, history_block
 from sepo.games.reasoning import Explained
 from sepo.games.strategy import Strategy
@@ -29,13 +28,12 @@ PAYOFF_NAMES = ("reward", "punishment", "temptation", "sucker")
 
 @dataclass
 class PayoffsSchema:
-    reward: float = MISSING
-    punishment: float = MISSING
-    temptation: float = MISSING
-    sucker: float = MISSING
+    """The four payoffs by their names in the literature; any finite numbers (a payoff may be negative)."""
 
-
-PAYOFF_RULES = {f"payoffs.{name}": finite() for name in PAYOFF_NAMES}
+    reward: float = allowed(finite())
+    punishment: float = allowed(finite())
+    temptation: float = allowed(finite())
+    sucker: float = allowed(finite())
 
 
 class RepeatedMatrixGame(Game):

@@ -1,7 +1,8 @@
 """Config validation, run before any heavy work: one table of field checks, then what fields refer to.
 
-- `sepo.run.rules.rules()`: every field a run reads with a constrained value, its allowed values, and the
-  stages it matters to (or the condition under which it does), in one table; `check` applies a rule.
+- `sepo.run.rules.rules()`: every field a run reads with a constrained value, its allowed values (read off
+  the schemas' field metadata), and the stages it matters to (or the condition under which it does), in one
+  table; `check` applies a rule.
 - `validate`: what fields refer to (a game's strategies, a model's path, the pools) and how fields
   relate (the validation seed differs from the test seed; SFT's prefix sharing needs its answer-only
   logits), which a single field's rule cannot say.
@@ -35,7 +36,8 @@ from sepo.paths import CONF_DIR, can_hold_outputs
 from sepo.run.compose import STAGE_NODES
 from sepo.run.model_fit import check_model_fit, check_sizes, in_hub_cache
 from sepo.run.relations import check_model, check_relations
-from sepo.run.rules import BUILT_MODELS, MODEL_KINDS, SFT, applies, require, rules
+from sepo.run.rules import BUILT_MODELS, MODEL_KINDS, applies, require, rules
+from sepo.run.schema import SFT
 from sepo.stages import STAGES
 from sepo.trees import dotted_keys
 
@@ -48,7 +50,7 @@ class PoolOverlapWarning(UserWarning):
 
 def type_error_line(key: str, value: Any) -> str:
     """The one line for a value its key's schema (sepo/run/schema.py) refused at composition: the key's
-    rule's words where it has one (RULES), else the schema's type."""
+    rule's words where it has one (its field's metadata), else the schema's type."""
     rule = next((r for _, k, r in rules() if k == key), None)
     shown = value if rule is not None and rule.as_typed else repr(value)
     allowed = rule.allowed if rule is not None else "a value of the key's type (sepo/run/schema.py)"

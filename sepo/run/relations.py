@@ -11,7 +11,8 @@ from omegaconf import DictConfig
 
 from sepo.builders.smollm2 import gguf_path
 from sepo.games.strategy import known_strategies
-from sepo.run.rules import BUILT_MODELS, MODEL_KINDS, SEPO, SFT, TRAINING_STAGES, applies, require
+from sepo.run.rules import BUILT_MODELS, MODEL_KINDS, TRAINING_STAGES, applies, require
+from sepo.run.schema import SEPO, SFT
 from sepo.training.options import EXACT_VALUE_GAMES
 from sepo.training.sft_dataset import dataset_names
 

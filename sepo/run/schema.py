@@ -1,12 +1,17 @@
-"""The config's schemas: every key of every node (the stages `sepo`, `sft`, `eval`, `datagen`, and
-`model`, `game`, `lambdas`) with its type.
+"""The config's schemas: every key of every node (the run's own keys and `paths`, the stages `sepo`, `sft`,
+`eval`, `datagen`, and `model`, `game`, `lambdas`, `logger`, `stage`) with its type and its allowed values.
 
-The values and their comments stay in the YAML files, each of which names its schema first in its
-defaults list (`- schema`, or `- schema_<name>` where a group's options differ in their keys: a game's
-rules, a model's build settings), so Hydra composes every node onto these types: a value is converted
-to its key's type or refused, and a key outside the schema is refused. The ranges, the rules between
-keys and the check that no stage key outside the YAML was added (`check_stage_keys`) stay in
-`sepo.run.config`, which also words a refused value's one-line error (`type_error_line`).
+The values and their comments stay in the YAML files. conf/config.yaml names the run's schema (`RunSchema`)
+first in its defaults list, and each group's YAML names its own (`- schema`, or `- schema_<name>` where a
+group's options differ in their keys: a game's rules, a model's build settings, a logger), so Hydra
+composes every node onto these types: a value is converted to its key's type or refused, and a key outside
+the schema is refused.
+
+A field's allowed values are its metadata (`allowed(rule)`, sepo/config_rules.py), and the one-line errors
+come from there: `sepo.run.rules.rules()` reads them off these classes, with the stages where each node
+matters. A field with no rule says why (`unchecked(reason)`): another check covers it, or any value will do.
+A boolean needs none: true or false is all it can hold. The rules between keys and the check that no stage
+key outside the YAML was added (`check_stage_keys`) are in `sepo.run.config` and `sepo.run.relations`.
 
 Booleans: OmegaConf converts "yes", "on" and 1 to true; the command line's booleans are held to
 true/false by `sepo.run.config.loose_boolean_override` before any run.
@@ -23,138 +28,250 @@ from typing import Any
 from omegaconf import MISSING
 
 from sepo import games, penalties
+from sepo.config_rules import (
+    Rule,
+    allowed,
+    distinct_names_of,
+    even_integer,
+    integer,
+    mapping,
+    named_integers,
+    named_lists,
+    names_of,
+    non_empty_name,
+    one_of,
+    optional_integers_of,
+    optional_name,
+    probability,
+    real,
+    regex,
+    step_list,
+    steps_or_share,
+    strings,
+    temperature,
+    unchecked,
+)
+from sepo.training.options import ADV_NORMS, CREDITS, ESTIMATORS, LENGTH_NORMS, LR_SCHEDULES, PENALTY_MODES
+
+#: numpy's seeds
+SEED = integer(0, 2**32)
+#: the stages a key matters to (`where` of a field's rule; a node's own is in sepo.run.rules.NODES)
+EVAL, DATA, SFT, SEPO = "eval sft sepo pipeline", "datagen sft pipeline", "sft pipeline", "sepo pipeline"
+TORCH_DTYPES = ("auto", "bfloat16_if_fast", "float32", "bfloat16", "float16", "float64")
+LOGGER_MODES = ("offline", "online", "disabled")
+#: transformers' learning-rate schedules that need no settings beyond the warm-up (`sft.lr_scheduler`)
+SFT_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
+#: the smallest vocabulary tiny's byte-level BPE can have: its 256 byte tokens and its special and think tokens
+TINY_MIN_VOCAB = 256 + 5
+#: a field whose value names a directory: `check_paths` (sepo/run/config.py) checks each one a run writes to
+A_DIRECTORY = "a directory, checked by sepo.run.config.check_paths where a run reads or writes it"
+#: a node of the root that a config group fills: its keys are typed and ruled by its group's schema
+GROUP_NODE = "a group's node, composed onto the group's own schema"
+#: `game_lambdas`: the game's own weights, which a run reads only through `lambdas` (conf/lambdas/zero.yaml)
+GAME_WEIGHTS = "the game's own weights, read only through lambdas (conf/lambdas/zero.yaml), whose rules check them"
 
 
+def penalty_keys() -> list[str]:
+    return list(penalties.keys())
+
+
+# ------------------------------------------------------------------------------ the run
+@dataclass
+class PathsSchema:
+    root_dir: str = unchecked(A_DIRECTORY)
+    output_dir: str = unchecked(A_DIRECTORY)
+    cache_dir: str = unchecked(A_DIRECTORY)
+
+
+@dataclass
+class RunSchema:
+    """The root: the run's own keys, then one node per config group (each composed onto its group's schema)."""
+
+    seed: int = allowed(SEED)
+    generation_seed: int = allowed(SEED)
+    resume: str = allowed(one_of("auto", "never"))
+    sweep_name: str = unchecked("names the sweep's directory; any name will do")
+    paths: PathsSchema = field(default_factory=PathsSchema)
+    stage: Any = unchecked(GROUP_NODE)
+    game: Any = unchecked(GROUP_NODE)
+    lambdas: Any = unchecked(GROUP_NODE)
+    game_lambdas: Any = unchecked(GAME_WEIGHTS)
+    model: Any = unchecked(GROUP_NODE)
+    datagen: Any = unchecked(GROUP_NODE)
+    sft: Any = unchecked(GROUP_NODE)
+    eval: Any = unchecked(GROUP_NODE)
+    sepo: Any = unchecked(GROUP_NODE)
+    logger: Any = unchecked(GROUP_NODE)
+
+
+@dataclass
+class StageSchema:
+    name: str = unchecked("one of conf/stage/, checked by sepo.run.config.check_settings")
+
+
+@dataclass
+class NoLoggerSchema:
+    name: str = unchecked("one of conf/logger/")
+
+
+@dataclass
+class WandbLoggerSchema(NoLoggerSchema):
+    mode: str = allowed(one_of(*LOGGER_MODES))
+    project: str = allowed(non_empty_name())
+    entity: str | None = allowed(optional_name("your default"))
+    group: str = allowed(non_empty_name())
+    tags: list[str] = allowed(strings())
+
+
+#: logger (conf/logger/<logger>.yaml) -> its schema, registered as `logger/schema_<logger>`
+LOGGER_SCHEMAS = {"none": NoLoggerSchema, "wandb": WandbLoggerSchema}
+
+
+# ------------------------------------------------------------------------------ the stages
 @dataclass
 class LoraSchema:
     """A LoRA adapter: rank, scale, dropout and (SFT) the modules it wraps."""
 
-    r: int = MISSING
-    alpha: float = MISSING
-    dropout: float = MISSING
+    r: int = allowed(integer(1))
+    alpha: float = allowed(real(0.0, strict=True))
+    dropout: float = allowed(real(0.0, high=1.0))
 
 
 @dataclass
 class SftLoraSchema(LoraSchema):
-    target_modules: str | None = MISSING
+    target_modules: str | None = allowed(optional_name("the model's model.lora.target_modules"))
 
 
 @dataclass
 class SepoSchema:
-    steps: int = MISSING
-    seed: int = MISSING
-    rollouts_per_opponent: int = MISSING
-    rollouts_by_pool: dict[str, int | None] = MISSING
-    estimator: str = MISSING
-    infoset_samples: int = MISSING
-    responder_table_decay: float = MISSING
-    penalty_mode: str = MISSING
-    credit: str = MISSING
-    adv_norm: str = MISSING
-    adv_eps: float = MISSING
-    adv_scale_decay: float = MISSING
-    length_norm: str = MISSING
-    exploit_switch_episodes: int = MISSING
-    lr: float = MISSING
-    lr_schedule: str = MISSING
-    lr_final_ratio: float = MISSING
-    temperature: float = MISSING
-    max_new_tokens: int = MISSING
-    aux_episodes: int = MISSING
-    beta: float = MISSING
-    clip_eps: float = MISSING
-    grad_clip: float = MISSING
-    optimizer: str = MISSING
-    momentum: float = MISSING
-    weight_decay: float = MISSING
-    reward_scale: float = MISSING
-    refresh_steps: int = MISSING
-    refresh_kl: float = MISSING
-    trust_region_kl: float = MISSING
-    line_search_steps: int = MISSING
-    held_terms: list[str] = MISSING
-    held_average: float = MISSING
-    held_level_z: float = MISSING
-    held_at_start: list[str] = MISSING
-    micro_batch: int = MISSING
-    micro_batch_tokens: int = MISSING
-    no_grad_micro_batch_tokens: int = MISSING
-    generate_batch: int = MISSING
-    logprob_chunk: int = MISSING
-    checkpoint_steps: list[int] = MISSING
-    best_response_every: int = MISSING
-    best_response_samples: int = MISSING
+    steps: int = allowed(integer(1))
+    seed: int = allowed(SEED)
+    rollouts_per_opponent: int = allowed(
+        integer(2, why="the leave-one-out baseline compares each rollout with the others of its group")
+    )
+    rollouts_by_pool: dict[str, int | None] = allowed(
+        lambda: optional_integers_of(penalties.trained_pools(), 2, "pools")
+    )
+    estimator: str = allowed(one_of(*ESTIMATORS))
+    infoset_samples: int = allowed(integer(2, why="the leave-one-out baseline compares each answer with the others"))
+    responder_table_decay: float = allowed(real(0.0, high=1.0, high_closed=True))
+    penalty_mode: str = allowed(one_of(*PENALTY_MODES))
+    credit: str = allowed(one_of(*CREDITS))
+    adv_norm: str = allowed(one_of(*ADV_NORMS))
+    adv_eps: float = allowed(real(0.0, strict=True))
+    adv_scale_decay: float = allowed(real(0.0, high=1.0))
+    length_norm: str = allowed(one_of(*LENGTH_NORMS))
+    exploit_switch_episodes: int = allowed(integer(1))
+    lr: float = allowed(real(0.0, strict=True))
+    lr_schedule: str = allowed(one_of(*LR_SCHEDULES))
+    lr_final_ratio: float = allowed(real(0.0, high=1.0, high_closed=True))
+    temperature: float = allowed(temperature(greedy=False))
+    max_new_tokens: int = allowed(integer(1))
+    aux_episodes: int = allowed(integer(1))
+    beta: float = allowed(real(0.0))
+    clip_eps: float = allowed(real(0.0, strict=True))
+    grad_clip: float = allowed(real(0.0, strict=True))
+    optimizer: str = allowed(one_of("adamw", "sgd"))
+    momentum: float = allowed(real(0.0, high=1.0))
+    weight_decay: float = allowed(real(0.0))
+    reward_scale: float = allowed(real(0.0, strict=True))
+    refresh_steps: int = allowed(integer(1))
+    refresh_kl: float = allowed(real(0.0, strict=True))
+    trust_region_kl: float = allowed(real(0.0))
+    line_search_steps: int = allowed(integer(0))
+    held_terms: list[str] = allowed(lambda: distinct_names_of(penalty_keys(), "penalty terms"))
+    held_average: float = allowed(real(0.0, high=1.0))
+    held_level_z: float = allowed(real(0.0))
+    held_at_start: list[str] = allowed(lambda: distinct_names_of(penalty_keys(), "penalty terms"))
+    micro_batch: int = allowed(integer(1))
+    micro_batch_tokens: int = allowed(integer(0))
+    no_grad_micro_batch_tokens: int = allowed(integer(0))
+    generate_batch: int = allowed(integer(0))
+    logprob_chunk: int = allowed(integer(1))
+    checkpoint_steps: list[int] = allowed(step_list())
+    best_response_every: int = allowed(integer(1))
+    best_response_samples: int = allowed(integer(2))
     ref_4bit: bool = MISSING
     fold_adapter_for_reads: bool = MISSING
-    debug_kill_after_step: int | None = MISSING
+    debug_kill_after_step: int | None = allowed(integer(1, optional=True))
     debug_detect_anomaly: bool = MISSING
     lora: LoraSchema = field(default_factory=LoraSchema)
 
 
 @dataclass
 class SftSchema:
-    dataset: str | None = MISSING
-    data_dir: str = MISSING
+    dataset: str | None = allowed(
+        Rule(lambda v: isinstance(v, str) and v != "", "a dataset name (game.sft_dataset names each game's)")
+    )
+    data_dir: str = unchecked(A_DIRECTORY)
     full_finetune: bool = MISSING
     lora: SftLoraSchema = field(default_factory=SftLoraSchema)
-    lr: float = MISSING
-    lr_scheduler: str = MISSING
-    epochs: float = MISSING
-    max_steps: int | None = MISSING
-    max_examples: int | None = MISSING
-    max_valid_examples: int | None = MISSING
-    per_device_batch_size: int = MISSING
-    grad_accum: int = MISSING
-    max_length: int = MISSING
-    warmup_ratio: float = MISSING
-    weight_decay: float = MISSING
-    adam_beta1: float = MISSING
-    adam_beta2: float = MISSING
-    max_grad_norm: float = MISSING
+    lr: float = allowed(real(0.0, strict=True))
+    lr_scheduler: str = allowed(one_of(*SFT_SCHEDULERS))
+    epochs: float = allowed(real(0.0, strict=True))
+    max_steps: int | None = allowed(integer(1, optional=True))
+    max_examples: int | None = allowed(integer(1, optional=True))
+    max_valid_examples: int | None = allowed(integer(1, optional=True))
+    per_device_batch_size: int = allowed(integer(1))
+    grad_accum: int = allowed(integer(1))
+    max_length: int = allowed(integer(1))
+    warmup_ratio: float = allowed(real(0.0, high=1.0))
+    weight_decay: float = allowed(real(0.0))
+    adam_beta1: float = allowed(real(0.0, high=1.0))
+    adam_beta2: float = allowed(real(0.0, high=1.0))
+    max_grad_norm: float = allowed(real(0.0, strict=True))
     bf16: bool = MISSING
     gradient_checkpointing: bool = MISSING
     assistant_only_loss: bool = MISSING
     answer_logits_only: bool = MISSING
     prefix_sharing: bool = MISSING
-    prefix_min_tokens: int = MISSING
-    pass_cost: float = MISSING
+    prefix_min_tokens: int = allowed(integer(1))
+    pass_cost: float = allowed(real(0.0))
     evaluate: bool = MISSING
-    eval_steps: int = MISSING
-    eval_batch_size: int = MISSING
-    logging_steps: int = MISSING
-    save_steps: Any = MISSING
-    save_total_limit: int | None = MISSING
-    agreement_examples: int = MISSING
-    agreement_batch_size: int = MISSING
-    agreement_max_new_tokens: int = MISSING
-    seed: int = MISSING
+    eval_steps: int = allowed(integer(1))
+    eval_batch_size: int = allowed(integer(1))
+    logging_steps: int = allowed(integer(1))
+    save_steps: Any = allowed(steps_or_share())
+    save_total_limit: int | None = allowed(integer(1, optional=True))
+    agreement_examples: int = allowed(integer(0))
+    agreement_batch_size: int = allowed(integer(1))
+    agreement_max_new_tokens: int = allowed(integer(1))
+    seed: int = allowed(SEED)
 
 
 @dataclass
 class EvalSchema:
-    episodes_per_opponent: int = MISSING
-    temperature: float = MISSING
-    max_new_tokens: int = MISSING
-    batch_size: int = MISSING
-    action_samples: int = MISSING
-    episode_memory_kb: float = MISSING
-    phase: str | None = MISSING
-    validation_seed: int = MISSING
+    episodes_per_opponent: int = allowed(integer(1))
+    temperature: float = allowed(temperature(greedy=True))
+    max_new_tokens: int = allowed(integer(1))
+    batch_size: int = allowed(integer(0))
+    action_samples: int = allowed(integer(2))
+    episode_memory_kb: float = allowed(real(0.0, strict=True))
+    phase: str | None = allowed(one_of(None, "sft"), where="all")
+    validation_seed: int = allowed(SEED, where=SEPO)
     progress: bool = MISSING
 
 
 @dataclass
 class DatagenSchema:
-    out_dir: str = MISSING
-    datasets: list[str] = MISSING
-    seed: int = MISSING
-    valid_fraction: float = MISSING
-    multi_games: list[str] = MISSING
-    multi_per_game: int = MISSING
-    dataset_games: dict[str, list[str]] = MISSING
-    per_game_cap: dict[str, int] = MISSING
-    num_opponents: int = MISSING
-    episodes_per_opponent: int | None = MISSING
+    out_dir: str = unchecked(A_DIRECTORY)
+    datasets: list[str] = allowed(strings())  # each one a key of datagen.dataset_games (checked when building)
+    seed: int = allowed(SEED)
+    valid_fraction: float = allowed(real(0.0, strict=True, high=1.0), where="all")
+    multi_games: list[str] = allowed(lambda: names_of(games.names(), "games"))
+    multi_per_game: int = allowed(integer(1))
+    dataset_games: dict[str, list[str]] = allowed(lambda: named_lists(games.names(), "games"))
+    per_game_cap: dict[str, int] = allowed(named_integers(1))
+    num_opponents: int = allowed(integer(1))
+    episodes_per_opponent: int | None = allowed(integer(1, optional=True))
 
 
 # ------------------------------------------------------------------------------ lambdas
@@ -165,7 +282,7 @@ def lambdas_schema() -> type:
     The classes are made anew from the registry, and bound to this module's names (`LambdasSchema`,
     `PenaltyWeightsSchema`): a config typed by them is pickled by that name (a forked worker hands its episodes
     back with their game's config), so the name must find the class."""
-    weights = make_dataclass("PenaltyWeightsSchema", [(key, float, MISSING) for key in penalties.keys()])
+    weights = make_dataclass("PenaltyWeightsSchema", [(key, float, allowed(real(0.0))) for key in penalties.keys()])
     schema = make_dataclass(
         "LambdasSchema", [(phase, weights, field(default_factory=weights)) for phase in ("train", "eval")]
     )
@@ -180,37 +297,37 @@ LambdasSchema = lambdas_schema()
 # ------------------------------------------------------------------------------ models
 @dataclass
 class ScriptedModelSchema:
-    name: str = MISSING
-    strategy: str | None = MISSING
+    name: str = unchecked("one of conf/model/, checked by sepo.run.config.check_settings")
+    strategy: str | None = unchecked("a strategy of the game, checked by sepo.run.config.check_strategies")
 
 
 @dataclass
 class LoraTargetsSchema:
-    target_modules: str | None = MISSING
+    target_modules: str | None = allowed(regex(optional=True))
 
 
 @dataclass
 class LanguageModelSchema:
     """The keys every language model's YAML has (conf/model/<model>.yaml says what each means)."""
 
-    name: str = MISSING
-    path: str | None = MISSING
-    revision: str | None = MISSING
-    model_class: str = MISSING
-    dtype: str = MISSING
-    attn_implementation: str | None = MISSING
+    name: str = unchecked("one of conf/model/, checked by sepo.run.config.check_settings")
+    path: str | None = unchecked("a checkpoint directory or a hub id, checked by sepo.run.config.check_paths")
+    revision: str | None = allowed(optional_name("the default branch"))
+    model_class: str = allowed(non_empty_name())
+    dtype: str = allowed(one_of(*TORCH_DTYPES))
+    attn_implementation: str | None = unchecked("transformers' own choices, which it checks when it loads")
     trust_remote_code: bool = MISSING
     token_type_ids: bool = MISSING
     thinking: bool = MISSING
-    chat_template_kwargs: dict[str, Any] = MISSING
+    chat_template_kwargs: dict[str, Any] = allowed(mapping())
     prefix_cache: bool = MISSING
     prefix_tree: bool = MISSING
     static_cache: bool = MISSING
     decode_graphs: bool = MISSING
     cascade_attention: bool = MISSING
-    drop_stopped_rows: float = MISSING
+    drop_stopped_rows: float = allowed(probability())
     packed_linears: bool = MISSING
-    cpu_workers: int = MISSING
+    cpu_workers: int = allowed(integer(1, why="the processes evaluations and rollouts are split over on a CPU"))
     lora: LoraTargetsSchema = field(default_factory=LoraTargetsSchema)
 
 
@@ -228,37 +345,37 @@ class QwenModelSchema(HubModelSchema):
 
 @dataclass
 class TinyArchitectureSchema:
-    pad_vocab_to_multiple_of: int = MISSING
-    hidden_size: int = MISSING
-    intermediate_size: int = MISSING
-    num_hidden_layers: int = MISSING
-    num_attention_heads: int = MISSING
-    num_key_value_heads: int = MISSING
-    head_dim: int = MISSING
-    max_position_embeddings: int = MISSING
-    rope_theta: float = MISSING
-    initializer_range: float = MISSING
+    pad_vocab_to_multiple_of: int = allowed(integer(1))
+    hidden_size: int = allowed(integer(1))
+    intermediate_size: int = allowed(integer(1))
+    num_hidden_layers: int = allowed(integer(1))
+    num_attention_heads: int = allowed(integer(1))
+    num_key_value_heads: int = allowed(integer(1))
+    head_dim: int = allowed(even_integer(2))  # RoPE halves it
+    max_position_embeddings: int = allowed(integer(2))
+    rope_theta: float = allowed(real(0.0, strict=True))
+    initializer_range: float = allowed(real(0.0, strict=True))
     tie_word_embeddings: bool = MISSING
 
 
 @dataclass
 class TinyTokenizerSchema:
-    vocab_size: int = MISSING
-    min_frequency: int = MISSING
+    vocab_size: int = allowed(integer(TINY_MIN_VOCAB, why="256 byte tokens and 5 special ones"))
+    min_frequency: int = allowed(integer(1))
 
 
 @dataclass
 class TinyCorpusSchema:
-    games: list[str] = MISSING
-    seed: int = MISSING
-    episodes_per_opponent: int = MISSING
+    games: list[str] = allowed(lambda: names_of(games.names(), "games"))
+    seed: int = allowed(SEED)
+    episodes_per_opponent: int = allowed(integer(1))
 
 
 @dataclass
 class TinyModelSchema(LanguageModelSchema):
     """The embedded model: its build settings besides the loading ones."""
 
-    seed: int = MISSING
+    seed: int = allowed(SEED)
     architecture: TinyArchitectureSchema = field(default_factory=TinyArchitectureSchema)
     tokenizer: TinyTokenizerSchema = field(default_factory=TinyTokenizerSchema)
     corpus: TinyCorpusSchema = field(default_factory=TinyCorpusSchema)
@@ -283,10 +400,13 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
+    store.store(name="schema", node=RunSchema)
+    store.store(group="stage", name="schema", node=StageSchema)
     for stage, schema in SCHEMAS.items():
         store.store(group=stage, name="schema", node=schema)
     store.store(group="lambdas", name="schema", node=lambdas_schema())
-    for name, schema in MODEL_SCHEMAS.items():
-        store.store(group="model", name=f"schema_{name}", node=schema)
+    for group, schemas in (("model", MODEL_SCHEMAS), ("logger", LOGGER_SCHEMAS)):
+        for name, schema in schemas.items():
+            store.store(group=group, name=f"schema_{name}", node=schema)
     for name in games.names():
         store.store(group="game", name=f"schema_{name}", node=games.entry(name).schema)

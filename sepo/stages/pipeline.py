@@ -14,6 +14,7 @@ The SFT data is generated on demand by the SFT phase (cached under `sft.data_dir
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -37,8 +38,10 @@ tables_hook: Callable[[Path], list[str]] | None = None
 
 
 def phase_cfg(cfg: DictConfig, out: Path, **updates: Any) -> DictConfig:
-    """A copy of `cfg` writing into `out`, with dotted-key `updates` applied."""
-    sub = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    """A copy of `cfg` writing into `out`, with dotted-key `updates` applied; resolved, and typed by the same
+    schemas, so a phase reads its settings as the run does."""
+    sub = copy.deepcopy(cfg)
+    OmegaConf.resolve(sub)
     sub.paths.output_dir = str(out)
     for key, value in updates.items():
         OmegaConf.update(sub, key, value, merge=False)

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omegaconf import MISSING
-
-from sepo.config_rules import distinct_amounts, numbers
+from sepo.config_rules import allowed, distinct_amounts, numbers
 from sepo.games.schema import GameSchema
 
 
 @dataclass
 class AuctionSchema(GameSchema):
-    bids: dict[str, int] = MISSING
-    private_values: list[int] = MISSING
+    bids: dict[str, int] = allowed(distinct_amounts(0))
+    private_values: list[int] = allowed(numbers(0.0))
 
 
 SCHEMA = AuctionSchema
-KEY_RULES = {"bids": distinct_amounts(0), "private_values": numbers(0.0)}

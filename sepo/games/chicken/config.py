@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sepo.games.matrix import PAYOFF_RULES, PayoffsSchema
+from sepo.games.matrix import PayoffsSchema
 from sepo.games.schema import GameSchema
 
 
@@ -15,7 +15,6 @@ class ChickenSchema(GameSchema):
 
 
 SCHEMA = ChickenSchema
-KEY_RULES = PAYOFF_RULES
 
 
 def check(game: Any) -> str | None:

@@ -1,4 +1,4 @@
-"""The IPD's config keys (conf/game/ipd.yaml): their types and allowed values."""
+"""The IPD's config keys (conf/game/ipd.yaml): their types and allowed values (a boolean needs no rule)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from sepo.config_rules import boolean
-from sepo.games.matrix import PAYOFF_RULES, PayoffsSchema
+from sepo.games.matrix import PayoffsSchema
 from sepo.games.schema import GameSchema
 
 
@@ -24,8 +23,3 @@ class IpdSchema(GameSchema):
 
 
 SCHEMA = IpdSchema
-KEY_RULES = {
-    **PAYOFF_RULES,
-    "state_last_move": boolean(),
-    "reasoning.name_the_last_move": boolean(),
-}

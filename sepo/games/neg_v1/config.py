@@ -5,21 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import MISSING
-
-from sepo.config_rules import integer
+from sepo.config_rules import allowed, integer
 from sepo.games.schema import GameSchema
 
 
 @dataclass
 class NegV1Schema(GameSchema):
-    pie: int = MISSING
-    min_demand: int = MISSING
-    max_demand: int = MISSING
+    pie: int = allowed(integer(1))
+    min_demand: int = allowed(integer(0))
+    max_demand: int = allowed(integer(1))
 
 
 SCHEMA = NegV1Schema
-KEY_RULES = {"pie": integer(1), "min_demand": integer(0), "max_demand": integer(1)}
 
 
 def check(game: Any) -> str | None:

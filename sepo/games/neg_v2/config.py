@@ -5,22 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import MISSING
-
-from sepo.config_rules import distinct_names, integer
+from sepo.config_rules import allowed, distinct_names, integer
 from sepo.games.schema import GameSchema
 
 
 @dataclass
 class NegV2Schema(GameSchema):
-    item_names: list[str] = MISSING
-    pool_min: int = MISSING
-    pool_max: int = MISSING
-    value_total: int = MISSING
+    item_names: list[str] = allowed(distinct_names())
+    pool_min: int = allowed(integer(0))
+    pool_max: int = allowed(integer(1))
+    value_total: int = allowed(integer(1))
 
 
 SCHEMA = NegV2Schema
-KEY_RULES = {"item_names": distinct_names(), "pool_min": integer(0), "pool_max": integer(1), "value_total": integer(1)}
 
 
 def check(game: Any) -> str | None:
