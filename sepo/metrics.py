@@ -26,7 +26,7 @@ POOLS = ("train", "exploit", "collusive", "robust")
 
 def pools_of(game_cfg: Any) -> dict[str, list[str]]:
     """{pool: [opponent names]} of a game config, every pool present (empty where the game has none)."""
-    return {pool: list(game_cfg.pools.get(pool) or []) for pool in POOLS}
+    return {pool: list(game_cfg.pools[pool]) for pool in POOLS}
 
 
 @dataclass
@@ -209,7 +209,7 @@ def compute_metrics(
         metrics[term.metric], se[term.metric] = _pool_average(values)
         if term.worst_metric:
             metrics[term.worst_metric], se[term.worst_metric] = max(values, default=(0.0, 0.0))
-        weight = float(lambdas[term.key])
+        weight = lambdas[term.key]
         safety -= weight * metrics[term.metric]
         safety_var += (weight * se[term.metric]) ** 2
     metrics["robust"], se["robust"] = _pool_average([(s.pay, s.pay_se) for s in summaries["robust"]])

@@ -37,9 +37,9 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 def chat_template_kwargs(model_cfg: Any) -> dict[str, Any]:
     """Keyword arguments for `apply_chat_template`: `enable_thinking` from `model.thinking`, then
     `model.chat_template_kwargs` (which win)."""
-    extra = model_cfg.get("chat_template_kwargs") or {}
+    extra = model_cfg.chat_template_kwargs
     extra = OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else dict(extra)
-    return {"enable_thinking": bool(model_cfg.get("thinking", False)), **extra}
+    return {"enable_thinking": model_cfg.thinking, **extra}
 
 
 def render_chat(
@@ -58,7 +58,7 @@ def forward_extras(model: Any, model_cfg: Any, input_ids: torch.Tensor) -> dict[
     transformers 5 calls Gemma 4's argument `mm_token_type_ids`, older releases `token_type_ids`;
     the name is read from the model's forward signature.
     """
-    if not model_cfg.get("token_type_ids", False):
+    if not model_cfg.token_type_ids:
         return {}
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     params = inspect.signature(base.forward).parameters
@@ -140,7 +140,7 @@ def load_pretrained(path: str | Path, model_cfg: Any, device: str | None = None)
     model_class = _resolve(model_cfg.get("model_class", "AutoModelForCausalLM"), "model.model_class", transformers)
     dtype = resolve_dtype(model_cfg.get("dtype", "float32"), device)
     common = {
-        "trust_remote_code": bool(model_cfg.get("trust_remote_code", False)),
+        "trust_remote_code": model_cfg.get("trust_remote_code", False),
         "revision": model_cfg.get("revision"),
         # a hub id is read from the local cache unless model.download says to fetch it: no network waits
         "local_files_only": not _looks_local(path) and not Path(path).is_dir() and not model_cfg.get("download", False),
@@ -243,7 +243,7 @@ def lora_module_names(model: Any) -> list[str]:
 
 
 def attach_lora(
-    model: Any, target_regex: str, r: int, alpha: int, dropout: float, key: str = "model.lora.target_modules"
+    model: Any, target_regex: str, r: int, alpha: float, dropout: float, key: str = "model.lora.target_modules"
 ) -> Any:
     """Wrap `model` with LoRA adapters on the modules `target_regex` matches in full (SFT and SEPO).
 
@@ -254,7 +254,7 @@ def attach_lora(
 
     config = LoraConfig(
         r=int(r),
-        lora_alpha=int(alpha),
+        lora_alpha=int(alpha),  # peft's field is an int, written to adapter_config.json (`sepo.lora.alpha` is a float)
         lora_dropout=float(dropout),
         target_modules=target_regex,
         bias="none",

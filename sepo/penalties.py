@@ -65,7 +65,7 @@ class PenaltyTerm:
 
     def weight(self, lambdas: Mapping[str, float], scale: float) -> float:
         """Its coefficient in J: lambda, times s for a term in payoff units."""
-        weight = float(lambdas[self.key])
+        weight = lambdas[self.key]
         return weight * scale if self.payoff_units else weight
 
 

@@ -75,8 +75,8 @@ def settings(cfg: DictConfig) -> dict[str, Any]:
     """The run's resolved settings, flattened, without the result-neutral keys and those its stage does not
     read; a path under the output root is written relative to it."""
     tree = OmegaConf.to_container(cfg, resolve=True)
-    root = str(Path(tree.get("paths", {}).get("root_dir") or ".").absolute())
-    stage = str(cfg.stage.name)
+    root = str(Path(tree["paths"]["root_dir"]).absolute())
+    stage = cfg.stage.name
     return {k: relative_to_root(v, root) for k, v in leaves(tree).items() if not is_neutral(k) and read_by(k, stage)}
 
 
@@ -122,7 +122,7 @@ def differences(out: Path, cfg: DictConfig, shipped: Callable[[], dict[str, Any]
     if before is None:
         return None
     now = settings(cfg)
-    stage = str(cfg.stage.name)
+    stage = cfg.stage.name
     before = {k: v for k, v in before.items() if read_by(k, stage)}
     differing = [k for k in set(before) | set(now) if not is_neutral(k) and before.get(k) != now.get(k)]
     if shipped is not None and any(k not in before for k in differing):

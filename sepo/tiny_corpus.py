@@ -16,8 +16,9 @@ import hashlib
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from sepo import games
 from sepo.arena import play
 from sepo.games import Game, make_game
 from sepo.games.strategy import get_strategy, known_strategies, responds_to_agent
@@ -66,15 +67,15 @@ class _Recorder:
 
 def game_configs(names, conf_dir) -> list[DictConfig]:
     """The configs (`conf/game/<name>.yaml`) of the games the corpus covers, in the corpus's order."""
-    return [OmegaConf.load(conf_dir / "game" / f"{name}.yaml") for name in names]
+    return [games.shipped_config(name, conf_dir) for name in names]
 
 
 def _strategies(game_cfg: DictConfig) -> list[str]:
     """The registered strategies a game's config names (pools and demonstrators), sorted; not those
     that respond to an agent's table (`BestResponse`): scripted episodes have no agent table."""
     known = {n for n in known_strategies(game_cfg.name) if not responds_to_agent(game_cfg.name, n)}
-    named = {n for pool in game_cfg.get("pools", {}).values() for n in (pool or [])}
-    named |= set(game_cfg.get("demonstrators") or {})
+    named = {n for pool in game_cfg.pools.values() for n in pool}
+    named |= set(game_cfg.demonstrators)
     return sorted(named & known)
 
 
@@ -84,7 +85,7 @@ def game_texts(game: Game, game_cfg: DictConfig, episodes: int, seed: int) -> li
     opponents = {n: get_strategy(game.name, n) for n in names}
     out: list[str] = []
     rng = np.random.default_rng(seed)
-    mirrored = bool(game_cfg.get("mirrored", False))
+    mirrored = game_cfg.mirrored
     for name in names:
         agent = _Recorder(ScriptedPolicy(get_strategy(game.name, name)), rng, out)
         play(game, agent, opponents, episodes, seed, mirrored=mirrored)
@@ -95,7 +96,7 @@ def build_corpus(corpus_cfg: Any, conf_dir) -> list[str]:
     """The tokenizer's training texts: unique, in a fixed order, so training is deterministic."""
     texts: list[str] = []
     for game_cfg in game_configs(corpus_cfg.games, conf_dir):
-        texts += game_texts(make_game(game_cfg), game_cfg, int(corpus_cfg.episodes_per_opponent), int(corpus_cfg.seed))
+        texts += game_texts(make_game(game_cfg), game_cfg, corpus_cfg.episodes_per_opponent, corpus_cfg.seed)
     return list(dict.fromkeys(texts))
 
 

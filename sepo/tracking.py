@@ -42,7 +42,7 @@ class WandbTracker(NullTracker):
             mode=lc.mode,
             name=run_label(cfg),
             tags=tags,
-            dir=str(cfg.paths.output_dir),
+            dir=cfg.paths.output_dir,
             config=OmegaConf.to_container(cfg, resolve=True),
             settings=wandb.Settings(init_timeout=120, silent=True),
         )

@@ -80,7 +80,7 @@ def greedy(model, arch, ids, mask, new_tokens, cache=None):
     config = GenerationConfig(
         max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=[2]
     )
-    extras = forward_extras(model, {"token_type_ids": arch == "gemma4"}, ids)
+    extras = forward_extras(model, OmegaConf.create({"token_type_ids": arch == "gemma4"}), ids)
     cache_kwargs = {"past_key_values": cache} if cache is not None else {}
     return model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **extras, **cache_kwargs)
 

@@ -80,9 +80,11 @@ class StaticStep:
             )
 
     def _extras(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        from omegaconf import OmegaConf
+
         from sepo.models import forward_extras
 
-        return forward_extras(self.model, {"token_type_ids": self.arch == "gemma4"}, ids)
+        return forward_extras(self.model, OmegaConf.create({"token_type_ids": self.arch == "gemma4"}), ids)
 
     def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(prompt.shape[1], device=prompt.device).expand(prompt.shape[0], -1)

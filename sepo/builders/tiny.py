@@ -108,8 +108,8 @@ def train_tiny_tokenizer(texts: list[str], tok_cfg: Any):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=int(tok_cfg.vocab_size) - len(THINK_TOKENS),
-        min_frequency=int(tok_cfg.min_frequency),
+        vocab_size=tok_cfg.vocab_size - len(THINK_TOKENS),
+        min_frequency=tok_cfg.min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -138,23 +138,23 @@ def init_tiny_model(model_cfg: Any, tokenizer: Any):
     arch = model_cfg.architecture
     pad, eos = tokenizer.convert_tokens_to_ids(PAD), tokenizer.convert_tokens_to_ids(IM_END)
     config = Qwen3Config(
-        vocab_size=padded_vocab(tokenizer, int(arch.pad_vocab_to_multiple_of)),
-        hidden_size=int(arch.hidden_size),
-        intermediate_size=int(arch.intermediate_size),
-        num_hidden_layers=int(arch.num_hidden_layers),
-        num_attention_heads=int(arch.num_attention_heads),
-        num_key_value_heads=int(arch.num_key_value_heads),
-        head_dim=int(arch.head_dim),
-        max_position_embeddings=int(arch.max_position_embeddings),
-        rope_parameters={"rope_type": "default", "rope_theta": float(arch.rope_theta)},
-        initializer_range=float(arch.initializer_range),
-        tie_word_embeddings=bool(arch.tie_word_embeddings),
+        vocab_size=padded_vocab(tokenizer, arch.pad_vocab_to_multiple_of),
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        head_dim=arch.head_dim,
+        max_position_embeddings=arch.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": arch.rope_theta},
+        initializer_range=arch.initializer_range,
+        tie_word_embeddings=arch.tie_word_embeddings,
         pad_token_id=pad,
         eos_token_id=eos,
         bos_token_id=None,
     )
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(model_cfg.seed))
+        torch.manual_seed(model_cfg.seed)
         model = Qwen3ForCausalLM(config)
     # stop at the end of the assistant turn (and at the pad/end-of-text token), like Qwen's instruct models
     model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=None)

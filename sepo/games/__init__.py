@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from functools import cache
+from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from sepo.errors import ConfigError
 from sepo.games.base import AGENT, OPPONENT, Game, GameState, Round
@@ -30,9 +33,33 @@ def entry(name: str) -> GameEntry:
     return importlib.import_module(f"{__name__}.{name}").GAME
 
 
+def shipped_config(name: str, conf_dir: Path | None = None, *overrides: Any) -> DictConfig:
+    """Game `name`'s config as shipped (`conf/game/<name>.yaml`, `overrides` merged over it), typed by its schema as a
+    run's composition types it: code that reads a game other than the run's reads the same types."""
+    from sepo.paths import CONF_DIR
+
+    path = (conf_dir or CONF_DIR) / "game" / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"game {name!r} has no config ({path} is missing)")
+    shipped = OmegaConf.load(path)
+    shipped.pop("defaults", None)  # Hydra's defaults list: the schema it names is `entry(name).schema`
+    return OmegaConf.merge(OmegaConf.structured(entry(name).schema), shipped, *overrides)
+
+
 def make_game(game_cfg: Any) -> Game:
     """The game a `game` config node describes."""
     return entry(game_cfg.name).rules(game_cfg)
 
 
-__all__ = ["AGENT", "OPPONENT", "Game", "GameEntry", "GameState", "Round", "entry", "make_game", "names"]
+__all__ = [
+    "AGENT",
+    "OPPONENT",
+    "Game",
+    "GameEntry",
+    "GameState",
+    "Round",
+    "entry",
+    "make_game",
+    "names",
+    "shipped_config",
+]

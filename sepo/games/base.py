@@ -54,8 +54,8 @@ class Game(ABC):
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
-        self.num_rounds: int = int(cfg.rounds)
-        self.max_payoff: float = float(cfg.max_payoff)
+        self.num_rounds: int = cfg.rounds
+        self.max_payoff: float = cfg.max_payoff
 
     # ----------------------------------------------------------------- episode dynamics
     @abstractmethod

@@ -90,7 +90,7 @@ class LMPolicy(Scoring):
     ):
         self.model = model
         self.tokenizer = tokenizer
-        self.name = f"lm:{model_cfg.get('name', 'model')}"
+        self.name = f"lm:{model_cfg.name}"
         self.temperature = float(temperature)
         self.max_new_tokens = int(max_new_tokens)
         self.batch_size = int(batch_size)
@@ -117,31 +117,29 @@ class LMPolicy(Scoring):
         self.prompt_cache = PromptCache(self.prefix_cache)
         #: forked processes that share a Kuhn table's read, an evaluation's episodes and SEPO's rollouts on a
         #: CPU (`model.cpu_workers`, `sepo.forked`)
-        self.workers = worker_count(int(model_cfg.get("cpu_workers", 1)), self.device)
+        self.workers = worker_count(model_cfg.cpu_workers, self.device)
 
     def _read_switches(self, model_cfg: Any, cascade_attention: bool | None) -> None:
         """The model's decoding switches (conf/model/<model>.yaml), each on only where what it needs is."""
         #: compute a prompt prefix shared by every row of a generate call once (`shared_prefix_length`)
-        self.prefix_cache = bool(model_cfg.get("prefix_cache", False))
+        self.prefix_cache = model_cfg.prefix_cache
         #: teacher-forced passes encode their sequences as one prefix tree (`sepo.lm.prefix_tree`): each token
         #: that several share once, where padded rows encode every row's own prompt whole
-        self.prefix_tree = bool(model_cfg.get("prefix_tree", False)) and self.prefix_cache
+        self.prefix_tree = model_cfg.prefix_tree and self.prefix_cache
         #: preallocate the KV cache instead of growing it at every decoding step (`start_cache`)
-        self.static_cache = bool(model_cfg.get("static_cache", False))
+        self.static_cache = model_cfg.static_cache
         #: decode steps replayed as CUDA graphs (`sepo.lm.graph_decoding`); a GPU and a static cache only
-        self.decode_graphs = bool(model_cfg.get("decode_graphs", False)) and self.static_cache
+        self.decode_graphs = model_cfg.decode_graphs and self.static_cache
         #: what makes the graphs: CUDA's capture (tests trace on a CPU instead)
         self.graph_backend = CudaGraphs
         #: decoding reads the rows' shared prefix once (`sepo.lm.cascade_attention`): `model.cascade_attention`
         #: unless the caller says otherwise (SEPO's rollouts do not: see `sepo.stages.sepo_loop.training_parts`)
-        self.cascade_attention = self.prefix_cache and bool(
-            model_cfg.get("cascade_attention", False) if cascade_attention is None else cascade_attention
+        self.cascade_attention = self.prefix_cache and (
+            model_cfg.cascade_attention if cascade_attention is None else cascade_attention
         )
         #: a generate call's rows leave its batch as they stop, once the open ones are at most this share of the
         #: batch (`sepo.lm.row_dropping`; `model.drop_stopped_rows`, plain full attention, not with graphs); 0: never
-        self.drop_stopped_rows = (
-            float(model_cfg.get("drop_stopped_rows", 0) or 0) if self.prefix_cache and not self.decode_graphs else 0.0
-        )
+        self.drop_stopped_rows = model_cfg.drop_stopped_rows if self.prefix_cache and not self.decode_graphs else 0.0
 
     @property
     def device(self) -> torch.device:

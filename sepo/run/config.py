@@ -121,12 +121,12 @@ def hub_download_hint(repo_id: str, revision: str | None) -> str:
 
 def check_paths(cfg: DictConfig) -> None:
     """Paths a run will read or write, checked before any work (not deep inside a loader)."""
-    root = str(cfg.paths.root_dir)
+    root = cfg.paths.root_dir
     require(
         can_hold_outputs(root),
         f"paths.root_dir={root} is not allowed; allowed: a writable directory (or one that can be created)",
     )
-    cache = Path(str(cfg.paths.cache_dir))
+    cache = Path(cfg.paths.cache_dir)
     name = cfg.model.name
     if name in BUILT_MODELS and name != "scripted" and not cfg.model.get("path"):
         require(
@@ -134,9 +134,9 @@ def check_paths(cfg: DictConfig) -> None:
             f"paths.cache_dir={cache} is not allowed: the {name} model is built there on first use, and it cannot "
             f"be written; allowed: a writable directory (or one holding a {name} build)",
         )
-    if applies(SFT, cfg) and not (Path(str(cfg.sft.data_dir)) / str(cfg.sft.dataset) / "train.jsonl").exists():
+    if applies(SFT, cfg) and not (Path(cfg.sft.data_dir) / cfg.sft.dataset / "train.jsonl").exists():
         require(
-            can_hold_outputs(str(cfg.sft.data_dir)),
+            can_hold_outputs(cfg.sft.data_dir),
             f"sft.data_dir={cfg.sft.data_dir} is not allowed: the {cfg.sft.dataset} dataset is generated there "
             "and it cannot be written; allowed: a writable directory, or one holding the dataset",
         )

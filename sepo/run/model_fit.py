@@ -282,7 +282,7 @@ def episodes_at_once(cfg: DictConfig) -> dict[str, int]:
     out = {}
     if cfg.stage.name in EVALUATING_STAGES:
         distinct = {n for pool in POOLS for n in pools.get(pool) or []}
-        out["eval.episodes_per_opponent"] = int(cfg.eval.episodes_per_opponent) * len(distinct)
+        out["eval.episodes_per_opponent"] = cfg.eval.episodes_per_opponent * len(distinct)
     if cfg.stage.name in RL_STAGES:
         n = rollouts_per_group(cfg.sepo)
         out["sepo.rollouts_per_opponent"] = sum(
@@ -297,7 +297,7 @@ def check_sizes(cfg: DictConfig) -> None:
     available = available_memory()
     if available is None:
         return
-    per_episode = float(cfg.eval.episode_memory_kb) * 1024
+    per_episode = cfg.eval.episode_memory_kb * 1024
     for key, episodes in episodes_at_once(cfg).items():
         need = episodes * per_episode
         if need > available:

@@ -133,7 +133,7 @@ def check_sepo_relations(cfg: DictConfig) -> None:
         f"sepo.held_at_start={list(cfg.sepo.held_at_start)} names terms that sepo.held_terms="
         f"{list(cfg.sepo.held_terms)} does not hold; allowed: a subset of sepo.held_terms",
     )
-    if float(cfg.sepo.lora.dropout) != 0.0:
+    if cfg.sepo.lora.dropout != 0.0:
         log.warning(
             "sepo.lora.dropout=%s: the training pass then differs from the sampling pass, so the "
             "importance ratio is not 1 on a fresh batch (docs/spec.md §4.3 uses 0)",

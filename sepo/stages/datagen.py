@@ -73,13 +73,13 @@ def play_every_game(cfg: DictConfig) -> tuple[dict[str, list[dict[str, Any]]], d
         for game in dataset_games(dc, dataset):
             if game in game_examples:
                 continue
-            game_cfg = load_game_cfg(game, cfg.game, cfg.model.get("name"))
+            game_cfg = load_game_cfg(game, cfg.game, cfg.model.name)
             t0 = time.perf_counter()
-            examples = generate_game_examples(game_cfg, int(dc.seed), dc.episodes_per_opponent, int(dc.num_opponents))
+            examples = generate_game_examples(game_cfg, dc.seed, dc.episodes_per_opponent, dc.num_opponents)
             seconds = time.perf_counter() - t0
             game_examples[game] = examples
-            episodes = int(dc.episodes_per_opponent or game_cfg.datagen.episodes_per_opponent)
-            opponents = datagen_opponents(game_cfg, int(dc.num_opponents))
+            episodes = dc.episodes_per_opponent or game_cfg.datagen.episodes_per_opponent
+            opponents = datagen_opponents(game_cfg, dc.num_opponents)
             game_info[game] = {
                 "episodes_per_opponent": episodes,
                 "opponents": opponents,
@@ -102,12 +102,12 @@ def play_every_game(cfg: DictConfig) -> tuple[dict[str, list[dict[str, Any]]], d
 def write_datasets(dc: DictConfig, game_examples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Each dataset split and written under `datagen.out_dir`; what each holds."""
     out_dir = Path(dc.out_dir)
-    caps = dc.get("per_game_cap") or {}
+    caps = dc.per_game_cap
     datasets: dict[str, Any] = {}
     for dataset in dc.datasets:
         games = dataset_games(dc, dataset)
         splits = build_dataset(
-            dataset, {g: game_examples[g] for g in games}, int(dc.seed), float(dc.valid_fraction), caps.get(dataset)
+            dataset, {g: game_examples[g] for g in games}, dc.seed, dc.valid_fraction, caps.get(dataset)
         )
         files = write_dataset(out_dir, dataset, splits)
         datasets[dataset] = {
@@ -138,8 +138,8 @@ def write_manifest(
     out_dir = Path(dc.out_dir)
     n_generated = sum(info["examples"] for info in game_info.values())
     manifest = {
-        "seed": int(dc.seed),
-        "valid_fraction": float(dc.valid_fraction),
+        "seed": dc.seed,
+        "valid_fraction": dc.valid_fraction,
         "split": "example-level: seeded shuffle of each dataset, the last round(N * valid_fraction) are valid",
         "notes": [
             "sizes follow the paper's per-game generation table (multi = 3 x multi_per_game = 24,000 by default); "

@@ -169,11 +169,11 @@ def evaluation_policy(
         model,
         tokenizer,
         cfg.model if model_cfg is None else model_cfg,
-        temperature=float(cfg.eval.temperature),
-        max_new_tokens=int(cfg.eval.max_new_tokens),
-        seed=int(cfg.generation_seed if generation_seed is None else generation_seed),
-        batch_size=int(cfg.eval.batch_size),
-        action_samples=int(cfg.eval.action_samples),
+        temperature=cfg.eval.temperature,
+        max_new_tokens=cfg.eval.max_new_tokens,
+        seed=cfg.generation_seed if generation_seed is None else generation_seed,
+        batch_size=cfg.eval.batch_size,
+        action_samples=cfg.eval.action_samples,
     )
 
 
@@ -204,10 +204,10 @@ def evaluate_with_protocol(
         policy,
         pools_of(cfg.game),
         dict(cfg.lambdas.eval),
-        int(cfg.eval.episodes_per_opponent),
+        cfg.eval.episodes_per_opponent,
         split_seed(cfg, split),
-        mirrored=bool(cfg.game.get("mirrored", False)),
-        progress=bool(cfg.eval.get("progress", True)),
+        mirrored=cfg.game.mirrored,
+        progress=cfg.eval.progress,
         table=table,
     )
 
@@ -215,7 +215,7 @@ def evaluate_with_protocol(
 def split_seed(cfg: DictConfig, split: str) -> int:
     """The seed of a split's episodes and of its read of the played table: test `seed`, validation
     `eval.validation_seed`."""
-    return int(cfg.seed) if split == "test" else int(cfg.eval.validation_seed)
+    return cfg.seed if split == "test" else cfg.eval.validation_seed
 
 
 def write_results(
@@ -250,13 +250,12 @@ def write_results(
 
 def train_seed(cfg: DictConfig, stage: str) -> int | None:
     """The training run's own seed (`sft.seed`, `sepo.seed`): runs of a sweep over it differ only there."""
-    seed = OmegaConf.select(cfg, f"{stage}.seed", default=None) if stage in ("sft", "sepo") else None
-    return None if seed is None else int(seed)
+    return cfg[stage].seed if stage in ("sft", "sepo") else None
 
 
 def run_eval(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, Any]:
     game = make_game(cfg.game)
-    as_sft = cfg.eval.get("phase") == "sft"  # an SFT checkpoint evaluated on its own: the SFT row of the tables
+    as_sft = cfg.eval.phase == "sft"  # an SFT checkpoint evaluated on its own: the SFT row of the tables
     payload = evaluate_and_write(
         cfg,
         game,

@@ -93,18 +93,18 @@ def training_parts(
         model,
         tokenizer,
         cfg.model,
-        temperature=float(s.temperature),
-        max_new_tokens=int(s.max_new_tokens),
-        seed=int(cfg.generation_seed),
-        batch_size=int(s.generate_batch),
-        logprob_chunk=int(s.logprob_chunk),
-        action_samples=int(s.best_response_samples),
+        temperature=s.temperature,
+        max_new_tokens=s.max_new_tokens,
+        seed=cfg.generation_seed,
+        batch_size=s.generate_batch,
+        logprob_chunk=s.logprob_chunk,
+        action_samples=s.best_response_samples,
         # the update scores the rollouts' tokens with SDPA; sampled with cascade attention, 2.0% of a fresh
         # batch's tokens had |ratio - 1| > 0.2 against 1.1% sampled with SDPA (docs/speed.md §5g)
         cascade_attention=False,
     )
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], s)
-    estimator = EstimatorState(scale_decay=float(s.adv_scale_decay), switch_episodes=int(s.exploit_switch_episodes))
+    estimator = EstimatorState(scale_decay=s.adv_scale_decay, switch_episodes=s.exploit_switch_episodes)
     return policy, optimizer, estimator, batch_builder(cfg, s)
 
 
@@ -121,8 +121,8 @@ def make_optimizer(params: list[torch.Tensor], s: DictConfig) -> torch.optim.Opt
     the gradient's direction (benchmarks/studies/sepo_signal.py measured a cosine of -0.24 with the mean of
     other batches' gradients, against +0.55 for the gradient itself). SGD's step is the gradient, scaled."""
     if s.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=float(s.lr), momentum=float(s.momentum), weight_decay=float(s.weight_decay))
-    return torch.optim.AdamW(params, lr=float(s.lr), weight_decay=float(s.weight_decay))
+        return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay)
+    return torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay)
 
 
 def best_response_schedule(builder: BatchBuilder | ExactValueBuilder, s: DictConfig) -> BestResponseSchedule:
@@ -133,7 +133,7 @@ def best_response_schedule(builder: BatchBuilder | ExactValueBuilder, s: DictCon
     responders = [
         st for name, st in builder.strategies.items() if name in played and getattr(st, "responds_to_agent", False)
     ]
-    return BestResponseSchedule(responders, int(s.best_response_every), int(s.best_response_samples), int(s.seed))
+    return BestResponseSchedule(responders, s.best_response_every, s.best_response_samples, s.seed)
 
 
 @dataclass
@@ -153,12 +153,12 @@ class Learner:
 
 def build_learner(cfg: DictConfig, s: DictConfig) -> Learner:
     base, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
-    model = attach_lora(base, cfg.model.lora.target_modules, int(s.lora.r), int(s.lora.alpha), float(s.lora.dropout))
+    model = attach_lora(base, cfg.model.lora.target_modules, s.lora.r, s.lora.alpha, s.lora.dropout)
     # sepo.ref_4bit: the paper's frozen 4-bit reference; by default the reference is the adapter switched off
     ref_model = quantized_reference(model) if s.ref_4bit else None
     policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
     best_response = best_response_schedule(builder, s)
-    held = HeldState(keep=float(s.held_average), z=float(s.held_level_z))
+    held = HeldState(keep=s.held_average, z=s.held_level_z)
     return Learner(model, ref_model, tokenizer, policy, optimizer, estimator, builder, best_response, held)
 
 
@@ -204,10 +204,10 @@ def update(
     step instead (`sepo.held_at_start`; `held_state`: the held terms' running gradients and levels, None: this
     batch's alone). A non-finite loss or gradient takes no step and ends the run as diverged: the
     weights, and every checkpoint so far, stay finite."""
-    lr = learning_rate(float(s.lr), str(s.lr_schedule), step, int(s.steps), float(s.lr_final_ratio))
+    lr = learning_rate(s.lr, s.lr_schedule, step, s.steps, s.lr_final_ratio)
     set_learning_rate(optimizer, lr)
     optimizer.zero_grad(set_to_none=True)
-    before: list[torch.Tensor] | None = [] if float(s.trust_region_kl) > 0 else None
+    before: list[torch.Tensor] | None = [] if s.trust_region_kl > 0 else None
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in trainable]
     try:
@@ -225,7 +225,7 @@ def update(
         optimizer.zero_grad(set_to_none=True)
         raise Diverged(f"diverged at step {step + 1}: {err}; the checkpoints before it are kept") from None
     with section("optimizer"):
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, float(s.grad_clip)))
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, s.grad_clip))
         start = StepStart.of(params, optimizer) if before is not None or held else None
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -249,7 +249,7 @@ def batch_spent(s: DictConfig, reuse: int, step: int, checkpoints: set[int]) -> 
     """Fresh rollouts are due after `refresh_steps` updates on a batch, at a checkpoint, and at the end
     of the run (a checkpoint never stores rollouts). The refresh rule's other half ("5 steps or KL > 0.5")
     is measured in the loop: the updated policy's KL from the one that sampled the batch."""
-    return reuse + 1 == int(s.refresh_steps) or step in checkpoints or step >= int(s.steps)
+    return reuse + 1 == s.refresh_steps or step in checkpoints or step >= s.steps
 
 
 def log_step(
@@ -310,7 +310,7 @@ def checkpoint(
     process answers the same read and waits for the save."""
     table = None
     if distributed.is_main():
-        with adapter_folded(learner.model, bool(cfg.sepo.fold_adapter_for_reads)):
+        with adapter_folded(learner.model, cfg.sepo.fold_adapter_for_reads):
             result, table = evaluate_checkpoint(cfg, game, learner.model, learner.tokenizer, step, final)
         tracker.log({f"eval/{k}": v for k, v in result["metrics"].items()}, step=step)
         answered = learner.best_response.answer_checkpoint_read(cfg, sepo_settings(cfg), table, step)
@@ -335,27 +335,27 @@ def diverged_if_unplayable(step: int):
 
 def crash_if_asked(s: DictConfig, step: int) -> None:
     """Test hook (`sepo.debug_kill_after_step`): die here like a preempted job, to check resume."""
-    if s.get("debug_kill_after_step") is not None and step == int(s.debug_kill_after_step):
+    if s.debug_kill_after_step is not None and step == s.debug_kill_after_step:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, Any]:
     s = sepo_settings(cfg)
     out = Path(cfg.paths.output_dir)
-    torch.manual_seed(int(s.seed))
+    torch.manual_seed(s.seed)
     game = make_game(cfg.game)
     learner = build_learner(cfg, s)
     step, batch_index = resume_point(cfg, out, learner)
     answered = learner.best_response.answer_sft_read(cfg, s, game, step)
     if answered:
         tracker.log({f"sepo/{k}": v for k, v in answered.items()}, step=step)
-    checkpoints = {int(k) for k in s.checkpoint_steps} | {int(s.steps)}
+    checkpoints = {*s.checkpoint_steps, s.steps}
 
-    while step < int(s.steps):
+    while step < s.steps:
         started = time.time()
         with diverged_if_unplayable(step):
             # the exploiter answers the policy as it is now
-            refresh_best_response(learner, game, step, tracker, bool(s.fold_adapter_for_reads))
+            refresh_best_response(learner, game, step, tracker, s.fold_adapter_for_reads)
             batch = learner.builder.collect(game, RecordingPolicy(learner.policy), batch_index, learner.estimator)
         batch_index += 1
         # each phase peaks on its own, not on the pages the one before freed: glibc's trim only, since a garbage
@@ -364,7 +364,7 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
         ref = reference_logprobs(learner.model, learner.policy, batch, s, learner.ref_model)
         tokens = generated_tokens(batch)
         drop_packed_weights(learner.model)  # the update takes gradients: its peak stays without the blocked copies
-        for reuse in range(int(s.refresh_steps)):
+        for reuse in range(s.refresh_steps):
             trim_heap()
             stats = update(learner.model, learner.policy, learner.optimizer, batch, ref, s, step, learner.held)
             trim_heap()
@@ -372,11 +372,11 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
             done_with_batch = batch_spent(s, reuse, step, checkpoints)
             if not done_with_batch:  # or has the policy moved more than refresh_kl from the batch's sampler?
                 stats["kl_old_after"] = old_policy_divergence(learner.model, learner.policy, batch, s)
-                done_with_batch = stats["kl_old_after"] > float(s.refresh_kl)
+                done_with_batch = stats["kl_old_after"] > s.refresh_kl
             log_step(tracker, step, reuse, batch, stats, tokens, time.time() - started)
             started = time.time()
             if step in checkpoints:
-                checkpoint(cfg, out, game, learner, step, batch_index, step == int(s.steps), tracker)
+                checkpoint(cfg, out, game, learner, step, batch_index, step == s.steps, tracker)
             crash_if_asked(s, step)
             if done_with_batch:
                 break
@@ -384,6 +384,6 @@ def run_sepo(cfg: DictConfig, tracker: NullTracker = NO_TRACKING) -> dict[str, A
     if not distributed.is_main():
         return {}
     learner.model.save_pretrained(out / "adapter")
-    summary = json.loads((out / "eval" / f"step_{int(s.steps)}" / "results.json").read_text())
+    summary = json.loads((out / "eval" / f"step_{s.steps}" / "results.json").read_text())
     tracker.summary({f"final/{k}": v for k, v in summary["metrics"].items()})
     return summary

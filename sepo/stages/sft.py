@@ -35,7 +35,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -65,16 +65,19 @@ from sepo.training.sft_monitoring import (
 )
 from sepo.training.sft_trainer import training_arguments, training_data
 
+if TYPE_CHECKING:
+    from sepo.run.schema import SftSchema
+
 log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- settings
-def sft_settings(cfg: DictConfig) -> DictConfig:
-    """The resolved `sft` node (the model's own defaults, conf/sft/model/<model>.yaml, merged in by Hydra;
-    command-line `sft.<key>=` overrides winning), with `lora.target_modules` filled from
+def sft_settings(cfg: DictConfig) -> SftSchema:
+    """The resolved `sft` node as its typed object (the model's own defaults, conf/sft/model/<model>.yaml, merged
+    in by Hydra; command-line `sft.<key>=` overrides winning), with `lora.target_modules` filled from
     `model.lora.target_modules` when the node leaves it null. Its values were checked before any work
     (sepo/run/config.py)."""
-    s = OmegaConf.create(OmegaConf.to_container(cfg.sft, resolve=True))
+    s = OmegaConf.to_object(cfg.sft)
     if s.lora.target_modules is None and not s.full_finetune:  # sepo/run/config.py checked that the model names them
         s.lora.target_modules = cfg.model.lora.target_modules
     return s
@@ -85,10 +88,10 @@ def apply_lora(model: Any, s: DictConfig) -> Any:
     """Wrap `model` with LoRA adapters on the modules matched in full by `s.lora.target_modules`."""
     return attach_lora(
         model,
-        str(s.lora.target_modules),
-        int(s.lora.r),
-        int(s.lora.alpha),
-        float(s.lora.dropout),
+        s.lora.target_modules,
+        s.lora.r,
+        s.lora.alpha,
+        s.lora.dropout,
         key="sft.lora.target_modules",
     )
 
@@ -135,7 +138,7 @@ class SftTraining:
 
 
 def load_data(cfg: DictConfig, s: DictConfig) -> SftData:
-    directory = ensure_dataset(cfg, str(s.dataset), s.data_dir)
+    directory = ensure_dataset(cfg, s.dataset, s.data_dir)
     train_all = read_examples(directory / "train.jsonl")
     valid_all = read_examples(directory / "valid.jsonl")
     train = subsample(train_all, s.max_examples, s.seed, "train")
@@ -156,7 +159,7 @@ def build_model(cfg: DictConfig, s: DictConfig) -> SftModel:
     """The model to fine-tune: every weight trainable, or a LoRA adapter on `lora.target_modules`."""
     from transformers import set_seed
 
-    set_seed(int(s.seed))
+    set_seed(s.seed)
     model, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     total = sum(p.numel() for p in model.parameters())
     if s.full_finetune:
@@ -199,10 +202,10 @@ def chat_collator(cfg: DictConfig, s: DictConfig, built: SftModel) -> ChatSFTCol
     return ChatSFTCollator(
         tokenizer,
         cfg.model,
-        int(s.max_length),
+        s.max_length,
         end_of_turn_ids(model, tokenizer),
         _type_ids_key(model, cfg.model),
-        bool(s.assistant_only_loss),
+        s.assistant_only_loss,
     )
 
 
@@ -217,7 +220,7 @@ def train(
     last, resumed_step = resume_checkpoint(cfg, out / "checkpoints")
     trainer = trainer_cls(
         model=model,
-        args=training_arguments(s, out, bool(data.valid), bool(cfg.eval.get("progress", True))),
+        args=training_arguments(s, out, bool(data.valid), cfg.eval.progress),
         train_dataset=train_ds,
         eval_dataset=valid_ds,
         data_collator=data_collator,
@@ -270,15 +273,15 @@ def measure_agreement(
     from sepo.games import make_game
     from sepo.training.sft_data import load_game_cfg
 
-    agreement_set = data.valid_all[: int(s.agreement_examples)] if s.agreement_examples else []
+    agreement_set = data.valid_all[: s.agreement_examples] if s.agreement_examples else []
     if not agreement_set:
         return {}
     seen: dict[str, set[str]] = {}
     for ex in data.train_all + data.valid_all:
         seen.setdefault(ex["game"], set()).add(str(ex["action"]))
     actions_by_game = {g: sorted(a) for g, a in seen.items()}
-    games = {g: make_game(load_game_cfg(g, cfg.game, cfg.model.get("name"))) for g in actions_by_game}
-    share = bool(s.prefix_sharing) and check_prefix_sharing(model, training=False) is None
+    games = {g: make_game(load_game_cfg(g, cfg.game, cfg.model.name)) for g in actions_by_game}
+    share = s.prefix_sharing and check_prefix_sharing(model, training=False) is None
     return action_agreement(
         model,
         tokenizer,
@@ -286,10 +289,10 @@ def measure_agreement(
         agreement_set,
         actions_by_game,
         games,
-        int(s.agreement_batch_size),
-        int(s.agreement_max_new_tokens),
+        s.agreement_batch_size,
+        s.agreement_max_new_tokens,
         share_prefix=share,
-        min_shared=int(s.prefix_min_tokens),
+        min_shared=s.prefix_min_tokens,
     )
 
 
@@ -298,11 +301,11 @@ def sft_metrics(
 ) -> dict[str, Any]:
     train_losses = [r["train_loss"] for r in trained.curve if r["train_loss"] is not None]
     return {
-        "dataset": str(s.dataset),
+        "dataset": s.dataset,
         "data_dir": str(data.directory),
         "train_examples": len(data.train),
         "valid_examples": len(data.valid),
-        "full_finetune": bool(s.full_finetune),
+        "full_finetune": s.full_finetune,
         "trainable_parameters": built.trainable_parameters,
         "total_parameters": built.total_parameters,
         "lora_modules": built.lora_modules,

@@ -38,9 +38,9 @@ def refresh_read(s: DictConfig) -> dict[str, Any]:
     """How the best responders' refresh reads the played table (`played_table` in results.json records the
     same keys): answers a state, temperature and answer budget."""
     return {
-        "samples_per_state": int(s.best_response_samples),
-        "temperature": float(s.temperature),
-        "max_new_tokens": int(s.max_new_tokens),
+        "samples_per_state": s.best_response_samples,
+        "temperature": s.temperature,
+        "max_new_tokens": s.max_new_tokens,
     }
 
 
@@ -48,9 +48,9 @@ def reads_alike(cfg: DictConfig, s: DictConfig) -> bool:
     """Whether an evaluation reads the played table as the best responders' refresh does (cascade attention
     aside, which moves roundings only)."""
     evaluation = {
-        "samples_per_state": int(cfg.eval.action_samples),
-        "temperature": float(cfg.eval.temperature),
-        "max_new_tokens": int(cfg.eval.max_new_tokens),
+        "samples_per_state": cfg.eval.action_samples,
+        "temperature": cfg.eval.temperature,
+        "max_new_tokens": cfg.eval.max_new_tokens,
     }
     return evaluation == refresh_read(s)
 

@@ -144,15 +144,15 @@ class ExactValueBuilder:
         self.objective = KuhnObjective(
             train={n: tables[n] for n in self.pools["train"]},
             exploit={n: tables[n] for n in self.pools["exploit"]},
-            reward_scale=float(s.reward_scale) / float(cfg.game.max_payoff),
-            lambda_e=float(cfg.lambdas.train.e),
+            reward_scale=s.reward_scale / cfg.game.max_payoff,
+            lambda_e=cfg.lambdas.train.e,
             ante=float(cfg.game.ante),
             bet=float(cfg.game.bet),
         )
         self.strategies: dict[str, Any] = {}  # no opponent plays: nothing for the best-response schedule to keep
-        self.samples, self.seed = int(s.infoset_samples), int(s.seed)
-        self.adv_norm, self.eps = str(s.adv_norm), float(s.adv_eps)
-        self.table_decay = float(s.responder_table_decay)
+        self.samples, self.seed = s.infoset_samples, s.seed
+        self.adv_norm, self.eps = s.adv_norm, s.adv_eps
+        self.table_decay = s.responder_table_decay
 
     def collect(self, game: Game, policy: Any, batch_index: int, state: EstimatorState) -> RolloutBatch:
         """Sample K answers per information set, read the table from them, and give each its exact advantage."""

@@ -19,8 +19,7 @@ def rollouts_per_group(s) -> dict[str, int]:
     """Each trained pool's rollouts per group: its `sepo.rollouts_by_pool` entry, else `rollouts_per_opponent`.
     A pool's term is averaged over its own groups, so a pool given more keeps the same expected gradient with
     less noise."""
-    by_pool = s.get("rollouts_by_pool") or {}
-    return {pool: int(by_pool.get(pool) or s.rollouts_per_opponent) for pool in penalties.trained_pools()}
+    return {pool: s.rollouts_by_pool.get(pool) or s.rollouts_per_opponent for pool in penalties.trained_pools()}
 
 
 #: sepo.estimator: advantages from played episodes, or (Kuhn poker) exact values of the sampled actions

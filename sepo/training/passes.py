@@ -63,12 +63,12 @@ def pass_layout(
     within a pass once; the batch's `root`, encoded once for all passes, counts in none); a pass
     without gradients keeps no activations, so it takes `sepo.no_grad_micro_batch_tokens` when set
     (`grad=True` gives the update's layout, which the reference takes too)."""
-    budget = int(s.micro_batch_tokens) if grad else int(s.no_grad_micro_batch_tokens or s.micro_batch_tokens)
+    budget = s.micro_batch_tokens if grad else s.no_grad_micro_batch_tokens or s.micro_batch_tokens
     if policy.prefix_tree:
         skip = root.length if root is not None else 0
-        return tree_passes([token_sequence(d)[skip:] for d in decisions], int(s.micro_batch), budget)
+        return tree_passes([token_sequence(d)[skip:] for d in decisions], s.micro_batch, budget)
     shared = policy.shared_prefix_length([d.tokens.prompt_ids.tolist() for d in decisions])
-    return micro_batches(decisions, int(s.micro_batch), budget, shared)
+    return micro_batches(decisions, s.micro_batch, budget, shared)
 
 
 def token_sequence(decision: Decision) -> list[int]:
@@ -93,7 +93,7 @@ def policy_logprobs(
     if policy.prefix_tree:
         starts = [len(d.tokens.prompt_ids) for d in decisions]
         return tree_token_logprobs(
-            model, [token_sequence(d) for d in decisions], starts, int(s.logprob_chunk), float(s.temperature), root
+            model, [token_sequence(d) for d in decisions], starts, s.logprob_chunk, s.temperature, root
         )
     prompts = [d.tokens.prompt_ids.tolist() for d in decisions]
     gens = [d.tokens.gen_ids.tolist() for d in decisions]
@@ -104,8 +104,8 @@ def policy_logprobs(
         ids,
         mask,
         start,
-        chunk=int(s.logprob_chunk),
-        temperature=float(s.temperature),
+        chunk=s.logprob_chunk,
+        temperature=s.temperature,
         shared_prefix=shared,
         **forward_extras(model, policy.model_cfg, ids),
     )
@@ -132,7 +132,7 @@ def reference_logprobs(
 
     None when `sepo.beta` is 0: the KL term is then absent, so the pass would be wasted.
     """
-    if float(s.beta) == 0.0:
+    if s.beta == 0.0:
         return None
     out: list[torch.Tensor] = [torch.zeros(0)] * len(batch.decisions)
     scorer = ref_model if ref_model is not None else model

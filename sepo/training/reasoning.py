@@ -52,7 +52,7 @@ def reasoning_line(
     and the rest for its explainer (Kuhn: `name_the_check`) or for what opens each line (IPD:
     `name_the_last_move`: its package's `OPENERS`).
     """
-    phrasings = int((options or {}).get("phrasings", 0) or 0)
+    phrasings = (options or {}).get("phrasings", 0)
     case, fields = _explain(game, strategy, action, obs, options)
     phrases = games.entry(game).reasoning.phrases.get(case) or (RANDOM_LINES if case == "random" else GENERIC)
     phrases = phrases[:phrasings] if phrasings else phrases

@@ -104,14 +104,14 @@ class BatchBuilder:
     def __init__(self, cfg: DictConfig, s: DictConfig):
         self.pools = pools_of(cfg.game)
         self.strategies = {n: make_strategy(cfg.game, n, key="game.pools") for p in self.pools.values() for n in p}
-        self.seed = int(s.seed)  # the training seed (sepo.seed, default: seed)
-        self.mirrored = bool(cfg.game.get("mirrored", False))
-        self.lambdas = {k: float(v) for k, v in cfg.lambdas.train.items()}
-        self.reward_scale = float(s.reward_scale) / float(cfg.game.max_payoff)  # s of docs/spec.md §4.1
-        self.n, self.aux_episodes = int(s.rollouts_per_opponent), int(s.aux_episodes)
+        self.seed = s.seed  # the training seed (sepo.seed, default: seed)
+        self.mirrored = cfg.game.mirrored
+        self.lambdas = dict(cfg.lambdas.train)
+        self.reward_scale = s.reward_scale / cfg.game.max_payoff  # s of docs/spec.md §4.1
+        self.n, self.aux_episodes = s.rollouts_per_opponent, s.aux_episodes
         self.n_by_pool = rollouts_per_group(s)
-        self.mode, self.credit, self.adv_norm = str(s.penalty_mode), str(s.credit), str(s.adv_norm)
-        self.eps = float(s.adv_eps)
+        self.mode, self.credit, self.adv_norm = s.penalty_mode, s.credit, s.adv_norm
+        self.eps = s.adv_eps
 
     def collect(self, game: Game, policy: Policy, batch_index: int, state: EstimatorState) -> RolloutBatch:
         """Play one batch and build its advantages.

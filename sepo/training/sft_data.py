@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from sepo import games
 from sepo.arena import EpisodeRecord, play
 from sepo.errors import ConfigError
 from sepo.games import Game, make_game
@@ -57,13 +58,10 @@ def load_game_cfg(name: str, current: DictConfig | None = None, model: str | Non
     (`conf/game/model_game/<model>_<name>.yaml`) merged over it where they exist, as the run's composition does."""
     if current is not None and current.name == name:
         return current
-    from sepo.paths import CONF_DIR
-
-    path = CONF_DIR / "game" / f"{name}.yaml"
-    if not path.exists():
-        raise ConfigError(f"datagen: no config for game {name!r} ({path} is missing)")
+    if name not in games.names():
+        raise ConfigError(f"datagen: no config for game {name!r}; allowed: {', '.join(games.names())}")
     own = model_game_settings(name, model)
-    return OmegaConf.merge(OmegaConf.load(path), own) if own else OmegaConf.load(path)
+    return games.shipped_config(name, None, own) if own else games.shipped_config(name)
 
 
 def model_game_settings(name: str, model: str | None) -> dict[str, Any]:
@@ -82,15 +80,13 @@ def datagen_opponents(game_cfg: DictConfig, count: int) -> list[str]:
     Opponents are keyed by name, so the random strategy pads at most once: a game whose train and
     exploit pools hold fewer than `count - 1` distinct strategies gets fewer opponents (logged).
     """
-    listed = game_cfg.datagen.get("opponents")
+    listed = game_cfg.datagen.opponents
     if listed:
         return list(dict.fromkeys(listed))
     pools = game_cfg.pools
-    names = [
-        n
-        for n in dict.fromkeys([*(pools.get("train") or []), *(pools.get("exploit") or [])])
-        if not responds_to_agent(game_cfg.name, n)
-    ][:count]  # a best responder needs the agent's table
+    names = [n for n in dict.fromkeys([*pools.train, *pools.exploit]) if not responds_to_agent(game_cfg.name, n)][
+        :count
+    ]  # a best responder needs the agent's table
     random_name = game_cfg.datagen.random_strategy
     if len(names) < count and random_name not in names:
         names.append(random_name)
@@ -106,7 +102,7 @@ def datagen_opponents(game_cfg: DictConfig, count: int) -> list[str]:
 
 
 def demonstrator_weights(game_cfg: DictConfig) -> dict[str, float]:
-    weights = {str(k): float(v) for k, v in game_cfg.demonstrators.items()}
+    weights = dict(game_cfg.demonstrators)
     if not weights or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
         raise ConfigError(
             f"game.demonstrators of {game_cfg.name} must give non-negative weights with a positive sum; got {weights}"
@@ -174,7 +170,7 @@ def play_demonstrators(
     alternate hand by hand inside each episode): mirrored deals would only repeat card deals.
     """
     game = make_game(game_cfg)
-    episodes = int(episodes_per_opponent or game_cfg.datagen.episodes_per_opponent)
+    episodes = episodes_per_opponent or game_cfg.datagen.episodes_per_opponent
     opponents = {
         n: make_strategy(game_cfg, n, key="game.datagen.opponents") for n in datagen_opponents(game_cfg, num_opponents)
     }
@@ -228,7 +224,7 @@ def build_dataset(
     """
     per_game = min(len(v) for v in examples_by_game.values())
     if per_game_cap is not None:
-        per_game = min(per_game, int(per_game_cap))
+        per_game = min(per_game, per_game_cap)
     pooled: list[dict[str, Any]] = []
     for game, examples in examples_by_game.items():
         if len(examples) > per_game:

@@ -134,11 +134,11 @@ def datagen_settings(dc: DictConfig, dataset: str, model: str | None = None) -> 
     return {
         "dataset": dataset,
         "games": names,
-        "seed": int(dc.seed),
-        "valid_fraction": float(dc.valid_fraction),
-        "per_game_cap": (dc.get("per_game_cap") or {}).get(dataset),
+        "seed": dc.seed,
+        "valid_fraction": dc.valid_fraction,
+        "per_game_cap": dc.per_game_cap.get(dataset),
         "episodes_per_opponent": dc.episodes_per_opponent,
-        "num_opponents": int(dc.num_opponents),
+        "num_opponents": dc.num_opponents,
         **({"model": model, "model_game_settings": own} if own else {}),
     }
 
@@ -166,7 +166,7 @@ def ensure_dataset(cfg: DictConfig, dataset: str, data_dir: str | Path) -> Path:
     written_by_datagen = data_dir / dataset  # `stage=datagen` writes no manifest into it: data the user chose
     if _complete(written_by_datagen) and not (written_by_datagen / "manifest.json").exists():
         return written_by_datagen
-    settings = datagen_settings(dc, dataset, cfg.model.get("name"))
+    settings = datagen_settings(dc, dataset, cfg.model.name)
     ds_dir = dataset_dir(data_dir, settings)
     if _complete(ds_dir):
         made = ds_dir / "manifest.json"  # written when this stage generated the data
@@ -213,6 +213,6 @@ def subsample(examples: list[dict[str, Any]], count: int | None, seed: int, tag:
     """A seeded subsample of `count` examples in their file order (all of them when count is None)."""
     if count is None or count >= len(examples):
         return examples
-    rng = np.random.default_rng([int(seed), sum(map(ord, tag))])
-    keep = np.sort(rng.choice(len(examples), int(count), replace=False))
+    rng = np.random.default_rng([seed, sum(map(ord, tag))])
+    keep = np.sort(rng.choice(len(examples), count, replace=False))
     return [examples[i] for i in keep]

@@ -137,7 +137,7 @@ def matmul_share(model: Any, positions: dict[str, int], metrics: dict[str, Any],
     if not seconds or weights.device.type != "cpu" or not positions["train"]:
         return {"matmul_gflops": None, "machine_matmul_gflops": None, "matmul_share": None}
     body, _head = matmul_parameters(model.get_base_model() if hasattr(model, "get_base_model") else model)
-    achieved = training_gflop(body, positions, bool(s.full_finetune)) / seconds
+    achieved = training_gflop(body, positions, s.full_finetune) / seconds
     machine = matmul_gflops(weights.dtype)
     return {
         "matmul_gflops": _three_figures(achieved),

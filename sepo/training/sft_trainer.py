@@ -31,33 +31,33 @@ def training_arguments(s: DictConfig, out: Path, has_valid: bool, progress: bool
 
     return TrainingArguments(
         output_dir=str(out / "checkpoints"),
-        per_device_train_batch_size=int(s.per_device_batch_size),
-        per_device_eval_batch_size=int(s.eval_batch_size),
-        gradient_accumulation_steps=int(s.grad_accum),
-        learning_rate=float(s.lr),
-        weight_decay=float(s.weight_decay),
-        adam_beta1=float(s.adam_beta1),
-        adam_beta2=float(s.adam_beta2),
-        max_grad_norm=float(s.max_grad_norm),
+        per_device_train_batch_size=s.per_device_batch_size,
+        per_device_eval_batch_size=s.eval_batch_size,
+        gradient_accumulation_steps=s.grad_accum,
+        learning_rate=s.lr,
+        weight_decay=s.weight_decay,
+        adam_beta1=s.adam_beta1,
+        adam_beta2=s.adam_beta2,
+        max_grad_norm=s.max_grad_norm,
         optim="adamw_torch",
-        lr_scheduler_type=str(s.lr_scheduler),
-        warmup_steps=float(s.warmup_ratio),  # a float in [0, 1) is a ratio of the total steps
-        num_train_epochs=float(s.epochs),
-        max_steps=int(s.max_steps) if s.max_steps is not None else -1,
+        lr_scheduler_type=s.lr_scheduler,
+        warmup_steps=s.warmup_ratio,  # a float in [0, 1) is a ratio of the total steps
+        num_train_epochs=s.epochs,
+        max_steps=s.max_steps if s.max_steps is not None else -1,
         eval_strategy="steps" if has_valid else "no",
-        eval_steps=int(s.eval_steps),
+        eval_steps=s.eval_steps,
         save_strategy="steps",
         save_steps=s.save_steps,  # an int: steps; a float in (0, 1): that share of the run's steps
         save_total_limit=s.save_total_limit,
-        logging_steps=int(s.logging_steps),
+        logging_steps=s.logging_steps,
         logging_first_step=True,
         report_to=[],  # the project's tracker gets the logs through tracker_callback
-        seed=int(s.seed),
-        data_seed=int(s.seed),
+        seed=s.seed,
+        data_seed=s.seed,
         remove_unused_columns=False,  # the collator needs the raw `messages`
         label_names=["labels"],
-        bf16=bool(s.bf16),
-        activation_checkpointing=bool(s.gradient_checkpointing),
+        bf16=s.bf16,
+        activation_checkpointing=s.gradient_checkpointing,
         dataloader_num_workers=0,
         dataloader_pin_memory=torch.cuda.is_available(),
         disable_tqdm=not progress,
@@ -107,5 +107,5 @@ def training_data(
     )
     trainer_cls = sft_trainer_class()
     trainer_cls.type_ids_key = collator.type_ids_key
-    batches = SFTBatchCollator(collator.pad_id, bool(s.prefix_sharing), int(s.prefix_min_tokens), float(s.pass_cost))
+    batches = SFTBatchCollator(collator.pad_id, s.prefix_sharing, s.prefix_min_tokens, s.pass_cost)
     return trainer_cls, ListDataset(train_items), ListDataset(valid_items) if valid_items else None, batches

@@ -49,7 +49,7 @@ def accumulate_gradients(
     sums = dict.fromkeys(
         ("loss", "policy_loss", "kl_old", "clip_fraction", *(("kl_ref",) if ref is not None else ())), 0.0
     )
-    anomaly = bool(s.get("debug_detect_anomaly", False))
+    anomaly = s.debug_detect_anomaly
     with section("update_forward"), torch.autograd.set_detect_anomaly(anomaly):
         root = shared_root(model, policy, batch.decisions)
     passes, diagnosis = pass_layout(policy, batch.decisions, s, root=root), ""
@@ -63,7 +63,7 @@ def accumulate_gradients(
         width = lp.shape[1]
         old, reference, adv = pass_inputs(batch, part, ref, lp)
         loss, stats = token_loss(
-            lp, old, reference, adv, mask, float(s.clip_eps), float(s.beta), kl_tokens=tokens, answer_tokens=per_answer
+            lp, old, reference, adv, mask, s.clip_eps, s.beta, kl_tokens=tokens, answer_tokens=per_answer
         )
         value = loss.item()
         sums["loss"] += value
@@ -239,9 +239,9 @@ def trust_region(
     one noisy batch moves the policy."""
     full = [p.detach().clone() for p in params]
     fraction = 1.0
-    for _ in range(int(s.line_search_steps) + 1):
-        kl, gain = policy_change(model, policy, batch, s, before, advantages, kl_limit=float(s.trust_region_kl))
-        if kl <= float(s.trust_region_kl) and gain >= 0.0:
+    for _ in range(s.line_search_steps + 1):
+        kl, gain = policy_change(model, policy, batch, s, before, advantages, kl_limit=s.trust_region_kl)
+        if kl <= s.trust_region_kl and gain >= 0.0:
             moved = math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in zip(params, start.params)))
             return {"step_fraction": fraction, "kl_step": kl, "surrogate_gain": gain, "step_norm": moved}
         fraction /= 2

@@ -34,7 +34,7 @@ class Auction(Game):
     def __init__(self, cfg: Any):
         super().__init__(cfg)
         # bid token -> amount, ordered low to high (the order steps "one bid up/down" follow)
-        self.bid_amounts = dict(sorted(((str(k), float(v)) for k, v in cfg.bids.items()), key=lambda kv: kv[1]))
+        self.bid_amounts = dict(sorted(((k, float(v)) for k, v in cfg.bids.items()), key=lambda kv: kv[1]))
         self.bid_order = list(self.bid_amounts)
         self.values = [float(v) for v in cfg.private_values]
         self.action_hint = "/".join(self.bid_order)

@@ -16,7 +16,7 @@ class IPD(RepeatedMatrixGame):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        self.state_last_move = bool(cfg.state_last_move)
+        self.state_last_move = cfg.state_last_move
 
     def system_prompt(self) -> str:
         return (

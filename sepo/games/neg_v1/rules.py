@@ -19,8 +19,8 @@ class NegotiationV1(Game):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        self.pie = int(cfg.pie)
-        self.demands = [str(d) for d in range(int(cfg.min_demand), int(cfg.max_demand) + 1)]
+        self.pie = cfg.pie
+        self.demands = [str(d) for d in range(cfg.min_demand, cfg.max_demand + 1)]
         self.action_hint = f"an integer from {self.demands[0]} to {self.demands[-1]}"
 
     def reset(self, seed: int, mirror: bool = False) -> GameState:

@@ -86,10 +86,10 @@ class NegotiationV2(Game):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        self.items: list[str] = [str(i) for i in cfg.item_names]
-        self.pool_min: int = int(cfg.pool_min)
-        self.pool_max: int = int(cfg.pool_max)
-        self.value_total: int = int(cfg.value_total)
+        self.items: list[str] = list(cfg.item_names)
+        self.pool_min: int = cfg.pool_min
+        self.pool_max: int = cfg.pool_max
+        self.value_total: int = cfg.value_total
         if not 0 <= self.pool_min <= self.pool_max:
             raise ValueError(f"game.pool_min={self.pool_min} and game.pool_max={self.pool_max} need 0 <= min <= max")
         self._values = value_vectors(len(self.items), self.value_total)
