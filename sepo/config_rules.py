@@ -40,6 +40,10 @@ def integer(low: int, high: int | None = None, optional: bool = False, why: str 
     )
 
 
+#: a seed numpy takes
+SEED = integer(0, 2**32)
+
+
 def real(low: float, strict: bool = False, high: float | None = None, high_closed: bool = False) -> Rule:
     """A finite number above `low` (or at it, unless `strict`), below `high` (or at it, if `high_closed`)."""
     if high is None:

@@ -1,5 +1,6 @@
 """The config's schemas: every key of every node (the run's own keys and `paths`, the stages `sepo`, `sft`,
-`eval`, `datagen`, and `model`, `game`, `lambdas`, `logger`, `stage`) with its type and its allowed values.
+`eval`, `datagen`, and `model` (sepo/run/model_schemas.py), `game` (each game's package), `lambdas`, `logger`,
+`stage`) with its type and its allowed values.
 
 The values and their comments stay in the YAML files. conf/config.yaml names the run's schema (`RunSchema`)
 first in its defaults list, and each group's YAML names its own (`- schema`, or `- schema_<name>` where a
@@ -29,12 +30,11 @@ from omegaconf import MISSING
 
 from sepo import games, penalties
 from sepo.config_rules import (
+    SEED,
     Rule,
     allowed,
     distinct_names_of,
-    even_integer,
     integer,
-    mapping,
     named_integers,
     named_lists,
     names_of,
@@ -42,22 +42,18 @@ from sepo.config_rules import (
     one_of,
     optional_integers_of,
     optional_name,
-    probability,
     real,
-    regex,
     step_list,
     steps_or_share,
     strings,
     temperature,
     unchecked,
 )
+from sepo.run.model_schemas import MODEL_SCHEMAS
 from sepo.training.options import ADV_NORMS, CREDITS, ESTIMATORS, LENGTH_NORMS, LR_SCHEDULES, PENALTY_MODES
 
-#: numpy's seeds
-SEED = integer(0, 2**32)
-#: the stages a key matters to (`where` of a field's rule; a node's own is in sepo.run.rules.NODES)
+#: the stages a key matters to (`where` of a field's rule; a node's own is in sepo.run.rules.nodes())
 EVAL, DATA, SFT, SEPO = "eval sft sepo pipeline", "datagen sft pipeline", "sft pipeline", "sepo pipeline"
-TORCH_DTYPES = ("auto", "bfloat16_if_fast", "float32", "bfloat16", "float16", "float64")
 LOGGER_MODES = ("offline", "online", "disabled")
 #: transformers' learning-rate schedules that need no settings beyond the warm-up (`sft.lr_scheduler`)
 SFT_SCHEDULERS = (
@@ -69,8 +65,6 @@ SFT_SCHEDULERS = (
     "constant_with_warmup",
     "inverse_sqrt",
 )
-#: the smallest vocabulary tiny's byte-level BPE can have: its 256 byte tokens and its special and think tokens
-TINY_MIN_VOCAB = 256 + 5
 #: a field whose value names a directory: `check_paths` (sepo/run/config.py) checks each one a run writes to
 A_DIRECTORY = "a directory, checked by sepo.run.config.check_paths where a run reads or writes it"
 #: a node of the root that a config group fills: its keys are typed and ruled by its group's schema
@@ -292,103 +286,6 @@ def lambdas_schema() -> type:
 
 
 LambdasSchema = lambdas_schema()
-
-
-# ------------------------------------------------------------------------------ models
-@dataclass
-class ScriptedModelSchema:
-    name: str = unchecked("one of conf/model/, checked by sepo.run.config.check_settings")
-    strategy: str | None = unchecked("a strategy of the game, checked by sepo.run.config.check_strategies")
-
-
-@dataclass
-class LoraTargetsSchema:
-    target_modules: str | None = allowed(regex(optional=True))
-
-
-@dataclass
-class LanguageModelSchema:
-    """The keys every language model's YAML has (conf/model/<model>.yaml says what each means)."""
-
-    name: str = unchecked("one of conf/model/, checked by sepo.run.config.check_settings")
-    path: str | None = unchecked("a checkpoint directory or a hub id, checked by sepo.run.config.check_paths")
-    revision: str | None = allowed(optional_name("the default branch"))
-    model_class: str = allowed(non_empty_name())
-    dtype: str = allowed(one_of(*TORCH_DTYPES))
-    attn_implementation: str | None = unchecked("transformers' own choices, which it checks when it loads")
-    trust_remote_code: bool = MISSING
-    token_type_ids: bool = MISSING
-    thinking: bool = MISSING
-    chat_template_kwargs: dict[str, Any] = allowed(mapping())
-    prefix_cache: bool = MISSING
-    prefix_tree: bool = MISSING
-    static_cache: bool = MISSING
-    decode_graphs: bool = MISSING
-    cascade_attention: bool = MISSING
-    drop_stopped_rows: float = allowed(probability())
-    packed_linears: bool = MISSING
-    cpu_workers: int = allowed(integer(1, why="the processes evaluations and rollouts are split over on a CPU"))
-    lora: LoraTargetsSchema = field(default_factory=LoraTargetsSchema)
-
-
-@dataclass
-class HubModelSchema(LanguageModelSchema):
-    """A checkpoint read from `path` (a directory or a hub id), never built here."""
-
-    download: bool = MISSING
-
-
-@dataclass
-class QwenModelSchema(HubModelSchema):
-    lean_delta_decode: bool = MISSING
-
-
-@dataclass
-class TinyArchitectureSchema:
-    pad_vocab_to_multiple_of: int = allowed(integer(1))
-    hidden_size: int = allowed(integer(1))
-    intermediate_size: int = allowed(integer(1))
-    num_hidden_layers: int = allowed(integer(1))
-    num_attention_heads: int = allowed(integer(1))
-    num_key_value_heads: int = allowed(integer(1))
-    head_dim: int = allowed(even_integer(2))  # RoPE halves it
-    max_position_embeddings: int = allowed(integer(2))
-    rope_theta: float = allowed(real(0.0, strict=True))
-    initializer_range: float = allowed(real(0.0, strict=True))
-    tie_word_embeddings: bool = MISSING
-
-
-@dataclass
-class TinyTokenizerSchema:
-    vocab_size: int = allowed(integer(TINY_MIN_VOCAB, why="256 byte tokens and 5 special ones"))
-    min_frequency: int = allowed(integer(1))
-
-
-@dataclass
-class TinyCorpusSchema:
-    games: list[str] = allowed(lambda: names_of(games.names(), "games"))
-    seed: int = allowed(SEED)
-    episodes_per_opponent: int = allowed(integer(1))
-
-
-@dataclass
-class TinyModelSchema(LanguageModelSchema):
-    """The embedded model: its build settings besides the loading ones."""
-
-    seed: int = allowed(SEED)
-    architecture: TinyArchitectureSchema = field(default_factory=TinyArchitectureSchema)
-    tokenizer: TinyTokenizerSchema = field(default_factory=TinyTokenizerSchema)
-    corpus: TinyCorpusSchema = field(default_factory=TinyCorpusSchema)
-
-
-#: model (conf/model/<model>.yaml) -> its schema, registered as `model/schema_<model>`
-MODEL_SCHEMAS = {
-    "scripted": ScriptedModelSchema,
-    "tiny": TinyModelSchema,
-    "smollm2": LanguageModelSchema,
-    "gemma4": HubModelSchema,
-    "qwen": QwenModelSchema,
-}
 
 
 #: the schema of each stage node, registered as `<stage>/schema` (conf/<stage>/default.yaml names it)

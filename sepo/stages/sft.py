@@ -35,7 +35,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -65,15 +65,12 @@ from sepo.training.sft_monitoring import (
 )
 from sepo.training.sft_trainer import training_arguments, training_data
 
-if TYPE_CHECKING:
-    from sepo.run.schema import SftSchema
-
 log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- settings
-def sft_settings(cfg: DictConfig) -> SftSchema:
-    """The resolved `sft` node as its typed object (the model's own defaults, conf/sft/model/<model>.yaml, merged
+def sft_settings(cfg: DictConfig) -> Any:
+    """The resolved `sft` node as its typed object (a sepo.run.schema.SftSchema; the model's own defaults, conf/sft/model/<model>.yaml, merged
     in by Hydra; command-line `sft.<key>=` overrides winning), with `lora.target_modules` filled from
     `model.lora.target_modules` when the node leaves it null. Its values were checked before any work
     (sepo/run/config.py)."""

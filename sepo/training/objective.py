@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,9 +37,6 @@ from sepo import penalties
 from sepo.arena import EpisodeRecord
 from sepo.games.base import AGENT, Game
 from sepo.training.options import ADV_NORMS, CREDITS
-
-if TYPE_CHECKING:
-    from sepo.run.schema import SepoSchema
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +48,8 @@ log = logging.getLogger(__name__)
 LOG_RATIO_LIMIT = 20.0
 
 
-def sepo_settings(cfg: DictConfig) -> SepoSchema:
-    """The resolved `sepo` node as its typed object (game and model defaults are interpolated in
+def sepo_settings(cfg: DictConfig) -> Any:
+    """The resolved `sepo` node as its typed object (a sepo.run.schema.SepoSchema; game and model defaults are interpolated in
     conf/sepo/default.yaml); its values were checked before any work (sepo/run/config.py)."""
     return OmegaConf.to_object(cfg.sepo)
 
