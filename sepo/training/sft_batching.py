@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 IGNORE = -100
 #: a position's matrix products in units of one query-key pair of attention, for `length_runs`: one SmolLM2
 #: SFT step of 8 Kuhn rows spent 1.46 ms a position in its products and 2.0 us a query-key pair in attention
-#: (forward and backward, 2 threads; docs/speed.md §5l)
+#: (forward and backward, 2 threads; what these passes gained: docs/speed.md §5l)
 LINEAR_WEIGHT = 730
 
 
