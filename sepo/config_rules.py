@@ -234,7 +234,7 @@ def even_integer(low: int) -> Rule:
 
 # ------------------------------------------------------------------------------ rules on schema fields
 #: where a field's rule applies: "all", the stages named (space-separated), or a condition on the config;
-#: None takes its node's (sepo.run.rules.NODES)
+#: None takes its node's (sepo.run.rules.nodes())
 Where = str | Callable[[Any], bool] | None
 _RULE, _WHERE, _REASON = "rule", "where", "unchecked"
 
