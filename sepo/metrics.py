@@ -127,6 +127,11 @@ def unit_means(records: list[EpisodeRecord], value: Callable[[Round], float]) ->
     return [float(np.mean([np.mean([value(r) for r in ep.rounds]) for ep in unit])) for unit in sampling_units(records)]
 
 
+def per_round_mean_se(records: list[EpisodeRecord], value: Callable[[Round], float]) -> tuple[float, float]:
+    """The mean of `value` per round over episodes, and its SE over sampling units (mirrored pairs as one)."""
+    return _over_units(unit_means(records, value))
+
+
 def summarise_opponent(game: Game, pool: str, name: str, records: list[EpisodeRecord]) -> OpponentSummary:
     """Per-opponent means over episodes; SEs over sampling units (a mirrored pair's mean is one value)."""
     require_finite(game, name, records)

@@ -53,10 +53,10 @@ RESULT_NEUTRAL_KEYS = (
     "sepo.debug_detect_anomaly",
     "sweep_name",
 )
-#: the stages that train with SEPO. Every other stage (datagen, sft, eval) reads nothing under `sepo` but
-#: `sepo.seed`, which an evaluation writes into its results as the training seed; so retuning SEPO on one game
+#: the stages that train with SEPO's machinery. Every other stage (datagen, sft, eval) reads nothing under `sepo`
+#: but `sepo.seed`, which an evaluation writes into its results as the training seed; so retuning SEPO on one game
 #: leaves the SFT models and evaluations it starts from reusable, instead of training them again
-SEPO_STAGES = ("sepo", "pipeline")
+SEPO_STAGES = ("sepo", "pipeline", "exploiter")
 SETTINGS = "run_settings.yaml"  # written when a run starts
 HYDRA_COPY = ".hydra_finished"
 ROOT_TOKEN = "${paths.root_dir}"
@@ -67,7 +67,10 @@ def is_neutral(key: str) -> bool:
 
 
 def read_by(key: str, stage: str) -> bool:
-    """Whether a run of `stage` can read `key`: SEPO's settings only matter to a stage that trains with SEPO."""
+    """Whether a run of `stage` can read `key`: SEPO's settings only matter to a stage that trains with SEPO, and
+    the exploiter's to the exploiter stage."""
+    if key.startswith("exploiter."):
+        return stage == "exploiter"
     return stage in SEPO_STAGES or not key.startswith("sepo.") or key == "sepo.seed"
 
 

@@ -17,14 +17,14 @@ from sepo.config_rules import FieldRule, Rule, Where, schema_rules
 from sepo.errors import ConfigError
 from sepo.paths import CONF_DIR
 from sepo.run import schema
-from sepo.run.schema import DATA, EVAL, SEPO, SFT
+from sepo.run.schema import DATA, EVAL, EXPLOITER, SEPO, SFT
 
 #: the models a run can name: one per conf/model/<model>.yaml (a new model is its YAML)
 MODEL_KINDS = tuple(sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml")))
 #: models built by the code itself; every other language model is loaded from `model.path`
 BUILT_MODELS = ("scripted", "tiny", "smollm2")
 #: stages that train the model (a scripted agent has nothing to train)
-TRAINING_STAGES = ("sft", "sepo", "pipeline")
+TRAINING_STAGES = ("sft", "sepo", "pipeline", "exploiter")
 
 
 def _chosen(group: str, name: str) -> Callable[[DictConfig], bool]:
@@ -42,6 +42,7 @@ def nodes() -> list[tuple[str, type, Where]]:
         ("datagen", schema.DatagenSchema, DATA),
         ("sft", schema.SftSchema, SFT),
         ("sepo", schema.SepoSchema, SEPO),
+        ("exploiter", schema.ExploiterSchema, EXPLOITER),
         ("lambdas", schema.LambdasSchema, "all"),
         *[("model", s, _chosen("model", name)) for name, s in schema.MODEL_SCHEMAS.items()],
         *[("logger", s, _chosen("logger", name)) for name, s in schema.LOGGER_SCHEMAS.items()],

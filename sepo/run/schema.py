@@ -1,5 +1,5 @@
 """The config's schemas: every key of every node (the run's own keys and `paths`, the stages `sepo`, `sft`,
-`eval`, `datagen`, and `model` (sepo/run/model_schemas.py), `game` (each game's package), `lambdas`, `logger`,
+`eval`, `datagen`, `exploiter`, and `model` (sepo/run/model_schemas.py), `game` (each game's package), `lambdas`, `logger`,
 `stage`) with its type and its allowed values.
 
 The values and their comments stay in the YAML files. conf/config.yaml names the run's schema (`RunSchema`)
@@ -34,6 +34,7 @@ from sepo.config_rules import (
     Rule,
     allowed,
     distinct_names_of,
+    even_integer,
     integer,
     named_integers,
     named_lists,
@@ -53,7 +54,8 @@ from sepo.run.model_schemas import MODEL_SCHEMAS
 from sepo.training.options import ADV_NORMS, CREDITS, ESTIMATORS, LENGTH_NORMS, LR_SCHEDULES, PENALTY_MODES
 
 #: the stages a key matters to (`where` of a field's rule; a node's own is in sepo.run.rules.nodes())
-EVAL, DATA, SFT, SEPO = "eval sft sepo pipeline", "datagen sft pipeline", "sft pipeline", "sepo pipeline"
+EVAL, DATA, SFT = "eval sft sepo pipeline exploiter", "datagen sft pipeline", "sft pipeline"
+SEPO, EXPLOITER = "sepo pipeline exploiter", "exploiter"  # the exploiter trains with SEPO's machinery
 LOGGER_MODES = ("offline", "online", "disabled")
 #: transformers' learning-rate schedules that need no settings beyond the warm-up (`sft.lr_scheduler`)
 SFT_SCHEDULERS = (
@@ -103,6 +105,7 @@ class RunSchema:
     sft: Any = unchecked(GROUP_NODE)
     eval: Any = unchecked(GROUP_NODE)
     sepo: Any = unchecked(GROUP_NODE)
+    exploiter: Any = unchecked(GROUP_NODE)
     logger: Any = unchecked(GROUP_NODE)
 
 
@@ -268,6 +271,27 @@ class DatagenSchema:
     episodes_per_opponent: int | None = allowed(integer(1, optional=True))
 
 
+@dataclass
+class ExploiterSchema:
+    """A learned exploiter (`stage=exploiter`). It trains with the SEPO stage's machinery (`sepo.*`), but for the
+    keys below that `sepo` also has, which replace those (`sepo.stages.exploiter.exploiter_settings`)."""
+
+    victim: str | None = unchecked("checked by sepo.training.victims.resolve_victim when the stage starts")
+    groups: int = allowed(integer(1))
+    eval_episodes: int = allowed(even_integer(2))
+    checkpoint_steps: list[int] = allowed(step_list())
+    seed: int = allowed(SEED)
+    steps: int = allowed(integer(1))
+    optimizer: str = allowed(one_of("adamw", "sgd"))
+    lr: float = allowed(real(0.0, strict=True))
+    lr_schedule: str = allowed(one_of(*LR_SCHEDULES))
+    beta: float = allowed(real(0.0))
+    trust_region_kl: float = allowed(real(0.0))
+    refresh_steps: int = allowed(integer(1))
+    temperature: float = allowed(temperature(greedy=False))
+    lora: LoraSchema = field(default_factory=LoraSchema)
+
+
 # ------------------------------------------------------------------------------ lambdas
 def lambdas_schema() -> type:
     """`lambdas`: a train and an eval weight for every penalty term registered now (sepo/penalties.py), so a
@@ -289,7 +313,13 @@ LambdasSchema = lambdas_schema()
 
 
 #: the schema of each stage node, registered as `<stage>/schema` (conf/<stage>/default.yaml names it)
-SCHEMAS = {"sepo": SepoSchema, "sft": SftSchema, "eval": EvalSchema, "datagen": DatagenSchema}
+SCHEMAS = {
+    "sepo": SepoSchema,
+    "sft": SftSchema,
+    "eval": EvalSchema,
+    "datagen": DatagenSchema,
+    "exploiter": ExploiterSchema,
+}
 
 
 def register() -> None:

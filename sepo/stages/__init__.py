@@ -14,6 +14,7 @@ STAGES = {
     "sft": "sepo.stages.sft:run_sft",
     "sepo": "sepo.stages.sepo_loop:run_sepo",
     "pipeline": "sepo.stages.pipeline:run_pipeline",
+    "exploiter": "sepo.stages.exploiter:run_exploiter",
 }
 
 

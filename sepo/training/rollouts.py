@@ -93,7 +93,7 @@ def batch_seed(seed: int, batch_index: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(batch_index)]).generate_state(1)[0])
 
 
-def _seat_swap(seed: int, tag: str, mirrored: bool) -> bool:
+def seat_swap(seed: int, tag: str, mirrored: bool) -> bool:
     """A group's seat arrangement in a mirrored game: drawn per group, shared by its rollouts."""
     return mirrored and episode_seed(seed, zlib.crc32(b"seats"), tag) % 2 == 1
 
@@ -145,7 +145,7 @@ class BatchBuilder:
 
         def group(pool: str, name: str) -> list[int]:
             tag, n = f"{pool}/{name}", self.n_by_pool[pool]
-            mirror = _seat_swap(seed, tag, self.mirrored)
+            mirror = seat_swap(seed, tag, self.mirrored)
             start = len(matches)
             matches.extend(
                 Match(name, self.strategies[name], r, tag, deal=0, opponent_stream=0, mirror=mirror) for r in range(n)
@@ -164,7 +164,7 @@ class BatchBuilder:
                             self.strategies[name],
                             j,
                             tag,
-                            mirror=_seat_swap(seed, f"{tag}/{name}/{j}", self.mirrored),
+                            mirror=seat_swap(seed, f"{tag}/{name}/{j}", self.mirrored),
                         )
                         for j in range(k)
                     )
