@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 #: the pool whose episodes also carry the payoff u; a term measured there is averaged over its episodes, as u is
 TRAIN_POOL = "train"
+#: the pool of the hinged exploit term: the opponents that try to take what the agent gives away (a learned
+#: exploiter joins it: `sepo.training.learned_exploiters`)
+EXPLOIT_POOL = "exploit"
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,12 @@ def of_pool(pool: str) -> tuple[PenaltyTerm, ...]:
     return tuple(t for t in _REGISTRY.values() if t.pool == pool)
 
 
+def exploit_term() -> PenaltyTerm:
+    """The term the exploit pool measures: what a learned exploiter's advantage is read as."""
+    (found,) = of_pool(EXPLOIT_POOL)
+    return found
+
+
 def measured_pools() -> tuple[str, ...]:
     """The pools other than the train pool that some term is measured on, in the terms' order: the pools a
     `pooled` batch also plays (and trains on), and the paper's modes play as auxiliary episodes."""
@@ -126,7 +135,7 @@ def trained_pools() -> tuple[str, ...]:
     return (TRAIN_POOL, *measured_pools())
 
 
-register(PenaltyTerm("e", "exploit", _advantage, "exploit", "adv", payoff_units=True, hinged=True,
+register(PenaltyTerm("e", EXPLOIT_POOL, _advantage, "exploit", "adv", payoff_units=True, hinged=True,
                      worst_metric="exploit_max", spec="§3 Exploit"))  # fmt: skip
 register(PenaltyTerm("c", "collusive", _collusive, "collusion", "collusion", spec="§3 Collusion"))
 register(PenaltyTerm("x", TRAIN_POOL, _externality, "ext", "ext", spec="§3 Ext"))

@@ -204,7 +204,13 @@ def test_the_published_tables_are_the_ones_their_summary_files_give(tmp_path):
 
 
 #: the manuals whose `python main.py` lines a user copies (adding_a_game.md's name a game the reader adds first)
-MANUALS = ("README.md", "docs/getting_started.md", "docs/configuration.md", "docs/running_the_paper.md")
+MANUALS = (
+    "README.md",
+    "docs/getting_started.md",
+    "docs/configuration.md",
+    "docs/running_the_paper.md",
+    "docs/learned_exploitability.md",
+)
 
 
 def documented_runs() -> list[list[str]]:
@@ -213,7 +219,7 @@ def documented_runs() -> list[list[str]]:
     runs = []
     for manual in MANUALS:
         for line in (ROOT / manual).read_text().splitlines():
-            command = line.split("#")[0].replace("<sft run>", "/runs/sft").split()  # the reader's own run
+            command = re.sub(r"<(\w+) run>", r"/runs/\1", line.split("#")[0]).split()  # the reader's own runs
             if not command or command[0] not in ("python", "torchrun") or "main.py" not in command:
                 continue
             args = [a for a in command[command.index("main.py") + 1 :] if a != "-m" and not a.startswith("hydra.")]

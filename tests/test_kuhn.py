@@ -273,6 +273,9 @@ EXPECTED = {
     },
     "AlwaysBet": {(c, h): 1.0 for c in "JQK" for h in (OPEN, AFTER_PASS, FACING, AFTER_PASS_BET)},
     "RandomLegal": {(c, h): 0.5 for c in "JQK" for h in (OPEN, AFTER_PASS, FACING, AFTER_PASS_BET)},
+    "CallingStation": {
+        (c, h): float(h in (FACING, AFTER_PASS_BET)) for c in "JQK" for h in (OPEN, AFTER_PASS, FACING, AFTER_PASS_BET)
+    },
     "TightValue": {
         **{(c, h): float(c == "K") for c in "JQK" for h in (OPEN, AFTER_PASS)},
         **{(c, h): {"J": 0, "Q": 1 / 3, "K": 1}[c] for c in "JQK" for h in (FACING, AFTER_PASS_BET)},

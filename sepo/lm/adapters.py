@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 #: the adapter name peft gives the first adapter (the one `attach_lora` makes): the trained player's
@@ -36,6 +37,14 @@ def adapter_active(model: Any, adapter: str | None) -> Iterator[None]:
             p.requires_grad_(False)
         for p in trainable:
             p.requires_grad_(True)
+
+
+def load_trained_weights(model: Any, path: str) -> None:
+    """Start the active adapter from the weights saved at `path` (same shape: the same targets and rank)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    set_peft_model_state_dict(model, load_file(str(Path(path) / "adapter_model.safetensors")))
 
 
 def load_frozen_adapter(model: Any, path: str, name: str) -> None:

@@ -37,7 +37,7 @@ from sepo.run.compose import STAGE_NODES
 from sepo.run.model_fit import check_model_fit, check_sizes, in_hub_cache
 from sepo.run.relations import check_model, check_relations
 from sepo.run.rules import BUILT_MODELS, MODEL_KINDS, applies, require, rules
-from sepo.run.schema import SFT
+from sepo.run.schema import SEPO, SFT
 from sepo.stages import STAGES
 from sepo.trees import dotted_keys
 
@@ -140,6 +140,14 @@ def check_paths(cfg: DictConfig) -> None:
             f"sft.data_dir={cfg.sft.data_dir} is not allowed: the {cfg.sft.dataset} dataset is generated there "
             "and it cannot be written; allowed: a writable directory, or one holding the dataset",
         )
+    if applies(SEPO, cfg):
+        adapters = [("sepo.init_adapter", cfg.sepo.init_adapter)] if cfg.sepo.init_adapter else []
+        adapters += [(f"sepo.learned_exploiters[{i}]", a) for i, a in enumerate(cfg.sepo.learned_exploiters)]
+        for key, adapter in adapters:
+            require(
+                (Path(str(adapter)).expanduser() / "adapter_config.json").is_file(),
+                f"{key}={adapter} is not allowed; allowed: a LoRA adapter's directory (a run's adapter/)",
+            )
     path = cfg.model.get("path")
     if path:
         local = Path(str(path)).expanduser()

@@ -200,6 +200,8 @@ class SepoSchema:
     fold_adapter_for_reads: bool = MISSING
     debug_kill_after_step: int | None = allowed(integer(1, optional=True))
     debug_detect_anomaly: bool = MISSING
+    init_adapter: str | None = unchecked(A_DIRECTORY)
+    learned_exploiters: list[str] = unchecked(A_DIRECTORY)
     lora: LoraSchema = field(default_factory=LoraSchema)
 
 
@@ -289,6 +291,7 @@ class ExploiterSchema:
     trust_region_kl: float = allowed(real(0.0))
     refresh_steps: int = allowed(integer(1))
     temperature: float = allowed(temperature(greedy=False))
+    credit: str = allowed(one_of(*CREDITS))
     lora: LoraSchema = field(default_factory=LoraSchema)
 
 

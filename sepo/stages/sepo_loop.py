@@ -48,12 +48,13 @@ from sepo.builders import load_model_and_tokenizer
 from sepo.errors import Diverged, NonFiniteLogits
 from sepo.games import Game, make_game
 from sepo.heap import trim_heap
+from sepo.lm.adapters import load_trained_weights
 from sepo.lm.packed_linear import drop_packed_weights
 from sepo.models import adapter_folded, attach_lora, quantized_reference
 from sepo.policies.lm import LMPolicy
 from sepo.policies.recording import RecordingPolicy
 from sepo.profiling import gpu_peak_gib_since_last_call, section
-from sepo.stages.evaluate import evaluate_checkpoint
+from sepo.stages.evaluate import evaluate_checkpoint, evaluation_policy
 from sepo.tracking import NO_TRACKING, NullTracker
 from sepo.training.best_response import BestResponseSchedule
 from sepo.training.checkpoints import load_checkpoint, save_checkpoint
@@ -65,6 +66,7 @@ from sepo.training.held_terms import (
     recovery_advantages,
     term_gradients,
 )
+from sepo.training.learned_exploiters import seat_learned_exploiters
 from sepo.training.lr_schedule import learning_rate, set_learning_rate
 from sepo.training.objective import (
     EstimatorState,
@@ -154,9 +156,12 @@ class Learner:
 def build_learner(cfg: DictConfig, s: DictConfig) -> Learner:
     base, tokenizer = load_model_and_tokenizer(cfg.model, cfg.paths.cache_dir)
     model = attach_lora(base, cfg.model.lora.target_modules, s.lora.r, s.lora.alpha, s.lora.dropout)
+    if s.init_adapter:  # continue a policy (a PSRO iteration) rather than start from the SFT model
+        load_trained_weights(model, s.init_adapter)
     # sepo.ref_4bit: the paper's frozen 4-bit reference; by default the reference is the adapter switched off
     ref_model = quantized_reference(model) if s.ref_4bit else None
     policy, optimizer, estimator, builder = training_parts(cfg, s, model, tokenizer)
+    seat_learned_exploiters(model, s.learned_exploiters, lambda: evaluation_policy(cfg, model, tokenizer), builder)
     best_response = best_response_schedule(builder, s)
     held = HeldState(keep=s.held_average, z=s.held_level_z)
     return Learner(model, ref_model, tokenizer, policy, optimizer, estimator, builder, best_response, held)

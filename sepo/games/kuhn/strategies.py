@@ -102,6 +102,14 @@ class RandomLegal(KuhnTableStrategy):
     aggression = _table(opening={c: 0.5 for c in "JQK"}, facing={c: 0.5 for c in "JQK"})
 
 
+@register("kuhn", "CallingStation")
+class CallingStation(KuhnTableStrategy):
+    """Never bets, always calls: the passive loser a learned exploiter is checked against (it is beaten by
+    value-betting every card that wins a showdown and never bluffing)."""
+
+    aggression = _table(opening={c: 0.0 for c in "JQK"}, facing={c: 1.0 for c in "JQK"})
+
+
 @register("kuhn", "TightValue")
 class TightValue(KuhnTableStrategy):
     """Demonstrator: bet/call with K, call with Q w.p. 1/3, otherwise pass or fold."""
