@@ -1,4 +1,8 @@
-"""The main job's study: which targets a candidate meets, and which candidate it chooses."""
+"""The studies: which targets a main-job candidate meets and which it chooses; the learned-exploit study's runs."""
+
+from pathlib import Path
+
+import pytest
 
 from benchmarks.studies.main_job_seeds import choice_key, summarise
 
@@ -184,3 +188,17 @@ def test_bfloat16_reads_a_rounding_floor_where_float32_reads_the_move(compose_cf
     assert 30 < fp32[2] / fp32[1] < 300  # float32: the change grows with the move (100x)
     assert bf16[1] > 50 * fp32[1]  # bfloat16: a move of 1e-6 re-rounds the activations
     assert bf16[2] < 3 * bf16[1]  # and a move 100x larger reads about the same: a floor, not the move
+
+
+def test_learned_exploit_names_a_run_per_victim_and_seed_and_averages_over_seeds():
+    from benchmarks.studies.learned_exploit import run_dir, summarise
+
+    root = Path("/r")
+    assert run_dir(root, "scripted:LooseA", "0") == root / "scripted_LooseA" / "seed_0"
+    per_seed = "/x/tiny_paper/sepo_ipd/lambdas_ipd/sepo_seed_{seed}"
+    assert run_dir(root, per_seed, "1") == root / "sepo_ipd_lambdas_ipd_sepo_seed" / "seed_1"
+    runs = [{"learned_exploit": v, "seconds": 60.0} for v in (0.2, 0.4, 0.6)]
+    summary = summarise(runs)
+    assert summary["n"] == 3 and "exact_exploit" not in summary  # a game without an exact value
+    assert summary["learned_exploit"]["mean"] == pytest.approx(0.4)
+    assert summary["learned_exploit"]["se"] == pytest.approx(0.2 / 3**0.5)
