@@ -279,6 +279,7 @@ class ExploiterSchema:
     keys below that `sepo` also has, which replace those (`sepo.stages.exploiter.exploiter_settings`)."""
 
     victim: str | None = unchecked("checked by sepo.training.victims.resolve_victim when the stage starts")
+    base: str | None = unchecked("checked by sepo.training.victims.resolve_exploiter_base when the stage starts")
     groups: int = allowed(integer(1))
     eval_episodes: int = allowed(even_integer(2))
     checkpoint_steps: list[int] = allowed(step_list())

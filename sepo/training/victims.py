@@ -3,7 +3,9 @@
 A victim is frozen: a scripted strategy of the game, the configured model as it is (Base), an SFT run (its
 merged model), or a SEPO run or one of its checkpoints (a LoRA adapter on the model that run trained from).
 The exploiter is a fresh adapter on the victim's base weights (for a scripted victim: the configured model),
-so a checkpoint's victim and its exploiter share one copy of those weights (`sepo.lm.adapters`).
+so a checkpoint's victim and its exploiter share one copy of those weights (`sepo.lm.adapters`), unless
+`exploiter.base` names other weights: an adversary that can speak the game where the victim's base cannot
+(against the Base model, an exploiter from the SFT model), with the victim then held apart.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sepo.reuse import ROOT_TOKEN, SETTINGS
 SCRIPTED = "scripted:"
 BASE = "model"  # the configured model as it is
 KEY = "exploiter.victim"
+BASE_KEY = "exploiter.base"
 ALLOWED = (
     f"{SCRIPTED}<a strategy of the game>, {BASE} (the configured model as it is), an SFT run directory "
     "(holding merged/), a SEPO run or checkpoint directory (holding adapter/), or a model directory"
@@ -53,6 +56,20 @@ def resolve_victim(spec: str | None, root_dir: str) -> Victim:
     if (run / "config.json").is_file():
         return Victim(label=str(run), base=str(run))
     raise ConfigError(f"{KEY}={spec}: not a victim this stage can load; allowed: {ALLOWED}")
+
+
+def resolve_exploiter_base(spec: str | None) -> str | None:
+    """The model directory `exploiter.base` names (an SFT run: its merged/), or None: the victim's own base."""
+    if not spec:
+        return None
+    run = Path(spec).expanduser()
+    for candidate in (run / "merged", run):
+        if (candidate / "config.json").is_file():
+            return str(candidate)
+    raise ConfigError(
+        f"{BASE_KEY}={spec}: not a model this stage can load; allowed: null (the victim's base), an SFT run "
+        "directory (holding merged/) or a model directory"
+    )
 
 
 def adapter_base(run: Path, root_dir: str) -> str:
