@@ -6,7 +6,8 @@ Renders `summary.json` (written by `analysis.summary`, e.g. by `launch/tiny_pape
 wrote, never typed by hand. `five-games`: the paired differences against SFT and payoff-only (`five-seeds`:
 the same, for a second run over more seeds, in a section of its own);
 `stability`: safety at the validation-chosen and at the final checkpoint of each game; `pretrained`: a run on a
-pretrained model beside the paper's SFT-degradation rows, and the paper's claims about Base, SFT and SEPO on it.
+pretrained model beside the paper's SFT-degradation rows, and the paper's claims about Base, SFT and SEPO on it;
+`learned-exploit`: a plan's learned exploitability beside its pool exploit (benchmarks/studies/learned_exploit.py).
 """
 
 from __future__ import annotations
@@ -236,12 +237,40 @@ def pretrained_section(summary: dict, source: str, model: str = "smollm2", name:
     )
 
 
+def learned_exploit_section(study: dict, source: str) -> str:
+    """A paper plan's learned exploitability beside its pool exploit (benchmarks/studies/learned_exploit.py
+    --plan): per game and arm, mean ± SE over seeds; then SEPO − payoff-only and SEPO − SFT, paired by seed."""
+    begin, end = markers("learned-exploit")
+    arms = [
+        "| game | arm | seeds | pool exploit ↓ | learned exploit ↓ | exploiter parses |",
+        "|---|---|---|---|---|---|",
+    ]
+    pairs = ["| game | difference | pool exploit | learned exploit |", "|---|---|---|---|"]
+    for game, g in study["games"].items():
+        for arm, a in g["arms"].items():
+            parses = [r["exploiter_parse_rate"] for r in a["runs"] if r.get("exploiter_parse_rate") is not None]
+            arms.append(
+                f"| {game} | {arm} | {a['n']} | {cell(a['pool_exploit'], False)} | "
+                f"{cell(a['learned_exploit'], False)} | {plain(min(parses) if parses else None)} (least) |"
+            )
+        for name, d in g["paired"].items():
+            pairs.append(f"| {game} | {name} | {cell(d['pool_exploit'])} | {cell(d['learned_exploit'])} |")
+    return (
+        f"{begin}\nFrom `{source}` (`python -m analysis.report --section learned-exploit`): each victim's pool "
+        "exploit (its game's exploit pool, on the plan's test episodes) and its learned exploit (a fresh exploiter "
+        "trained against it, on held-out episodes), mean ± SE over seeds; the SEPO and payoff-only victims at "
+        "their final checkpoints.\n\n" + "\n".join(arms) + "\n\nPaired by seed (**↑**/**↓**: more than 2 SE "
+        "from 0):\n\n" + "\n".join(pairs) + f"\n{end}"
+    )
+
+
 SECTIONS = {
     "five-games": section,
     # the same tables for a run over more seeds, placed below the main ones without a heading of its own
     "five-seeds": partial(section, name="five-seeds", heading=""),
     "stability": stability_section,
     "pretrained": pretrained_section,
+    "learned-exploit": learned_exploit_section,
     # the same tables for the held-out seeds of one game's pipeline (docs/smollm2_<game>_heldout_summary.json;
     # ipd-z1: IPD's at held_level_z=1, docs/smollm2_ipd_z1_heldout_summary.json; ipd-tr01: with the trust region
     # at 0.1 as well, docs/smollm2_ipd_tr01_heldout_summary.json)

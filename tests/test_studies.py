@@ -191,14 +191,42 @@ def test_bfloat16_reads_a_rounding_floor_where_float32_reads_the_move(compose_cf
 
 
 def test_learned_exploit_names_a_run_per_victim_and_seed_and_averages_over_seeds():
-    from benchmarks.studies.learned_exploit import run_dir, summarise
+    from benchmarks.studies.learned_exploit import label_of, summarise
 
-    root = Path("/r")
-    assert run_dir(root, "scripted:LooseA", "0") == root / "scripted_LooseA" / "seed_0"
-    per_seed = "/x/tiny_paper/sepo_ipd/lambdas_ipd/sepo_seed_{seed}"
-    assert run_dir(root, per_seed, "1") == root / "sepo_ipd_lambdas_ipd_sepo_seed" / "seed_1"
+    assert label_of("scripted:LooseA") == "scripted_LooseA"
+    assert label_of("/x/tiny_paper/sepo_ipd/lambdas_ipd/sepo_seed_{seed}") == "sepo_ipd_lambdas_ipd_sepo_seed"
     runs = [{"learned_exploit": v, "seconds": 60.0} for v in (0.2, 0.4, 0.6)]
     summary = summarise(runs)
     assert summary["n"] == 3 and "exact_exploit" not in summary  # a game without an exact value
     assert summary["learned_exploit"]["mean"] == pytest.approx(0.4)
     assert summary["learned_exploit"]["se"] == pytest.approx(0.2 / 3**0.5)
+
+
+def test_learned_exploit_reads_a_plan_s_four_arms_and_pairs_them_seed_by_seed():
+    from benchmarks.studies.learned_exploit import paired, plan_arms
+
+    arms, sft = plan_arms(Path("/p/tiny_paper"), "auction")
+    assert sft == "/p/tiny_paper/sft/ipd/sft_seed_{seed}"  # the auction starts from the multi-game SFT
+    assert {a.label: a.victim for a in arms} == {
+        "Base": "model",
+        "SFT": sft,
+        "SEPO": "/p/tiny_paper/sepo_auction/lambdas_auction/sepo_seed_{seed}",
+        "payoff-only": "/p/tiny_paper/sepo_auction/lambdas_zero/sepo_seed_{seed}",
+    }
+
+    def arm(learned, pool):
+        return {
+            "runs": [
+                {"train_seed": s, "learned_exploit": x, "pool_exploit": y} for s, x, y in zip((2, 0, 1), learned, pool)
+            ]
+        }
+
+    # payoff-only's runs listed in another order: differences pair by seed, not by position
+    sepo, payoff_only = arm((0.1, 0.2, 0.3), (0.0, 0.0, 0.0)), arm((0.3, 0.7, 0.2), (1.0, 2.0, 3.0))
+    payoff_only["runs"].reverse()
+    out = paired({"SEPO": sepo, "payoff-only": payoff_only})
+    assert set(out) == {"SEPO − payoff-only"}  # no SFT arm, no SEPO − SFT
+    assert out["SEPO − payoff-only"]["learned_exploit"]["mean"] == pytest.approx(
+        ((0.1 - 0.3) + (0.2 - 0.7) + (0.3 - 0.2)) / 3
+    )
+    assert out["SEPO − payoff-only"]["pool_exploit"]["mean"] == pytest.approx(-2.0)

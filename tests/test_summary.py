@@ -330,3 +330,33 @@ def test_sft_alone_without_base_or_sepo_is_no_summary(tmp_path):
     write(tmp_path / "sft" / "eval" / "sft" / "results.json", "sft", metrics(2.0, 0.5, 0.25, 0.2, 1.0), train_seed=0)
     (tmp_path / "sft" / "DONE").write_text("{}\n")
     assert summarise(tmp_path) == {}
+
+
+def test_the_learned_exploit_section_sets_each_arm_s_pool_and_learned_exploit_side_by_side():
+    from analysis.report import learned_exploit_section
+
+    def stat(mean, se):
+        return {"mean": mean, "se": se, "n": 3}
+
+    run = {"exploiter_parse_rate": 0.9}
+    study = {
+        "games": {
+            "ipd": {
+                "arms": {
+                    "SEPO": {"n": 3, "pool_exploit": stat(0.3, 0.05), "learned_exploit": stat(1.2, 0.1), "runs": [run]},
+                    "payoff-only": {
+                        "n": 3,
+                        "pool_exploit": stat(2.3, 0.4),
+                        "learned_exploit": stat(2.0, 0.2),
+                        "runs": [run],
+                    },
+                },
+                "paired": {"SEPO − payoff-only": {"pool_exploit": stat(-2.0, 0.4), "learned_exploit": stat(-0.8, 0.5)}},
+            }
+        }
+    }
+    text = learned_exploit_section(study, "s.json")
+    assert "| ipd | SEPO | 3 | +0.300 ± 0.050 | +1.200 ± 0.100 | 0.900 (least) |" in text
+    # a difference more than 2 SE below 0 is marked, one within 2 SE is not
+    assert "| ipd | SEPO − payoff-only | -2.000 ± 0.400 **↓** | -0.800 ± 0.500 |" in text
+    assert text.startswith("<!-- learned-exploit:begin -->") and text.endswith("<!-- learned-exploit:end -->")
