@@ -13,8 +13,9 @@ Per seed, under `<root>/psro/<game>/seed_<s>/`, one run of `main.py` per directo
 
 Each exploiter is read on its held-out episodes before it joins the pool, so the learned exploitability of
 iteration i's policy comes from an exploiter that played no part in training it (docs/spec.md §6). `psro.json`
-gathers, per iteration, that learned exploitability ± SE, the policy's pool exploit and Safety on the test
-episodes and, on Kuhn, its `exploit_exact`. `key=value` arguments go to every run (`exploiter.*` to the
+gathers, per iteration, that learned exploitability ± SE and, as that exploiter's run read them, the policy's pool
+exploit and Safety on the test episodes and, on Kuhn, its `exploit_exact`; `<root>/psro/<game>/summary.json` the
+same as mean ± SE over the seeds, with the fall from SFT to the last iteration paired by seed. `key=value` arguments go to every run (`exploiter.*` to the
 exploiters, `sepo.*` to the SEPO runs, the rest to both). Re-running the command skips every finished run (its
 DONE marker) and resumes a killed one from its last checkpoint; a run that fails stops the loop (exit 1).
 """
@@ -82,24 +83,44 @@ def run(directory: Path, overrides: list[str], root: Path) -> int:
     return subprocess.call(command, cwd=ROOT)
 
 
+#: what each iteration's row keeps of its exploiter's results.json: the learned exploitability, the victim's pool
+#: figures beside it, and Kuhn's exact value
+ROW_KEYS = ("learned_exploit", "pool_exploit", "pool_safety", "exploit_exact")
+
+
 def summary(args: argparse.Namespace, seed_dir: Path) -> list[dict]:
-    """Per iteration: the policy's learned exploitability (from the exploiter trained after it) and its test metrics."""
+    """Per iteration: the policy's learned exploitability (from the exploiter trained after it) and, beside it,
+    the figures that exploiter's run read of the policy against the game's pools and (Kuhn) exactly."""
     rows = []
     for i in range(args.iterations + 1):
         learned = json.loads((exploiter_run(seed_dir, i) / "results.json").read_text())
-        row = {
-            "iteration": i,
-            "policy": "sft" if i == 0 else f"sepo_{i}",
-            **{k: learned[k] for k in ("learned_exploit", "learned_exploit_se")},
-            **{k: learned[k] for k in ("exploit_exact", "exploit_exact_se") if k in learned},
-        }
-        if i:
-            tested = json.loads(
-                (sepo_run(seed_dir, i) / "eval" / f"step_{args.sepo_steps}" / "results.json").read_text()
-            )
-            row.update({f"pool_{k}": tested["metrics"][k] for k in ("exploit", "safety") if k in tested["metrics"]})
+        row = {"iteration": i, "policy": "sft" if i == 0 else f"sepo_{i}"}
+        row.update({k: learned[k] for key in ROW_KEYS for k in (key, f"{key}_se") if k in learned})
         rows.append(row)
     return rows
+
+
+def over_seeds(by_seed: dict[str, list[dict]]) -> dict:
+    """Each iteration's figures as mean ± SE over seeds, and the fall from the SFT policy to the last iteration's,
+    paired by seed (the targets: the learned exploitability falls by more than 2 SE; Kuhn's exploit_exact ends at
+    no more than half SFT's)."""
+    from sepo.metrics import mean_se
+
+    iterations = range(len(next(iter(by_seed.values()))))
+    keys = [k for k in ROW_KEYS if all(k in rows[0] for rows in by_seed.values())]
+    out: dict = {
+        "seeds": list(by_seed),
+        "iterations": [
+            {"iteration": i, **{k: mean_se(rows[i][k] for rows in by_seed.values())._asdict() for k in keys}}
+            for i in iterations
+        ],
+    }
+    out["fall"] = {k: mean_se(rows[0][k] - rows[-1][k] for rows in by_seed.values())._asdict() for k in keys}
+    if "exploit_exact" in keys:
+        out["exact_last_over_sft"] = mean_se(
+            rows[-1]["exploit_exact"] / rows[0]["exploit_exact"] for rows in by_seed.values()
+        )._asdict()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value for every run")
     args = parser.parse_args(argv)
     root = Path(args.root).absolute()
+    by_seed = {}
     for seed in args.seeds.split(","):
         seed_dir = root / "psro" / args.game / f"seed_{seed}"
         for directory, overrides in steps(args, seed, seed_dir):
@@ -122,12 +144,17 @@ def main(argv: list[str] | None = None) -> int:
             if run(directory, overrides, root) != 0:
                 print(f"psro: {directory} failed; re-run the same command to resume it", file=sys.stderr)
                 return 1
-        rows = summary(args, seed_dir)
+        rows = by_seed[seed] = summary(args, seed_dir)
         (seed_dir / "psro.json").write_text(json.dumps(rows, indent=2) + "\n")
         for row in rows:
             print(
                 f"seed {seed} {row['policy']}: learned exploit {row['learned_exploit']:.3f} ± {row['learned_exploit_se']:.3f}"
+                f"  pool exploit {row['pool_exploit']:.3f} ± {row['pool_exploit_se']:.3f}"
             )
+    combined = over_seeds(by_seed)
+    (root / "psro" / args.game / "summary.json").write_text(json.dumps(combined, indent=2) + "\n")
+    print("fall, SFT to the last iteration (paired by seed): " + "  ".join(
+        f"{k} {v['mean']:+.3f} ± {v['se'] or 0:.3f}" for k, v in combined["fall"].items()))  # fmt: skip
     return 0
 
 

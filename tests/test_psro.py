@@ -85,3 +85,17 @@ def test_a_loop_killed_mid_run_resumes_and_ends_as_the_uninterrupted_one(tiny_di
     rows = json.loads((seed_dir / "psro.json").read_text())
     assert [r["policy"] for r in rows] == ["sft", "sepo_1"]
     assert rows == json.loads((tmp_path / "whole" / "psro" / "ipd" / "seed_0" / "psro.json").read_text())
+
+
+def test_the_summary_over_seeds_pairs_the_fall_from_sft_to_the_last_iteration_by_seed():
+    def rows(*learned_and_exact):
+        return [{"learned_exploit": x, "pool_exploit": 0.5, "exploit_exact": e} for x, e in learned_and_exact]
+
+    out = psro.over_seeds(
+        {"0": rows((1.0, 0.4), (0.6, 0.3), (0.2, 0.1)), "1": rows((0.8, 0.2), (0.7, 0.2), (0.4, 0.2))}
+    )
+    assert [it["learned_exploit"]["mean"] for it in out["iterations"]] == pytest.approx([0.9, 0.65, 0.3])
+    assert out["fall"]["learned_exploit"]["mean"] == pytest.approx(0.6)  # (0.8 + 0.4) / 2
+    assert out["fall"]["learned_exploit"]["se"] == pytest.approx(0.2)  # sd 0.283 of the two falls, over sqrt(2)
+    assert out["fall"]["pool_exploit"]["mean"] == 0.0
+    assert out["exact_last_over_sft"]["mean"] == pytest.approx((0.25 + 1.0) / 2)
