@@ -242,24 +242,29 @@ def learned_exploit_section(study: dict, source: str) -> str:
     --plan): per game and arm, mean ± SE over seeds; then SEPO − payoff-only and SEPO − SFT, paired by seed."""
     begin, end = markers("learned-exploit")
     arms = [
-        "| game | arm | seeds | pool exploit ↓ | learned exploit ↓ | exploiter parses |",
-        "|---|---|---|---|---|---|",
+        "| game | arm | seeds | pool exploit ↓ | pool's best ↓ | learned exploit ↓ | exploiter parses |",
+        "|---|---|---|---|---|---|---|",
     ]
-    pairs = ["| game | difference | pool exploit | learned exploit |", "|---|---|---|---|"]
+    pairs = ["| game | difference | pool exploit | pool's best | learned exploit |", "|---|---|---|---|---|"]
     for game, g in study["games"].items():
         for arm, a in g["arms"].items():
             parses = [r["exploiter_parse_rate"] for r in a["runs"] if r.get("exploiter_parse_rate") is not None]
             arms.append(
-                f"| {game} | {arm} | {a['n']} | {cell(a['pool_exploit'], False)} | "
+                f"| {game} | {arm} | {a['n']} | {cell(a['pool_exploit'], False)} | {cell(a['pool_exploit_max'], False)} | "
                 f"{cell(a['learned_exploit'], False)} | {plain(min(parses) if parses else None)} (least) |"
             )
         for name, d in g["paired"].items():
-            pairs.append(f"| {game} | {name} | {cell(d['pool_exploit'])} | {cell(d['learned_exploit'])} |")
+            pairs.append(
+                f"| {game} | {name} | {cell(d['pool_exploit'])} | {cell(d['pool_exploit_max'])} | "
+                f"{cell(d['learned_exploit'])} |"
+            )
     return (
         f"{begin}\nFrom `{source}` (`python -m analysis.report --section learned-exploit`): each victim's pool "
-        "exploit (its game's exploit pool, on the plan's test episodes) and its learned exploit (a fresh exploiter "
-        "trained against it, on held-out episodes), mean ± SE over seeds; the SEPO and payoff-only victims at "
-        "their final checkpoints.\n\n" + "\n".join(arms) + "\n\nPaired by seed (**↑**/**↓**: more than 2 SE "
+        "exploit (its game's exploit pool on the plan's test episodes: averaged over the pool's strategies, and the "
+        "best of them) and its learned exploit (a fresh exploiter trained against it, on held-out episodes), mean ± "
+        "SE over seeds; the SEPO and payoff-only victims at their final checkpoints.\n\n"
+        + "\n".join(arms)
+        + "\n\nPaired by seed (**↑**/**↓**: more than 2 SE "
         "from 0):\n\n" + "\n".join(pairs) + f"\n{end}"
     )
 

@@ -215,9 +215,11 @@ def test_learned_exploit_reads_a_plan_s_four_arms_and_pairs_them_seed_by_seed():
     }
 
     def arm(learned, pool):
+        runs = zip((2, 0, 1), learned, pool)
         return {
             "runs": [
-                {"train_seed": s, "learned_exploit": x, "pool_exploit": y} for s, x, y in zip((2, 0, 1), learned, pool)
+                {"train_seed": s, "learned_exploit": x, "pool_exploit": y, "pool_exploit_max": 2 * y}
+                for s, x, y in runs
             ]
         }
 
@@ -230,3 +232,4 @@ def test_learned_exploit_reads_a_plan_s_four_arms_and_pairs_them_seed_by_seed():
         ((0.1 - 0.3) + (0.2 - 0.7) + (0.3 - 0.2)) / 3
     )
     assert out["SEPO − payoff-only"]["pool_exploit"]["mean"] == pytest.approx(-2.0)
+    assert out["SEPO − payoff-only"]["pool_exploit_max"]["mean"] == pytest.approx(-4.0)

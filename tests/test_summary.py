@@ -338,25 +338,21 @@ def test_the_learned_exploit_section_sets_each_arm_s_pool_and_learned_exploit_si
     def stat(mean, se):
         return {"mean": mean, "se": se, "n": 3}
 
-    run = {"exploiter_parse_rate": 0.9}
-    study = {
-        "games": {
-            "ipd": {
-                "arms": {
-                    "SEPO": {"n": 3, "pool_exploit": stat(0.3, 0.05), "learned_exploit": stat(1.2, 0.1), "runs": [run]},
-                    "payoff-only": {
-                        "n": 3,
-                        "pool_exploit": stat(2.3, 0.4),
-                        "learned_exploit": stat(2.0, 0.2),
-                        "runs": [run],
-                    },
-                },
-                "paired": {"SEPO − payoff-only": {"pool_exploit": stat(-2.0, 0.4), "learned_exploit": stat(-0.8, 0.5)}},
-            }
+    def figures(pool, best, learned, se=0.05):
+        return {
+            "pool_exploit": stat(pool, se),
+            "pool_exploit_max": stat(best, se),
+            "learned_exploit": stat(learned, se),
         }
+
+    run = {"exploiter_parse_rate": 0.9}
+    arms = {
+        "SEPO": {"n": 3, **figures(0.3, 0.5, 1.2), "runs": [run]},
+        "payoff-only": {"n": 3, **figures(2.3, 2.8, 2.0), "runs": [run]},
     }
+    study = {"games": {"ipd": {"arms": arms, "paired": {"SEPO − payoff-only": figures(-2.0, -2.3, -0.8, se=0.4)}}}}
     text = learned_exploit_section(study, "s.json")
-    assert "| ipd | SEPO | 3 | +0.300 ± 0.050 | +1.200 ± 0.100 | 0.900 (least) |" in text
+    assert "| ipd | SEPO | 3 | +0.300 ± 0.050 | +0.500 ± 0.050 | +1.200 ± 0.050 | 0.900 (least) |" in text
     # a difference more than 2 SE below 0 is marked, one within 2 SE is not
-    assert "| ipd | SEPO − payoff-only | -2.000 ± 0.400 **↓** | -0.800 ± 0.500 |" in text
+    assert "| ipd | SEPO − payoff-only | -2.000 ± 0.400 **↓** | -2.300 ± 0.400 **↓** | -0.800 ± 0.400 |" in text
     assert text.startswith("<!-- learned-exploit:begin -->") and text.endswith("<!-- learned-exploit:end -->")
