@@ -15,8 +15,8 @@ Each exploiter is read on its held-out episodes before it joins the pool, so the
 iteration i's policy comes from an exploiter that played no part in training it (docs/spec.md §6). `psro.json`
 gathers, per iteration, that learned exploitability ± SE and, as that exploiter's run read them, the policy's pool
 exploit and Safety on the test episodes and, on Kuhn, its `exploit_exact`; `<root>/psro/<game>/summary.json` the
-same as mean ± SE over the seeds, with the fall from SFT to the last iteration paired by seed. `key=value` arguments go to every run (`exploiter.*` to the
-exploiters, `sepo.*` to the SEPO runs, the rest to both). Re-running the command skips every finished run (its
+same as mean ± SE over the seeds, with the fall from SFT to the last iteration paired by seed. `key=value`
+arguments go to every run (`exploiter.*` to the exploiters, `sepo.*` to the SEPO runs, the rest to both). Re-running the command skips every finished run (its
 DONE marker) and resumes a killed one from its last checkpoint; a run that fails stops the loop (exit 1).
 """
 
@@ -27,6 +27,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from sepo.metrics import mean_se
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,8 +106,6 @@ def over_seeds(by_seed: dict[str, list[dict]]) -> dict:
     """Each iteration's figures as mean ± SE over seeds, and the fall from the SFT policy to the last iteration's,
     paired by seed (the targets: the learned exploitability falls by more than 2 SE; Kuhn's exploit_exact ends at
     no more than half SFT's)."""
-    from sepo.metrics import mean_se
-
     iterations = range(len(next(iter(by_seed.values()))))
     keys = [k for k in ROW_KEYS if all(k in rows[0] for rows in by_seed.values())]
     out: dict = {
