@@ -264,8 +264,9 @@ def learned_exploit_section(study: dict, source: str) -> str:
         "best of them) and its learned exploit (a fresh exploiter trained against it, on held-out episodes), mean ± "
         "SE over seeds; the SEPO and payoff-only victims at their final checkpoints.\n\n"
         + "\n".join(arms)
-        + "\n\nPaired by seed (**↑**/**↓**: more than 2 SE "
-        "from 0):\n\n" + "\n".join(pairs) + f"\n{end}"
+        + "\n\nPaired by seed (**↑**/**↓**: more than 2 SE from 0):\n\n"
+        + "\n".join(pairs)
+        + f"\n{end}"
     )
 
 
