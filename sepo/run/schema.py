@@ -51,7 +51,15 @@ from sepo.config_rules import (
     unchecked,
 )
 from sepo.run.model_schemas import MODEL_SCHEMAS
-from sepo.training.options import ADV_NORMS, CREDITS, ESTIMATORS, LENGTH_NORMS, LR_SCHEDULES, PENALTY_MODES
+from sepo.training.options import (
+    ADV_NORMS,
+    CREDITS,
+    ESTIMATORS,
+    EXPLOITER_OBJECTIVES,
+    LENGTH_NORMS,
+    LR_SCHEDULES,
+    PENALTY_MODES,
+)
 
 #: the stages a key matters to (`where` of a field's rule; a node's own is in sepo.run.rules.nodes())
 EVAL, DATA, SFT = "eval sft sepo pipeline exploiter", "datagen sft pipeline", "sft pipeline"
@@ -280,6 +288,7 @@ class ExploiterSchema:
 
     victim: str | None = unchecked("checked by sepo.training.victims.resolve_victim when the stage starts")
     base: str | None = unchecked("checked by sepo.training.victims.resolve_exploiter_base when the stage starts")
+    objective: str = allowed(one_of(*EXPLOITER_OBJECTIVES))
     groups: int = allowed(integer(1))
     eval_episodes: int = allowed(even_integer(2))
     checkpoint_steps: list[int] = allowed(step_list())

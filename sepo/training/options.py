@@ -22,6 +22,10 @@ def rollouts_per_group(s) -> dict[str, int]:
     return {pool: s.rollouts_by_pool.get(pool) or s.rollouts_per_opponent for pool in penalties.trained_pools()}
 
 
+#: exploiter.objective: what a learned exploiter is rewarded with per round: the exploit term's own quantity (its
+#: payoff minus the victim's, what its learned exploitability reads) or its own payoff alone
+EXPLOITER_OBJECTIVES = ("advantage", "payoff")
+
 #: sepo.estimator: advantages from played episodes, or (Kuhn poker) exact values of the sampled actions
 ESTIMATORS = ("rollouts", "exact_values")
 #: the games whose rules and pools `sepo.estimator=exact_values` can value exactly
