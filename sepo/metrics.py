@@ -84,7 +84,7 @@ def mean_se(values: Iterable[float | None]) -> MeanSE:
     return MeanSE(float(v.mean()), se, int(v.size))
 
 
-def _over_units(values: list[float]) -> tuple[float, float]:
+def over_units(values: list[float]) -> tuple[float, float]:
     """An opponent's mean and SE over its sampling units; 0 where there is nothing to measure them from
     (results.json keeps numbers in every field)."""
     m = mean_se(values)
@@ -129,15 +129,15 @@ def unit_means(records: list[EpisodeRecord], value: Callable[[Round], float]) ->
 
 def per_round_mean_se(records: list[EpisodeRecord], value: Callable[[Round], float]) -> tuple[float, float]:
     """The mean of `value` per round over episodes, and its SE over sampling units (mirrored pairs as one)."""
-    return _over_units(unit_means(records, value))
+    return over_units(unit_means(records, value))
 
 
 def summarise_opponent(game: Game, pool: str, name: str, records: list[EpisodeRecord]) -> OpponentSummary:
     """Per-opponent means over episodes; SEs over sampling units (a mirrored pair's mean is one value)."""
     require_finite(game, name, records)
-    (pay, pay_se), (opp, _) = (_over_units(unit_means(records, lambda r, p=p: r.payoffs[p])) for p in (AGENT, OPPONENT))
+    (pay, pay_se), (opp, _) = (over_units(unit_means(records, lambda r, p=p: r.payoffs[p])) for p in (AGENT, OPPONENT))
     terms = {
-        term.opponent_field: _over_units(unit_means(records, lambda r, term=term: term.per_round(game, r)))
+        term.opponent_field: over_units(unit_means(records, lambda r, term=term: term.per_round(game, r)))
         for term in penalties.terms()
     }
     return OpponentSummary(pool, name, pay, opp, terms, len(records), pay_se)
@@ -163,7 +163,7 @@ def term_level_se(
     it: per opponent over its sampling units, hinged, then pooled over the opponents."""
     return _pool_average(
         [
-            hinge(term, _over_units(unit_means(eps, lambda r: term.per_round(game, r))))
+            hinge(term, over_units(unit_means(eps, lambda r: term.per_round(game, r))))
             for eps in records_by_opponent.values()
         ]
     )[1]
