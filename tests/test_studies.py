@@ -1,5 +1,6 @@
 """The studies: which targets a main-job candidate meets and which it chooses; the learned-exploit study's runs."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,29 @@ def test_learned_exploit_reads_a_plan_s_four_arms_and_pairs_them_seed_by_seed():
     )
     assert out["SEPO − payoff-only"]["pool_exploit"]["mean"] == pytest.approx(-2.0)
     assert out["SEPO − payoff-only"]["pool_exploit_max"]["mean"] == pytest.approx(-4.0)
+
+
+def test_learned_exploit_reports_a_campaign_s_archived_runs_without_training_the_rest(tmp_path, monkeypatch):
+    from benchmarks.studies import learned_exploit
+
+    def started(*_args, **_kwargs):
+        raise AssertionError("--archived trains nothing")
+
+    monkeypatch.setattr(learned_exploit.subprocess, "call", started)
+    archive = tmp_path / "archive"
+    done = {("Base", 0): 0.0, ("SFT", 0): 0.8, ("SFT", 1): 0.6, ("SEPO", 1): 0.5}
+    for (arm, seed), learned in done.items():
+        run = {"learned_exploit": learned, "pool_exploit": 0.3, "pool_exploit_max": 0.6, "train_seed": seed}
+        (archive / "ipd" / arm).mkdir(parents=True, exist_ok=True)
+        (archive / "ipd" / arm / f"seed_{seed}.json").write_text(json.dumps({**run, "seconds": 300.0}))
+    out = tmp_path / "report.json"
+    argv = ["--plan", str(tmp_path / "tiny_paper"), "--games", "ipd,kuhn", "--seeds", "0,1", "--root"]
+    argv += [str(tmp_path / "runs"), "--archive", str(archive), "--archived", "--out", str(out)]
+    assert learned_exploit.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert list(report["games"]) == ["ipd"]  # Kuhn has no run yet
+    arms = report["games"]["ipd"]["arms"]
+    assert {arm: a["n"] for arm, a in arms.items()} == {"Base": 1, "SFT": 2, "SEPO": 1}  # payoff-only has none
+    assert arms["SFT"]["learned_exploit"]["mean"] == pytest.approx(0.7)
+    # SEPO − SFT pairs the one seed both have: 0.5 − 0.6
+    assert report["games"]["ipd"]["paired"]["SEPO − SFT"]["learned_exploit"]["mean"] == pytest.approx(-0.1)
